@@ -1,0 +1,17 @@
+// Bundles the agent into one CommonJS file that runs on the sandbox's read-only runtime.
+// node-pty stays external: its native addon is copied next to the bundle by the driver.
+import { build } from 'esbuild';
+import { fileURLToPath } from 'node:url';
+const here = fileURLToPath(new URL('.', import.meta.url));
+await build({
+  entryPoints: [here + 'src/main.ts'],
+  outfile: here + 'dist/agent.cjs',
+  bundle: true,
+  platform: 'node',
+  target: 'node20',
+  format: 'cjs',
+  external: ['node-pty'],
+  sourcemap: false,
+  legalComments: 'none',
+  logLevel: 'warning',
+});

@@ -1,0 +1,215 @@
+/**
+ * File operations inside the sandbox. Paths are resolved against the user's home when
+ * relative. Writes land in a temporary file renamed into place on success, so a failed
+ * upload never leaves a truncated file behind. New files belong to the requesting user.
+ */
+import { constants, promises as fs } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import path from 'node:path';
+import { Channel, INITIAL_WINDOW, type EntryInfo, type EntryType } from '@space/protocol';
+import { AgentError } from './processes.js';
+import type { Stream } from './streams.js';
+import { DEFAULT_USER, resolveUser, type User } from './users.js';
+
+const MAX_LIST = 10_000;
+const READ_CHUNK = 64 * 1024;
+
+const ERRNO: Record<string, string> = {
+  ENOENT: 'FILE_NOT_FOUND',
+  EEXIST: 'FILE_EXISTS',
+  ENOTDIR: 'NOT_A_DIRECTORY',
+  EISDIR: 'IS_A_DIRECTORY',
+  ENOTEMPTY: 'DIRECTORY_NOT_EMPTY',
+  EACCES: 'PERMISSION_DENIED',
+  EPERM: 'PERMISSION_DENIED',
+};
+
+/** Turns a node fs error into an {@link AgentError} with a SPACE code. */
+export function fsError(err: unknown, p: string): AgentError {
+  const e = err as NodeJS.ErrnoException;
+  const code = (e.code && ERRNO[e.code]) || 'INTERNAL';
+  return new AgentError(code, `${e.code ?? 'error'}: ${p}`);
+}
+
+function userOf(who: string | undefined): User {
+  const u = resolveUser(who);
+  if (!u) throw new AgentError('BAD_REQUEST', `Unknown user ${JSON.stringify(who)} in this sandbox`);
+  return u;
+}
+
+/** Resolves a client path (relative to the user's home). */
+export function resolvePath(p: unknown, who?: string): string {
+  if (typeof p !== 'string' || !p || p.includes('\0') || p.length > 4096) throw new AgentError('INVALID_PATH', 'path must be a non-empty string without NUL bytes');
+  return path.resolve(userOf(who).home, p);
+}
+
+function typeOf(st: import('node:fs').Stats): EntryType {
+  if (st.isFile()) return 'file';
+  if (st.isDirectory()) return 'dir';
+  if (st.isSymbolicLink()) return 'symlink';
+  return 'other';
+}
+
+/** Stat of one path (symlinks are not followed). */
+export async function stat(p: string): Promise<EntryInfo> {
+  try {
+    const st = await fs.lstat(p);
+    const info: EntryInfo = { name: path.basename(p), path: p, type: typeOf(st), size: st.size, mode: st.mode & 0o7777, mtimeMs: Math.round(st.mtimeMs) };
+    if (st.isSymbolicLink()) info.symlinkTarget = await fs.readlink(p);
+    return info;
+  } catch (err) {
+    throw fsError(err, p);
+  }
+}
+
+/** Lists a directory, descending `depth - 1` levels. */
+export async function list(dir: string, depth = 1): Promise<EntryInfo[]> {
+  const out: EntryInfo[] = [];
+  const top = await stat(dir);
+  if (top.type !== 'dir') throw new AgentError('NOT_A_DIRECTORY', `${dir} is not a directory`);
+  const walk = async (d: string, level: number): Promise<void> => {
+    let names: string[];
+    try {
+      names = (await fs.readdir(d)).sort();
+    } catch (err) {
+      throw fsError(err, d);
+    }
+    for (const n of names) {
+      if (out.length >= MAX_LIST) return;
+      const e = await stat(path.join(d, n)).catch(() => undefined);
+      if (!e) continue;
+      out.push(e);
+      if (e.type === 'dir' && level < depth) await walk(e.path, level + 1);
+    }
+  };
+  await walk(dir, 1);
+  return out;
+}
+
+/** mkdir -p, owned by `who`. */
+export async function mkdirp(p: string, who?: string): Promise<void> {
+  const u = userOf(who);
+  try {
+    const first = await fs.mkdir(p, { recursive: true });
+    if (first) {
+      // chown every directory we created, from the first one down
+      let cur = p;
+      const created: string[] = [];
+      while (cur.length >= first.length) {
+        created.push(cur);
+        cur = path.dirname(cur);
+      }
+      for (const c of created) await fs.chown(c, u.uid, u.gid);
+    }
+  } catch (err) {
+    throw fsError(err, p);
+  }
+}
+
+export async function remove(p: string, recursive: boolean): Promise<void> {
+  try {
+    const st = await fs.lstat(p);
+    if (st.isDirectory()) await fs.rm(p, { recursive, force: false });
+    else await fs.unlink(p);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ERR_FS_EISDIR') throw new AgentError('DIRECTORY_NOT_EMPTY', `${p} is a directory: pass recursive`);
+    throw fsError(err, p);
+  }
+}
+
+export async function rename(from: string, to: string): Promise<void> {
+  try {
+    await fs.rename(from, to);
+  } catch (err) {
+    throw fsError(err, `${from} -> ${to}`);
+  }
+}
+
+/** Streams a file to `stream` under its credit; resolves when done. */
+export async function readTo(p: string, stream: Stream): Promise<void> {
+  let fh: fs.FileHandle;
+  try {
+    fh = await fs.open(p, constants.O_RDONLY | constants.O_NOFOLLOW);
+  } catch (err) {
+    throw fsError(err, p);
+  }
+  try {
+    const st = await fh.stat();
+    if (st.isDirectory()) throw new AgentError('IS_A_DIRECTORY', `${p} is a directory`);
+    stream.reply({ size: st.size });
+    const buf = Buffer.allocUnsafe(READ_CHUNK);
+    for (;;) {
+      if (stream.closed) return;
+      const { bytesRead } = await fh.read(buf, 0, READ_CHUNK, null);
+      if (bytesRead === 0) break;
+      if (!stream.send(Channel.File, Buffer.from(buf.subarray(0, bytesRead)))) {
+        await new Promise<void>((r) => {
+          const go = () => { stream.off('drain', go); stream.off('close', go); r(); };
+          stream.on('drain', go);
+          stream.on('close', go);
+        });
+      }
+    }
+    stream.end({});
+  } finally {
+    await fh.close();
+  }
+}
+
+/**
+ * Receives a file from the daemon: DATA frames are written in order, credit is granted as
+ * writes complete, End renames the temporary file into place.
+ */
+export async function writeFrom(p: string, stream: Stream, mode: number | undefined, who?: string): Promise<void> {
+  const u = userOf(who);
+  const tmp = path.join(path.dirname(p), `.${path.basename(p)}.space-${randomBytes(6).toString('hex')}`);
+  let fh: fs.FileHandle;
+  try {
+    fh = await fs.open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, mode ?? 0o644);
+    await fh.chown(u.uid, u.gid);
+  } catch (err) {
+    throw fsError(err, p);
+  }
+  let size = 0;
+  let chain = Promise.resolve();
+  let failed: unknown;
+  const done = new Promise<void>((resolve, reject) => {
+    stream.on('data', (_ch: Channel, data: Buffer) => {
+      chain = chain.then(async () => {
+        if (failed) return;
+        try {
+          await fh.write(data);
+          size += data.length;
+          stream.grant(data.length);
+        } catch (err) {
+          failed = err;
+        }
+      });
+    });
+    stream.once('end', () => {
+      chain = chain.then(async () => {
+        try {
+          await fh.close();
+          if (failed) throw failed;
+          await fs.rename(tmp, p);
+          resolve();
+        } catch (err) {
+          await fs.unlink(tmp).catch(() => {});
+          reject(fsError(err, p));
+        }
+      });
+    });
+    stream.once('cancel', () => {
+      chain = chain.then(async () => {
+        await fh.close().catch(() => {});
+        await fs.unlink(tmp).catch(() => {});
+        reject(new AgentError('AGENT_DISCONNECTED', 'upload cancelled'));
+      });
+    });
+  });
+  stream.reply({ window: INITIAL_WINDOW });
+  await done;
+  stream.end({ size });
+}
+
+export { DEFAULT_USER };

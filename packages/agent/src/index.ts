@@ -1,0 +1,8 @@
+/**
+ * @space/agent — the in-sandbox agent. Its entry point is `main.ts`, bundled by `build.mjs`
+ * into `dist/agent.cjs`; this module only tells drivers where that bundle is.
+ */
+import { fileURLToPath } from 'node:url';
+
+/** Absolute path of the bundled agent (`dist/agent.cjs`). */
+export const AGENT_BUNDLE = fileURLToPath(new URL('./agent.cjs', import.meta.url));

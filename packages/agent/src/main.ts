@@ -1,0 +1,227 @@
+/**
+ * The SPACE in-sandbox agent. It is the sandbox's first process, runs on the read-only
+ * runtime mounted at /.space (node + this bundle), connects OUT to the daemon's socket in the
+ * per-sandbox directory mounted at /run/space, and serves the daemon's requests. It keeps
+ * reconnecting for as long as it lives, so a daemon restart does not disturb the sandbox.
+ */
+import net from 'node:net';
+import path from 'node:path';
+import {
+  AGENT_SOCKET_DIR,
+  AGENT_SOCKET_NAME,
+  Channel,
+  FrameKind,
+  FrameReader,
+  PROTOCOL_VERSION,
+  encodeJson,
+  parseJson,
+  type ExecRequest,
+  type Frame,
+} from '@space/protocol';
+import * as files from './files.js';
+import { AgentError, ProcessTable, type Proc } from './processes.js';
+import { Stream, type FrameSink } from './streams.js';
+
+const sandboxId = process.env.SPACE_SANDBOX_ID ?? 'unknown';
+const socketPath = process.env.SPACE_AGENT_SOCKET ?? path.join(AGENT_SOCKET_DIR, AGENT_SOCKET_NAME);
+const startedAt = Date.now();
+
+/** Environment every process inherits: ours minus the agent's own settings. */
+const baseEnv: Record<string, string> = {};
+for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('SPACE_AGENT') && k !== 'SPACE_SANDBOX_ID' && v !== undefined) baseEnv[k] = v;
+baseEnv.PATH ??= '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+let conn: Connection | undefined;
+const procs = new ProcessTable((p) => conn?.event({ event: 'process-exit', pid: p.info.pid, exitCode: p.info.exitCode, signal: p.signal }));
+
+class Connection implements FrameSink {
+  private readonly streams = new Map<number, Stream>();
+  alive = true;
+
+  constructor(private readonly socket: net.Socket) {
+    const reader = new FrameReader((f) => this.onFrame(f));
+    socket.on('data', (d) => {
+      try {
+        reader.push(d);
+      } catch (err) {
+        log('protocol error from daemon', err);
+        socket.destroy();
+      }
+    });
+    socket.on('close', () => this.closed());
+    socket.on('error', () => {});
+    this.event({ event: 'hello', version: PROTOCOL_VERSION, sandboxId, startedAt });
+  }
+
+  write(buf: Buffer): void {
+    if (this.alive) this.socket.write(buf);
+  }
+
+  event(v: object): void {
+    this.write(encodeJson(FrameKind.Event, 0, v));
+  }
+
+  private closed(): void {
+    this.alive = false;
+    for (const s of this.streams.values()) {
+      s.emit('cancel', 'disconnected');
+      s.close();
+    }
+    this.streams.clear();
+    procs.killForeground();
+    if (conn === this) conn = undefined;
+    setTimeout(connect, 50);
+  }
+
+  private onFrame(f: Frame): void {
+    if (f.kind === FrameKind.Request) {
+      if (this.streams.has(f.stream) || f.stream % 2 !== 1) throw new Error(`bad stream id ${f.stream}`);
+      const s = new Stream(this, f.stream);
+      this.streams.set(f.stream, s);
+      s.on('close', () => this.streams.delete(f.stream));
+      const req = parseJson(f.payload);
+      handle(req, s).catch((err: unknown) => {
+        const e = err instanceof AgentError ? err : new AgentError('INTERNAL', err instanceof Error ? err.message : String(err));
+        if (!s.closed) {
+          s.reply({ error: { code: e.code, message: e.message } });
+          s.close();
+        }
+      });
+      return;
+    }
+    const s = this.streams.get(f.stream);
+    if (!s) return; // stream already finished on our side
+    switch (f.kind) {
+      case FrameKind.Data:
+        s.emit('data', f.payload.readUInt8(0) as Channel, f.payload.subarray(1));
+        return;
+      case FrameKind.Credit:
+        s.addCredit(f.payload.readUInt32BE(0));
+        return;
+      case FrameKind.End:
+        s.emit('end', parseJson(f.payload));
+        return;
+      case FrameKind.Cancel:
+        s.emit('cancel', 'cancelled');
+        s.close();
+        return;
+      default:
+        throw new Error(`unexpected frame kind ${f.kind}`);
+    }
+  }
+}
+
+function num(v: unknown, name: string, min: number, max: number): number {
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw new AgentError('BAD_REQUEST', `${name} must be an integer from ${min} to ${max}`);
+  return v;
+}
+
+function attachStream(p: Proc, s: Stream): void {
+  s.on('data', (_ch: Channel, d: Buffer) => {
+    try {
+      p.write(d);
+    } catch {
+      // stdin closed
+    }
+    s.grant(d.length);
+  });
+  s.on('end', () => p.closeStdin());
+  p.attach(s);
+}
+
+async function handle(req: Record<string, unknown>, s: Stream): Promise<void> {
+  switch (req.op) {
+    case 'ping':
+      s.end({ pong: Date.now() });
+      return;
+    case 'health':
+      s.end({ uptimeMs: Date.now() - startedAt, processes: procs.list().filter((p) => p.running).length, rssBytes: process.memoryUsage().rss });
+      return;
+    case 'exec': {
+      const r = req as unknown as ExecRequest;
+      if (r.pty) {
+        num(r.pty.cols, 'pty.cols', 1, 1000);
+        num(r.pty.rows, 'pty.rows', 1, 1000);
+      }
+      const p = await procs.start(r, baseEnv);
+      s.reply({ pid: p.info.pid });
+      attachStream(p, s);
+      return;
+    }
+    case 'attach': {
+      const p = procs.get(req.pid);
+      s.reply({ pid: p.info.pid, running: p.info.running });
+      attachStream(p, s);
+      return;
+    }
+    case 'stdin': {
+      const p = procs.get(req.pid);
+      if (typeof req.data === 'string' && req.data) p.write(Buffer.from(req.data, 'base64'));
+      if (req.eof === true) p.closeStdin();
+      s.end({});
+      return;
+    }
+    case 'signal':
+      procs.get(req.pid).kill(String(req.signal));
+      s.end({});
+      return;
+    case 'resize':
+      procs.get(req.pid).resize(num(req.cols, 'cols', 1, 1000), num(req.rows, 'rows', 1, 1000));
+      s.end({});
+      return;
+    case 'ps':
+      s.end({ processes: procs.list() });
+      return;
+    case 'stat':
+      s.end({ entry: await files.stat(files.resolvePath(req.path)) });
+      return;
+    case 'list':
+      s.end({ entries: await files.list(files.resolvePath(req.path), req.depth === undefined ? 1 : num(req.depth, 'depth', 1, 32)) });
+      return;
+    case 'mkdir':
+      await files.mkdirp(files.resolvePath(req.path), req.user as string | undefined);
+      s.end({});
+      return;
+    case 'remove':
+      await files.remove(files.resolvePath(req.path), req.recursive === true);
+      s.end({});
+      return;
+    case 'rename':
+      await files.rename(files.resolvePath(req.from), files.resolvePath(req.to));
+      s.end({});
+      return;
+    case 'read':
+      await files.readTo(files.resolvePath(req.path), s);
+      return;
+    case 'write':
+      await files.writeFrom(files.resolvePath(req.path), s, typeof req.mode === 'number' ? req.mode & 0o7777 : undefined, req.user as string | undefined);
+      return;
+    default:
+      throw new AgentError('BAD_REQUEST', `Unknown op ${JSON.stringify(req.op)}`);
+  }
+}
+
+function log(msg: string, err?: unknown): void {
+  process.stderr.write(`[space-agent] ${new Date().toISOString()} ${msg}${err ? `: ${err instanceof Error ? err.message : String(err)}` : ''}\n`);
+}
+
+let backoff = 20;
+function connect(): void {
+  const sock = net.connect(socketPath);
+  const retry = () => {
+    sock.destroy();
+    backoff = Math.min(backoff * 2, 1000);
+    setTimeout(connect, backoff);
+  };
+  sock.once('error', retry);
+  sock.once('connect', () => {
+    sock.off('error', retry);
+    backoff = 20;
+    conn = new Connection(sock);
+  });
+}
+
+process.on('uncaughtException', (err) => log('uncaught exception', err));
+process.on('unhandledRejection', (err) => log('unhandled rejection', err));
+process.on('SIGTERM', () => process.exit(0));
+connect();

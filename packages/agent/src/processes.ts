@@ -1,0 +1,264 @@
+/**
+ * Processes started by the agent: plain pipes or a PTY, foreground or background, with
+ * output routed to at most one attached stream under its flow control. While no stream is
+ * attached, a background process's output is kept in a bounded tail buffer.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { Channel, type ExecRequest, type ProcessInfo } from '@space/protocol';
+import type { Stream } from './streams.js';
+import { resolveUser } from './users.js';
+
+const TAIL_BYTES = 64 * 1024;
+const KEEP_EXITED = 100;
+const SIGNALS = new Set(['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP', 'SIGQUIT', 'SIGUSR1', 'SIGUSR2', 'SIGSTOP', 'SIGCONT', 'SIGWINCH']);
+
+interface PtyLike {
+  pid: number;
+  onData(cb: (d: string | Buffer) => void): void;
+  onExit(cb: (e: { exitCode: number; signal?: number }) => void): void;
+  write(d: string | Buffer): void;
+  resize(c: number, r: number): void;
+  pause(): void;
+  resume(): void;
+  kill(sig?: string): void;
+}
+
+type PtyModule = { spawn(file: string, args: string[], opts: Record<string, unknown>): PtyLike };
+let ptyModule: PtyModule | undefined;
+function loadPty(): PtyModule {
+  ptyModule ??= createRequire(process.argv[1] ?? '/')('node-pty') as PtyModule;
+  return ptyModule;
+}
+
+/** Error with a SPACE error code, reported to the daemon. */
+export class AgentError extends Error {
+  constructor(readonly code: string, message: string) {
+    super(message);
+  }
+}
+
+/** A process started by the agent. */
+export class Proc {
+  readonly info: ProcessInfo;
+  private child?: ChildProcess;
+  private pty?: PtyLike;
+  private stream?: Stream;
+  private tail: { channel: Channel; data: Buffer }[] = [];
+  private tailBytes = 0;
+  dropped = 0;
+  timedOut = false;
+  signal: string | null = null;
+  private openOutputs: number;
+  private exited = false;
+  private timer?: NodeJS.Timeout;
+  /** Called once the process has exited and all output is read. */
+  onDone: () => void = () => {};
+
+  constructor(req: ExecRequest, baseEnv: Record<string, string>) {
+    const user = resolveUser(req.user);
+    if (!user) throw new AgentError('BAD_REQUEST', `Unknown user ${JSON.stringify(req.user)} in this sandbox`);
+    const argv = req.argv?.length ? req.argv : ['/bin/sh', '-c', req.shell ?? ''];
+    const cwd = req.cwd ?? user.home;
+    const env = { ...baseEnv, HOME: user.home, USER: user.name, LOGNAME: user.name, ...(req.env ?? {}) };
+    this.info = {
+      pid: 0,
+      argv,
+      ...(req.tag ? { tag: req.tag } : {}),
+      cwd,
+      user: user.name,
+      pty: !!req.pty,
+      background: !!req.background,
+      startedAt: Date.now(),
+      running: true,
+      exitCode: null,
+    };
+    if (req.pty) {
+      this.openOutputs = 0;
+      const p = loadPty().spawn(argv[0]!, argv.slice(1), { name: 'xterm-256color', cols: req.pty.cols, rows: req.pty.rows, cwd, env: { TERM: 'xterm-256color', ...env }, uid: user.uid, gid: user.gid, encoding: null });
+      this.pty = p;
+      this.info.pid = p.pid;
+      p.onData((d) => this.output(Channel.Pty, typeof d === 'string' ? Buffer.from(d) : d));
+      p.onExit(({ exitCode, signal }) => this.exit(signal ? null : exitCode, signal ? `SIG${signal}` : null));
+    } else {
+      this.openOutputs = 2;
+      const child = spawn(argv[0]!, argv.slice(1), {
+        cwd,
+        env,
+        uid: user.uid,
+        gid: user.gid,
+        detached: true,
+        stdio: [req.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
+      });
+      this.child = child;
+      child.stdout!.on('data', (d: Buffer) => this.output(Channel.Stdout, d));
+      child.stderr!.on('data', (d: Buffer) => this.output(Channel.Stderr, d));
+      child.stdout!.on('close', () => this.outputClosed());
+      child.stderr!.on('close', () => this.outputClosed());
+      child.stdin?.on('error', () => {});
+      child.on('exit', (code, sig) => this.exit(code, sig));
+    }
+    if (req.timeoutMs && req.timeoutMs > 0) {
+      this.timer = setTimeout(() => {
+        this.timedOut = true;
+        this.kill('SIGKILL');
+      }, req.timeoutMs);
+    }
+  }
+
+  /** Resolves once the OS has started the process; rejects with COMMAND_FAILED_TO_START. */
+  started(): Promise<void> {
+    if (!this.child) return Promise.resolve();
+    const child = this.child;
+    return new Promise((resolve, reject) => {
+      child.once('spawn', () => {
+        this.info.pid = child.pid!;
+        resolve();
+      });
+      child.once('error', (err: NodeJS.ErrnoException) => {
+        clearTimeout(this.timer);
+        reject(new AgentError('COMMAND_FAILED_TO_START', `Cannot start ${JSON.stringify(this.info.argv[0])}: ${err.code ?? err.message}${err.code === 'ENOENT' ? ' (no such program or cwd)' : ''}`));
+      });
+    });
+  }
+
+  /** Routes output to `stream` (replacing any previous one); replays the tail first. */
+  attach(stream: Stream): void {
+    this.stream?.close();
+    this.stream = stream;
+    const tail = this.tail;
+    this.tail = [];
+    this.tailBytes = 0;
+    for (const t of tail) stream.send(t.channel, t.data);
+    stream.on('drain', () => this.resumeOutput());
+    stream.on('close', () => {
+      if (this.stream === stream) {
+        this.stream = undefined;
+        this.resumeOutput();
+        if (!this.info.background && this.info.running) this.kill('SIGKILL');
+      }
+    });
+    if (!this.info.running && this.openOutputs === 0) this.finish();
+  }
+
+  /** Writes to stdin (or the PTY). */
+  write(data: Buffer): void {
+    if (this.pty) this.pty.write(data);
+    else if (this.child?.stdin) this.child.stdin.write(data);
+    else throw new AgentError('BAD_REQUEST', 'This process was started without stdin: pass stdin: true');
+  }
+
+  closeStdin(): void {
+    if (this.pty) this.pty.write(Buffer.from([4]));
+    else this.child?.stdin?.end();
+  }
+
+  resize(cols: number, rows: number): void {
+    if (!this.pty) throw new AgentError('BAD_REQUEST', 'Only a PTY process can be resized');
+    this.pty.resize(cols, rows);
+  }
+
+  kill(sig: string): void {
+    if (!SIGNALS.has(sig)) throw new AgentError('BAD_REQUEST', `Unsupported signal ${JSON.stringify(sig)}; use one of ${[...SIGNALS].join(', ')}`);
+    if (!this.info.running) return;
+    try {
+      process.kill(-this.info.pid, sig as NodeJS.Signals);
+    } catch {
+      try {
+        process.kill(this.info.pid, sig as NodeJS.Signals);
+      } catch {
+        // already gone
+      }
+    }
+  }
+
+  private output(channel: Channel, data: Buffer): void {
+    if (this.stream) {
+      if (!this.stream.send(channel, data)) this.pauseOutput();
+      return;
+    }
+    this.tail.push({ channel, data });
+    this.tailBytes += data.length;
+    while (this.tailBytes > TAIL_BYTES && this.tail.length > 1) {
+      const d = this.tail.shift()!;
+      this.tailBytes -= d.data.length;
+      this.dropped += d.data.length;
+    }
+  }
+
+  private pauseOutput(): void {
+    if (this.pty) this.pty.pause();
+    this.child?.stdout?.pause();
+    this.child?.stderr?.pause();
+  }
+
+  private resumeOutput(): void {
+    if (this.pty) this.pty.resume();
+    this.child?.stdout?.resume();
+    this.child?.stderr?.resume();
+  }
+
+  private outputClosed(): void {
+    this.openOutputs--;
+    if (this.openOutputs === 0 && this.exited) this.finish();
+  }
+
+  private exit(code: number | null, sig: string | null): void {
+    clearTimeout(this.timer);
+    this.exited = true;
+    this.info.running = false;
+    this.info.exitCode = code;
+    this.signal = sig;
+    if (this.openOutputs === 0) this.finish();
+  }
+
+  private finish(): void {
+    const s = this.stream;
+    if (s) {
+      this.stream = undefined;
+      s.end({ exitCode: this.info.exitCode, signal: this.signal, ...(this.timedOut ? { timedOut: true } : {}), ...(this.dropped ? { dropped: this.dropped } : {}) });
+    }
+    this.onDone();
+  }
+}
+
+/** The agent's table of processes. */
+export class ProcessTable {
+  private readonly procs = new Map<number, Proc>();
+
+  constructor(private readonly onExit: (p: Proc) => void) {}
+
+  async start(req: ExecRequest, baseEnv: Record<string, string>): Promise<Proc> {
+    const p = new Proc(req, baseEnv);
+    await p.started();
+    this.procs.set(p.info.pid, p);
+    let reported = false;
+    p.onDone = () => {
+      if (reported) return;
+      reported = true;
+      this.onExit(p);
+      this.prune();
+    };
+    return p;
+  }
+
+  get(pid: unknown): Proc {
+    const p = typeof pid === 'number' ? this.procs.get(pid) : undefined;
+    if (!p) throw new AgentError('PROCESS_NOT_FOUND', `No process ${String(pid)} started by this sandbox's agent`);
+    return p;
+  }
+
+  list(): ProcessInfo[] {
+    return [...this.procs.values()].map((p) => ({ ...p.info }));
+  }
+
+  /** Kills every foreground process (the daemon that wanted their output is gone). */
+  killForeground(): void {
+    for (const p of this.procs.values()) if (!p.info.background && p.info.running) p.kill('SIGKILL');
+  }
+
+  private prune(): void {
+    const exited = [...this.procs.values()].filter((p) => !p.info.running);
+    for (const p of exited.slice(0, Math.max(0, exited.length - KEEP_EXITED))) this.procs.delete(p.info.pid);
+  }
+}

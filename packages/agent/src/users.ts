@@ -1,0 +1,33 @@
+/** Resolves user names against the sandbox's own /etc/passwd. */
+import { readFileSync } from 'node:fs';
+
+/** A resolved user. */
+export interface User {
+  name: string;
+  uid: number;
+  gid: number;
+  home: string;
+}
+
+/** The default non-root user of every sandbox. */
+export const DEFAULT_USER: User = { name: 'user', uid: 1000, gid: 1000, home: '/home/user' };
+
+/** Looks up `who` (a name or a numeric uid); undefined when it is not known. */
+export function resolveUser(who: string | undefined): User | undefined {
+  if (who === undefined || who === '') who = DEFAULT_USER.name;
+  let lines: string[] = [];
+  try {
+    lines = readFileSync('/etc/passwd', 'utf8').split('\n');
+  } catch {
+    // no passwd file: only root and the default user exist
+  }
+  for (const line of lines) {
+    const [name, , uid, gid, , home] = line.split(':');
+    if (name === undefined || uid === undefined || gid === undefined) continue;
+    if (name === who || uid === who) return { name, uid: Number(uid), gid: Number(gid), home: home || '/' };
+  }
+  if (who === 'root' || who === '0') return { name: 'root', uid: 0, gid: 0, home: '/root' };
+  if (who === DEFAULT_USER.name || who === String(DEFAULT_USER.uid)) return DEFAULT_USER;
+  if (/^\d{1,9}$/.test(who)) return { name: who, uid: Number(who), gid: Number(who), home: '/' };
+  return undefined;
+}

@@ -1,0 +1,82 @@
+/**
+ * The isolation-driver interface. A driver boots a sandbox with the in-sandbox agent as its
+ * first process and hands core a byte stream to that agent; core speaks the protocol.
+ * Drivers import core; core imports no driver.
+ */
+import type { Duplex } from 'node:stream';
+import type { EndReason } from './model.js';
+
+/** What a driver needs to boot one sandbox. */
+export interface DriverCreateSpec {
+  id: string;
+  /** Template name; the driver resolves it to a root file system. */
+  template: string;
+  cpu: number;
+  memoryMb: number;
+  /** Environment for the agent, applied to every process it starts. */
+  env: Record<string, string>;
+}
+
+/** Result of asking the runtime about one sandbox. */
+export interface RuntimeStatus {
+  running: boolean;
+  /** When not running: why, if the driver can tell (e.g. `oom`). */
+  reason?: EndReason;
+  detail?: string;
+}
+
+/** Host cost of one sandbox. */
+export interface SandboxUsage {
+  /** Resident memory of every host process the sandbox costs, bytes. */
+  rssBytes: number;
+  /** Memory charged to the sandbox's cgroup, bytes, when known. */
+  cgroupBytes?: number;
+}
+
+/** What `space doctor` reports for a driver. */
+export interface DriverReport {
+  driver: string;
+  available: boolean;
+  checks: { name: string; ok: boolean; detail: string }[];
+}
+
+/** Callbacks a driver calls into core. */
+export interface DriverEvents {
+  /** The agent of sandbox `id` connected (first time or after a reconnect). */
+  agentConnected(id: string, stream: Duplex): void;
+}
+
+/**
+ * One isolation technology (gVisor, microVM, ...). Every driver passes the shared conformance
+ * suite (`@space/core`'s `conformance` tests) with explicit, reasoned skips.
+ *
+ * @example
+ * const driver: SandboxDriver = new GvisorDriver({ dataDir });
+ * driver.bind({ agentConnected: (id, s) => service.onAgent(id, s) });
+ * await driver.create({ id, template: 'minimal', cpu: 1, memoryMb: 256, env: {} });
+ */
+export interface SandboxDriver {
+  readonly name: string;
+  /** Registers core's callbacks; called once before any other method. */
+  bind(events: DriverEvents): void;
+  /** Checks the host (binaries, cgroups, namespaces) without changing it. */
+  doctor(): Promise<DriverReport>;
+  /** Prepares the driver (runtime files, templates that need no download). */
+  init(): Promise<void>;
+  /** Templates this driver can boot now. */
+  templates(): Promise<string[]>;
+  /** Boots a sandbox. Resolves once the runtime has started it; the agent connects via {@link DriverEvents}. */
+  create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void>;
+  /** After a daemon restart: reattach to a sandbox still running (true), or report it gone (false). */
+  adopt(id: string): Promise<boolean>;
+  /** Asks the runtime whether the sandbox still runs and, if not, why. */
+  status(id: string): Promise<RuntimeStatus>;
+  /** Host resources used by the sandbox. */
+  usage(id: string): Promise<SandboxUsage>;
+  /** Stops the sandbox and removes every host resource it had. Idempotent. */
+  destroy(id: string): Promise<void>;
+  /** Ids of sandboxes the runtime knows of (to find orphans). */
+  list(): Promise<string[]>;
+  /** Stops listening; leaves sandboxes running (they are adopted on the next start). */
+  close(): Promise<void>;
+}

@@ -1,0 +1,103 @@
+/**
+ * The sandbox model and its lifecycle state machine. Each action says in code which states
+ * allow it; {@link assertAllowed} rejects the rest with `SANDBOX_INVALID_STATE` (or
+ * `SANDBOX_NOT_RUNNING` for a sandbox that has ended).
+ */
+import { randomBytes } from 'node:crypto';
+import { SpaceError } from './errors.js';
+
+/**
+ * Lifecycle states.
+ * - `starting`: the driver is booting it; no commands yet.
+ * - `running`: the agent answers.
+ * - `killed`: ended on request or by its timeout (terminal).
+ * - `dead`: ended by itself — out of memory, crashed, or gone while the daemon was down (terminal).
+ */
+export type SandboxState = 'starting' | 'running' | 'killed' | 'dead';
+
+/** Why a sandbox ended. */
+export type EndReason = 'killed' | 'timeout' | 'oom' | 'crashed' | 'lost' | 'start-failed' | 'shutdown';
+
+/** States in which nothing more can happen. */
+export const TERMINAL_STATES: readonly SandboxState[] = ['killed', 'dead'];
+
+/** Lifecycle actions and the states that allow them. */
+export const ALLOWED: Record<SandboxAction, readonly SandboxState[]> = {
+  exec: ['running'],
+  files: ['running'],
+  kill: ['starting', 'running'],
+  markRunning: ['starting'],
+  markDead: ['starting', 'running'],
+};
+
+/** Actions checked by {@link assertAllowed}. */
+export type SandboxAction = 'exec' | 'files' | 'kill' | 'markRunning' | 'markDead';
+
+/** A sandbox as stored and as returned by the API. */
+export interface Sandbox {
+  id: string;
+  tenantId: string;
+  template: string;
+  driver: string;
+  state: SandboxState;
+  /** Why it ended (terminal states only). */
+  endReason?: EndReason;
+  /** Human-readable detail of the end (e.g. "memory limit of 256 MiB exceeded"). */
+  endDetail?: string;
+  cpu: number;
+  memoryMb: number;
+  /** Milliseconds after creation when the sandbox is killed; 0 = never. */
+  timeoutMs: number;
+  env: Record<string, string>;
+  metadata: Record<string, string>;
+  createdAt: string;
+  startedAt?: string;
+  endedAt?: string;
+  /** When the timeout kills it (ISO time), if it has one. */
+  expiresAt?: string;
+}
+
+/** Defaults and bounds of sandbox limits. */
+export const LIMITS = {
+  cpu: { min: 0.1, max: 16, default: 1 },
+  memoryMb: { min: 64, max: 65536, default: 512 },
+  timeoutMs: { min: 1000, max: 7 * 24 * 3600 * 1000, default: 30 * 60 * 1000 },
+  envEntries: 256,
+  metadataEntries: 64,
+} as const;
+
+/** Throws unless `action` is allowed in the sandbox's current state. */
+export function assertAllowed(sb: Pick<Sandbox, 'id' | 'state' | 'endReason'>, action: SandboxAction): void {
+  if (ALLOWED[action].includes(sb.state)) return;
+  if (TERMINAL_STATES.includes(sb.state)) {
+    throw new SpaceError('SANDBOX_NOT_RUNNING', `Sandbox ${sb.id} has ended (${sb.state}${sb.endReason ? `: ${sb.endReason}` : ''}); ${action} is not possible`, {
+      details: { sandboxId: sb.id, state: sb.state, endReason: sb.endReason },
+    });
+  }
+  throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} is ${sb.state}; ${action} needs one of: ${ALLOWED[action].join(', ')}`, {
+    details: { sandboxId: sb.id, state: sb.state, allowed: ALLOWED[action] },
+  });
+}
+
+const ALPHABET = 'abcdefghijklmnopqrstuvwxyz0123456789';
+
+/**
+ * A new sandbox id: `sb` + 18 lowercase letters/digits (matches `^[a-z0-9]+$`, usable as hostname).
+ *
+ * @example
+ * newSandboxId(); // 'sbq2k8d0x1m3n5p7r9t1'
+ */
+export function newSandboxId(): string {
+  return 'sb' + randomString(18);
+}
+
+/** A random string over [a-z0-9]. */
+export function randomString(n: number): string {
+  const bytes = randomBytes(n);
+  let s = '';
+  for (const b of bytes) s += ALPHABET[b % 36];
+  return s;
+}
+
+/** Pattern every sandbox id matches. */
+export const SANDBOX_ID_RE = /^sb[a-z0-9]{18}$/;

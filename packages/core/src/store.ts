@@ -1,0 +1,58 @@
+/**
+ * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
+ * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
+ */
+import type { Sandbox, SandboxState } from './model.js';
+
+/** A stored API key (never the key itself, only its hash). */
+export interface ApiKeyRecord {
+  id: string;
+  tenantId: string;
+  name: string;
+  /** SHA-256 of the key, hex. */
+  hash: string;
+  /** First characters of the key, to recognise it in listings. */
+  prefix: string;
+  admin: boolean;
+  createdAt: string;
+  revokedAt?: string;
+}
+
+/** Filter and page of a sandbox listing. */
+export interface SandboxQuery {
+  tenantId: string;
+  states?: SandboxState[];
+  /** Every pair must match the sandbox's metadata. */
+  metadata?: Record<string, string>;
+  limit: number;
+  /** Opaque cursor from a previous page. */
+  cursor?: string;
+}
+
+/** One page of sandboxes. */
+export interface SandboxPage {
+  items: Sandbox[];
+  nextCursor?: string;
+}
+
+/**
+ * Persistent metadata. Every method is atomic; implementations must be safe to call from one
+ * process concurrently.
+ */
+export interface MetadataStore {
+  insertSandbox(sb: Sandbox): Promise<void>;
+  /** Writes the changed fields; returns the updated sandbox. */
+  updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'tenantId'>>): Promise<Sandbox>;
+  getSandbox(id: string): Promise<Sandbox | undefined>;
+  listSandboxes(q: SandboxQuery): Promise<SandboxPage>;
+  /** Every sandbox in one of these states, across tenants (for reconciliation). */
+  sandboxesInStates(states: SandboxState[]): Promise<Sandbox[]>;
+
+  insertApiKey(k: ApiKeyRecord): Promise<void>;
+  findApiKeyByHash(hash: string): Promise<ApiKeyRecord | undefined>;
+  listApiKeys(tenantId?: string): Promise<ApiKeyRecord[]>;
+  revokeApiKey(id: string, at: string): Promise<ApiKeyRecord | undefined>;
+  countApiKeys(): Promise<number>;
+
+  close(): Promise<void>;
+}

@@ -1,0 +1,278 @@
+/**
+ * The gVisor driver: each sandbox is a `runsc` container with its own user-space kernel,
+ * an in-memory overlay over a shared read-only template rootfs, cgroup v1 cpu/memory limits,
+ * RLIMIT_NPROC for the non-root user (the pids cgroup crashes this runsc's sentry), its own
+ * empty network namespace, and the agent as its first process. The agent dials out to a
+ * unix socket the daemon listens on in a per-sandbox host directory (`--host-uds=open`).
+ */
+import { existsSync, promises as fs, openSync, closeSync } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { spawn } from 'node:child_process';
+import { SpaceError, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
+import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
+import { AGENT_BUNDLE } from '@space/agent';
+import { run, tryRun } from './exec.js';
+import { AGENT_ARGV, ensureRuntime } from './runtime.js';
+import { Templates } from './templates.js';
+
+/** Options of {@link GvisorDriver}. */
+export interface GvisorDriverOptions {
+  /** Directory for runsc state, bundles and sockets (the daemon's data directory). */
+  dataDir: string;
+  /** Where template root file systems are cached. @default `${dataDir}/templates` */
+  templatesDir?: string;
+  /** The runsc binary. @default "runsc" */
+  runsc?: string;
+  /** gVisor platform. @default "ptrace" (no KVM needed) */
+  platform?: 'ptrace' | 'systrap' | 'kvm';
+  /** Processes the sandbox's non-root user may run at once (RLIMIT_NPROC). @default 512 */
+  maxProcesses?: number;
+  /** Debian mirror for building the `base` template. */
+  debianMirror?: string;
+}
+
+const CGROUP_ROOT = '/sys/fs/cgroup';
+const CGROUP_PARENT = 'space';
+const NETNS_PREFIX = 'space-';
+
+/** Capabilities of the agent (the non-root user's processes get none). Docker's default set. */
+const CAPS = ['CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FOWNER', 'CAP_FSETID', 'CAP_KILL', 'CAP_SETGID', 'CAP_SETUID', 'CAP_SETPCAP', 'CAP_NET_BIND_SERVICE', 'CAP_SYS_CHROOT', 'CAP_AUDIT_WRITE', 'CAP_MKNOD'];
+
+/**
+ * gVisor driver.
+ *
+ * @example
+ * const driver = new GvisorDriver({ dataDir: '/var/lib/space' });
+ */
+export class GvisorDriver implements SandboxDriver {
+  readonly name = 'gvisor';
+  readonly templatesStore: Templates;
+  private events?: DriverEvents;
+  private readonly servers = new Map<string, net.Server>();
+  private runtimeDir = '';
+  private readonly runsc: string;
+  private readonly stateDir: string;
+  private readonly boxesDir: string;
+
+  constructor(private readonly opts: GvisorDriverOptions) {
+    this.runsc = opts.runsc ?? 'runsc';
+    this.stateDir = path.join(opts.dataDir, 'runsc');
+    this.boxesDir = path.join(opts.dataDir, 'sandboxes');
+    this.templatesStore = new Templates(opts.templatesDir ?? path.join(opts.dataDir, 'templates'), opts.debianMirror ? { mirror: opts.debianMirror } : {});
+  }
+
+  bind(events: DriverEvents): void {
+    this.events = events;
+  }
+
+  private flags(): string[] {
+    return ['--root', this.stateDir, `--platform=${this.opts.platform ?? 'ptrace'}`, '--network=none', '--host-uds=open', '--overlay2=root:memory'];
+  }
+
+  async init(): Promise<void> {
+    await fs.mkdir(this.stateDir, { recursive: true, mode: 0o700 });
+    await fs.mkdir(this.boxesDir, { recursive: true, mode: 0o700 });
+    this.runtimeDir = await ensureRuntime(path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE);
+    await this.templatesStore.ensure('minimal');
+  }
+
+  async templates(): Promise<string[]> {
+    return ['minimal', 'base'];
+  }
+
+  async doctor(): Promise<DriverReport> {
+    const checks: DriverReport['checks'] = [];
+    const v = await tryRun(this.runsc, ['--version'], 10_000);
+    checks.push({ name: 'runsc', ok: !!v, detail: v ? v.stdout.split('\n')[0]! : 'runsc not found: apt-get install runsc' });
+    for (const c of ['memory', 'cpu']) {
+      const ok = existsSync(path.join(CGROUP_ROOT, c, 'cgroup.procs'));
+      checks.push({ name: `cgroup v1 ${c}`, ok, detail: ok ? `${CGROUP_ROOT}/${c}` : `no cgroup v1 ${c} controller at ${CGROUP_ROOT}/${c}` });
+    }
+    const ip = await tryRun('ip', ['netns', 'list'], 5_000);
+    checks.push({ name: 'network namespaces', ok: !!ip, detail: ip ? 'ip netns works' : 'iproute2 missing or no permission: apt-get install iproute2, run as root' });
+    const nft = await tryRun('nft', ['--version'], 5_000);
+    checks.push({ name: 'nftables', ok: !!nft, detail: nft ? nft.stdout.trim() : 'nft not found: apt-get install nftables (needed for sandbox egress)' });
+    const bb = existsSync('/bin/busybox') || existsSync('/usr/bin/busybox');
+    checks.push({ name: 'busybox-static', ok: bb, detail: bb ? 'present (minimal template)' : 'apt-get install busybox-static' });
+    const mm = await tryRun('mmdebstrap', ['--version'], 5_000);
+    checks.push({ name: 'mmdebstrap', ok: !!mm, detail: mm ? mm.stdout.trim() : 'apt-get install mmdebstrap (base template)' });
+    checks.push({ name: 'root', ok: process.getuid?.() === 0, detail: process.getuid?.() === 0 ? 'running as root' : 'runsc with cgroups and namespaces needs root' });
+    const required = ['runsc', 'cgroup v1 memory', 'cgroup v1 cpu', 'network namespaces', 'busybox-static', 'root'];
+    return { driver: this.name, available: checks.filter((c) => required.includes(c.name)).every((c) => c.ok), checks };
+  }
+
+  private box(id: string) {
+    const dir = path.join(this.boxesDir, id);
+    return { dir, bundle: path.join(dir, 'bundle'), sock: path.join(dir, 'sock'), log: path.join(dir, 'runsc.log'), netns: `${NETNS_PREFIX}${id}` };
+  }
+
+  private async listen(id: string): Promise<void> {
+    const b = this.box(id);
+    const sockPath = path.join(b.sock, AGENT_SOCKET_NAME);
+    if (sockPath.length > 107) throw new SpaceError('DRIVER_FAILED', `Socket path ${sockPath} is too long for a unix socket; use a shorter --data-dir`);
+    this.servers.get(id)?.close();
+    await fs.rm(sockPath, { force: true });
+    const server = net.createServer((s) => {
+      s.setNoDelay?.(true);
+      this.events?.agentConnected(id, s);
+    });
+    server.maxConnections = 2;
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(sockPath, () => resolve());
+    });
+    this.servers.set(id, server);
+  }
+
+  async create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void> {
+    if (!this.events) throw new Error('bind() first');
+    const rootfs = await this.templatesStore.ensure(spec.template);
+    const b = this.box(spec.id);
+    await fs.mkdir(b.bundle, { recursive: true, mode: 0o700 });
+    await fs.mkdir(b.sock, { recursive: true, mode: 0o700 });
+    await this.listen(spec.id);
+    await run('ip', ['netns', 'add', b.netns]);
+    await run('ip', ['-n', b.netns, 'link', 'set', 'lo', 'up']);
+    signal?.throwIfAborted();
+    const config = {
+      ociVersion: '1.0.0',
+      process: {
+        terminal: false,
+        user: { uid: 0, gid: 0 },
+        args: AGENT_ARGV,
+        env: [
+          'PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+          'LANG=C.UTF-8',
+          ...Object.entries(spec.env).map(([k, v]) => `${k}=${v}`),
+          `SPACE_SANDBOX_ID=${spec.id}`,
+          `SPACE_AGENT_SOCKET=${AGENT_SOCKET_DIR}/${AGENT_SOCKET_NAME}`,
+        ],
+        cwd: '/',
+        capabilities: Object.fromEntries(['bounding', 'effective', 'inheritable', 'permitted'].map((k) => [k, CAPS])),
+        rlimits: [
+          { type: 'RLIMIT_NOFILE', hard: 65536, soft: 65536 },
+          { type: 'RLIMIT_NPROC', hard: this.opts.maxProcesses ?? 512, soft: this.opts.maxProcesses ?? 512 },
+        ],
+        noNewPrivileges: true,
+      },
+      root: { path: rootfs, readonly: false },
+      hostname: spec.id,
+      mounts: [
+        { destination: '/proc', type: 'proc', source: 'proc' },
+        { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'] },
+        { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620'] },
+        { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
+        { destination: AGENT_RUNTIME_DIR, type: 'bind', source: this.runtimeDir, options: ['rbind', 'ro'] },
+        { destination: AGENT_SOCKET_DIR, type: 'bind', source: b.sock, options: ['rbind', 'rw'] },
+      ],
+      linux: {
+        namespaces: [{ type: 'pid' }, { type: 'network', path: `/var/run/netns/${b.netns}` }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }],
+        cgroupsPath: `/${CGROUP_PARENT}/${spec.id}`,
+        resources: {
+          memory: { limit: spec.memoryMb * 1024 * 1024 },
+          cpu: { quota: Math.max(1000, Math.round(spec.cpu * 100_000)), period: 100_000 },
+        },
+      },
+    };
+    await fs.writeFile(path.join(b.bundle, 'config.json'), JSON.stringify(config));
+    await this.runDetached(['run', '--detach', '--bundle', b.bundle, spec.id], b.log);
+  }
+
+  /** `runsc run --detach`: the container's stdio goes to the sandbox's log file. */
+  private runDetached(args: string[], log: string): Promise<void> {
+    const fd = openSync(log, 'a', 0o600);
+    return new Promise<void>((resolve, reject) => {
+      const child = spawn(this.runsc, [...this.flags(), ...args], { stdio: ['ignore', fd, fd], detached: true });
+      closeSync(fd);
+      const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
+      child.on('error', (err) => {
+        clearTimeout(timer);
+        reject(new SpaceError('DRIVER_UNAVAILABLE', `Cannot run ${this.runsc}: ${err.message}; install it with apt-get install runsc`, { cause: err }));
+      });
+      child.on('exit', async (code, sig) => {
+        clearTimeout(timer);
+        if (code === 0) return resolve();
+        const out = (await fs.readFile(log, 'utf8').catch(() => '')).trim().split('\n').slice(-3).join(' | ');
+        reject(new SpaceError('DRIVER_FAILED', `runsc ${args[0]} failed (${sig ?? `exit ${code}`}): ${out}`));
+      });
+    });
+  }
+
+  async adopt(id: string): Promise<boolean> {
+    const st = await this.status(id);
+    if (!st.running) return false;
+    await this.listen(id);
+    return true;
+  }
+
+  async status(id: string): Promise<RuntimeStatus> {
+    const r = await tryRun(this.runsc, ['--root', this.stateDir, 'state', id], 10_000);
+    let running = false;
+    if (r) {
+      try {
+        running = (JSON.parse(r.stdout) as { status?: string }).status === 'running';
+      } catch {
+        running = false;
+      }
+    }
+    if (running) return { running };
+    const oom = await this.oomInfo(id);
+    if (oom) return { running: false, reason: 'oom', detail: oom };
+    return { running: false, reason: 'crashed', detail: r ? 'the sandbox stopped' : 'the runtime has no such sandbox' };
+  }
+
+  private async oomInfo(id: string): Promise<string | undefined> {
+    const dir = path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, id);
+    const ctl = await fs.readFile(path.join(dir, 'memory.oom_control'), 'utf8').catch(() => '');
+    const kills = /oom_kill (\d+)/.exec(ctl);
+    const failcnt = Number((await fs.readFile(path.join(dir, 'memory.failcnt'), 'utf8').catch(() => '0')).trim());
+    if ((kills && Number(kills[1]) > 0) || failcnt > 0) {
+      const limit = Number((await fs.readFile(path.join(dir, 'memory.limit_in_bytes'), 'utf8').catch(() => '0')).trim());
+      return `memory limit of ${Math.round(limit / 1048576)} MiB exceeded`;
+    }
+    return undefined;
+  }
+
+  async usage(id: string): Promise<SandboxUsage> {
+    const procs = (await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, id, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n').filter(Boolean);
+    let rss = 0;
+    for (const pid of procs) {
+      const st = await fs.readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
+      const m = /VmRSS:\s+(\d+) kB/.exec(st);
+      if (m) rss += Number(m[1]) * 1024;
+    }
+    const cg = Number((await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, id, 'memory.usage_in_bytes'), 'utf8').catch(() => '0')).trim());
+    return { rssBytes: rss, cgroupBytes: cg };
+  }
+
+  async destroy(id: string): Promise<void> {
+    const b = this.box(id);
+    this.servers.get(id)?.close();
+    this.servers.delete(id);
+    await tryRun(this.runsc, ['--root', this.stateDir, 'kill', id, 'KILL'], 10_000);
+    await tryRun(this.runsc, ['--root', this.stateDir, 'delete', '--force', id], 20_000);
+    await tryRun('ip', ['netns', 'del', b.netns], 10_000);
+    for (const ctl of ['memory', 'cpu', 'cpuacct', 'cpuset', 'pids', 'blkio', 'devices', 'freezer', 'systemd']) {
+      const d = path.join(CGROUP_ROOT, ctl, CGROUP_PARENT, id);
+      if (existsSync(d)) await fs.rmdir(d).catch(() => {});
+    }
+    await fs.rm(b.dir, { recursive: true, force: true });
+  }
+
+  async list(): Promise<string[]> {
+    const r = await tryRun(this.runsc, ['--root', this.stateDir, 'list', '--format', 'json'], 10_000);
+    if (!r) return [];
+    try {
+      const items = JSON.parse(r.stdout) as { id: string }[] | null;
+      return (items ?? []).map((c) => c.id);
+    } catch {
+      return [];
+    }
+  }
+
+  async close(): Promise<void> {
+    for (const s of this.servers.values()) s.close();
+    this.servers.clear();
+  }
+}

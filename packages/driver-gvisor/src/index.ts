@@ -1,0 +1,8 @@
+/**
+ * @space/driver-gvisor — sandboxes on gVisor (`runsc`), the default driver where there is no KVM.
+ */
+export { GvisorDriver } from './driver.js';
+export type { GvisorDriverOptions } from './driver.js';
+export { Templates, BUILTIN_TEMPLATES } from './templates.js';
+export type { TemplateStatus, Progress } from './templates.js';
+export { ensureRuntime, AGENT_ARGV } from './runtime.js';

@@ -1,0 +1,189 @@
+/**
+ * Messages carried in JSON frames. The daemon opens streams with odd ids; requests name an `op`.
+ * Everything an agent sends is untrusted: the daemon validates shapes and sizes before use.
+ */
+
+/** Version of this protocol; the agent reports it in its hello event. */
+export const PROTOCOL_VERSION = 1;
+
+/** Path inside every sandbox where the per-sandbox host socket directory is mounted. */
+export const AGENT_SOCKET_DIR = '/run/space';
+/** Name of the socket the daemon listens on inside {@link AGENT_SOCKET_DIR}. */
+export const AGENT_SOCKET_NAME = 'agent.sock';
+/** Path inside every sandbox where the agent's read-only runtime (node + agent.js) is mounted. */
+export const AGENT_RUNTIME_DIR = '/.space';
+
+/** Sent by the agent as an Event frame right after it connects. */
+export interface HelloEvent {
+  event: 'hello';
+  version: number;
+  sandboxId: string;
+  /** Agent process start time (ms since epoch), to tell a reconnect from a restart. */
+  startedAt: number;
+}
+
+/** Sent by the agent when a process it started has exited (whether or not a stream is attached). */
+export interface ProcessExitEvent {
+  event: 'process-exit';
+  pid: number;
+  exitCode: number | null;
+  signal: string | null;
+}
+
+/** Options of a process start. Exactly one of `argv` or `shell` is given. */
+export interface ExecRequest {
+  op: 'exec';
+  argv?: string[];
+  /** A shell command line, run with `/bin/sh -c`. */
+  shell?: string;
+  env?: Record<string, string>;
+  cwd?: string;
+  /** User name or numeric uid; default is the sandbox's non-root user. */
+  user?: string;
+  /** Kill the process (SIGKILL) after this many ms. */
+  timeoutMs?: number;
+  /** Allocate a PTY of this size; output then arrives on the Pty channel. */
+  pty?: { cols: number; rows: number };
+  /** Keep stdin open for {@link StdinRequest}s; otherwise stdin is /dev/null. */
+  stdin?: boolean;
+  /** Keep running when the stream is cancelled or the connection drops. */
+  background?: boolean;
+  tag?: string;
+}
+
+/** Reply to {@link ExecRequest}. */
+export interface ExecReply {
+  pid: number;
+}
+
+/** End payload of an exec or attach stream. */
+export interface ExecEnd {
+  exitCode: number | null;
+  signal: string | null;
+  /** Set when the process was killed by the agent for exceeding its timeout. */
+  timedOut?: boolean;
+  /** Bytes of output dropped while no client was attached (background processes). */
+  dropped?: number;
+}
+
+/** Attach to a running process's output (and PTY). */
+export interface AttachRequest {
+  op: 'attach';
+  pid: number;
+}
+/** Send data to a process's stdin. Data follows as DATA frames; End closes stdin when `eof`. */
+export interface StdinRequest {
+  op: 'stdin';
+  pid: number;
+  data: string; // base64
+  eof?: boolean;
+}
+export interface SignalRequest {
+  op: 'signal';
+  pid: number;
+  signal: string;
+}
+export interface ResizeRequest {
+  op: 'resize';
+  pid: number;
+  cols: number;
+  rows: number;
+}
+export interface ProcessListRequest {
+  op: 'ps';
+}
+/** One process the agent started. */
+export interface ProcessInfo {
+  pid: number;
+  argv: string[];
+  tag?: string;
+  cwd: string;
+  user: string;
+  pty: boolean;
+  background: boolean;
+  startedAt: number;
+  running: boolean;
+  exitCode: number | null;
+}
+
+/** Kinds of file-system entries. */
+export type EntryType = 'file' | 'dir' | 'symlink' | 'other';
+/** Stat of one path. */
+export interface EntryInfo {
+  name: string;
+  path: string;
+  type: EntryType;
+  size: number;
+  mode: number;
+  mtimeMs: number;
+  symlinkTarget?: string;
+}
+
+export interface StatRequest {
+  op: 'stat';
+  path: string;
+}
+export interface ListRequest {
+  op: 'list';
+  path: string;
+  /** 1 lists the directory itself; more descends. */
+  depth?: number;
+}
+export interface MkdirRequest {
+  op: 'mkdir';
+  path: string;
+  user?: string;
+}
+export interface RemoveRequest {
+  op: 'remove';
+  path: string;
+  recursive?: boolean;
+}
+export interface RenameRequest {
+  op: 'rename';
+  from: string;
+  to: string;
+}
+/** Read a file: reply `{ size }`, then DATA(File) frames under credit, then End. */
+export interface ReadFileRequest {
+  op: 'read';
+  path: string;
+}
+/** Write a file: the daemon sends DATA(File) frames under the agent's credit, then End `{}`. */
+export interface WriteFileRequest {
+  op: 'write';
+  path: string;
+  mode?: number;
+  user?: string;
+}
+export interface PingRequest {
+  op: 'ping';
+}
+/** Health of the agent: reply `{ uptimeMs, processes, memory }`. */
+export interface HealthRequest {
+  op: 'health';
+}
+
+/** Every request the daemon can send. */
+export type AgentRequest =
+  | ExecRequest
+  | AttachRequest
+  | StdinRequest
+  | SignalRequest
+  | ResizeRequest
+  | ProcessListRequest
+  | StatRequest
+  | ListRequest
+  | MkdirRequest
+  | RemoveRequest
+  | RenameRequest
+  | ReadFileRequest
+  | WriteFileRequest
+  | PingRequest
+  | HealthRequest;
+
+/** Error shape carried in Reply/End frames. `code` is one of the daemon's error codes. */
+export interface WireError {
+  code: string;
+  message: string;
+}

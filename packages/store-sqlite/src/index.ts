@@ -1,0 +1,195 @@
+/**
+ * @space/store-sqlite — the embedded {@link MetadataStore}: SQLite in WAL mode through
+ * Kysely's typed query builder (the same queries run on PostgreSQL with Kysely's dialect).
+ */
+import Database from 'better-sqlite3';
+import { Kysely, SqliteDialect, sql, type Generated } from 'kysely';
+import type { ApiKeyRecord, MetadataStore, Sandbox, SandboxPage, SandboxQuery, SandboxState } from '@space/core';
+import { SpaceError } from '@space/core';
+
+interface SandboxTable {
+  seq: Generated<number>;
+  id: string;
+  tenant_id: string;
+  state: string;
+  created_at: string;
+  /** The whole sandbox as JSON; indexed columns above are copies for queries. */
+  doc: string;
+}
+interface SandboxLabelTable {
+  sandbox_id: string;
+  key: string;
+  value: string;
+}
+interface ApiKeyTable {
+  id: string;
+  tenant_id: string;
+  name: string;
+  hash: string;
+  prefix: string;
+  admin: number;
+  created_at: string;
+  revoked_at: string | null;
+}
+interface Schema {
+  sandboxes: SandboxTable;
+  sandbox_labels: SandboxLabelTable;
+  api_keys: ApiKeyTable;
+}
+
+/** Ordered migrations; the index + 1 is the schema version recorded in `PRAGMA user_version`. */
+const MIGRATIONS: string[] = [
+  `CREATE TABLE sandboxes (
+     seq INTEGER PRIMARY KEY AUTOINCREMENT,
+     id TEXT NOT NULL UNIQUE,
+     tenant_id TEXT NOT NULL,
+     state TEXT NOT NULL,
+     created_at TEXT NOT NULL,
+     doc TEXT NOT NULL);
+   CREATE INDEX sandboxes_tenant ON sandboxes(tenant_id, seq);
+   CREATE INDEX sandboxes_state ON sandboxes(state);
+   CREATE TABLE sandbox_labels (
+     sandbox_id TEXT NOT NULL REFERENCES sandboxes(id) ON DELETE CASCADE,
+     key TEXT NOT NULL,
+     value TEXT NOT NULL,
+     PRIMARY KEY (sandbox_id, key));
+   CREATE INDEX sandbox_labels_kv ON sandbox_labels(key, value);
+   CREATE TABLE api_keys (
+     id TEXT PRIMARY KEY,
+     tenant_id TEXT NOT NULL,
+     name TEXT NOT NULL,
+     hash TEXT NOT NULL UNIQUE,
+     prefix TEXT NOT NULL,
+     admin INTEGER NOT NULL,
+     created_at TEXT NOT NULL,
+     revoked_at TEXT);`,
+];
+
+function toKey(r: ApiKeyTable): ApiKeyRecord {
+  return {
+    id: r.id,
+    tenantId: r.tenant_id,
+    name: r.name,
+    hash: r.hash,
+    prefix: r.prefix,
+    admin: r.admin === 1,
+    createdAt: r.created_at,
+    ...(r.revoked_at ? { revokedAt: r.revoked_at } : {}),
+  };
+}
+
+/**
+ * SQLite metadata store.
+ *
+ * @example
+ * const store = SqliteStore.open('/var/lib/space/space.db');
+ * await store.insertSandbox(sb);
+ */
+export class SqliteStore implements MetadataStore {
+  private constructor(
+    private readonly db: Kysely<Schema>,
+    private readonly raw: Database.Database,
+  ) {}
+
+  /** Opens (and migrates) the database at `file`; `:memory:` for tests. */
+  static open(file: string): SqliteStore {
+    const raw = new Database(file);
+    raw.pragma('journal_mode = WAL');
+    raw.pragma('synchronous = NORMAL');
+    raw.pragma('foreign_keys = ON');
+    raw.pragma('busy_timeout = 5000');
+    const version = raw.pragma('user_version', { simple: true }) as number;
+    if (version > MIGRATIONS.length) {
+      raw.close();
+      throw new SpaceError('INTERNAL', `Database ${file} has schema version ${version}, newer than this SPACE (${MIGRATIONS.length}); upgrade SPACE`);
+    }
+    raw.transaction(() => {
+      for (let v = version; v < MIGRATIONS.length; v++) raw.exec(MIGRATIONS[v]!);
+      raw.pragma(`user_version = ${MIGRATIONS.length}`);
+    })();
+    return new SqliteStore(new Kysely<Schema>({ dialect: new SqliteDialect({ database: raw }) }), raw);
+  }
+
+  async insertSandbox(sb: Sandbox): Promise<void> {
+    await this.db.transaction().execute(async (tx) => {
+      await tx.insertInto('sandboxes').values({ id: sb.id, tenant_id: sb.tenantId, state: sb.state, created_at: sb.createdAt, doc: JSON.stringify(sb) }).execute();
+      const labels = Object.entries(sb.metadata).map(([key, value]) => ({ sandbox_id: sb.id, key, value }));
+      if (labels.length) await tx.insertInto('sandbox_labels').values(labels).execute();
+    });
+  }
+
+  async updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'tenantId'>>): Promise<Sandbox> {
+    return this.db.transaction().execute(async (tx) => {
+      const row = await tx.selectFrom('sandboxes').select('doc').where('id', '=', id).executeTakeFirst();
+      if (!row) throw new SpaceError('SANDBOX_NOT_FOUND', `No sandbox ${id}`);
+      const next: Sandbox = { ...(JSON.parse(row.doc) as Sandbox), ...patch };
+      await tx.updateTable('sandboxes').set({ state: next.state, doc: JSON.stringify(next) }).where('id', '=', id).execute();
+      return next;
+    });
+  }
+
+  async getSandbox(id: string): Promise<Sandbox | undefined> {
+    const row = await this.db.selectFrom('sandboxes').select('doc').where('id', '=', id).executeTakeFirst();
+    return row ? (JSON.parse(row.doc) as Sandbox) : undefined;
+  }
+
+  async listSandboxes(q: SandboxQuery): Promise<SandboxPage> {
+    let qb = this.db.selectFrom('sandboxes').select(['seq', 'doc']).where('tenant_id', '=', q.tenantId);
+    if (q.states?.length) qb = qb.where('state', 'in', q.states);
+    for (const [k, v] of Object.entries(q.metadata ?? {})) {
+      qb = qb.where(({ exists, selectFrom }) =>
+        exists(selectFrom('sandbox_labels').select(sql`1`.as('one')).whereRef('sandbox_labels.sandbox_id', '=', 'sandboxes.id').where('key', '=', k).where('value', '=', v)),
+      );
+    }
+    if (q.cursor) {
+      const after = Number.parseInt(Buffer.from(q.cursor, 'base64url').toString(), 10);
+      if (!Number.isSafeInteger(after)) throw new SpaceError('BAD_REQUEST', 'Invalid cursor: pass the nextCursor of a previous page unchanged');
+      qb = qb.where('seq', '<', after);
+    }
+    const rows = await qb.orderBy('seq', 'desc').limit(q.limit + 1).execute();
+    const page = rows.slice(0, q.limit);
+    const more = rows.length > q.limit;
+    return {
+      items: page.map((r) => JSON.parse(r.doc) as Sandbox),
+      ...(more ? { nextCursor: Buffer.from(String(page[page.length - 1]!.seq)).toString('base64url') } : {}),
+    };
+  }
+
+  async sandboxesInStates(states: SandboxState[]): Promise<Sandbox[]> {
+    const rows = await this.db.selectFrom('sandboxes').select('doc').where('state', 'in', states).execute();
+    return rows.map((r) => JSON.parse(r.doc) as Sandbox);
+  }
+
+  async insertApiKey(k: ApiKeyRecord): Promise<void> {
+    await this.db
+      .insertInto('api_keys')
+      .values({ id: k.id, tenant_id: k.tenantId, name: k.name, hash: k.hash, prefix: k.prefix, admin: k.admin ? 1 : 0, created_at: k.createdAt, revoked_at: k.revokedAt ?? null })
+      .execute();
+  }
+
+  async findApiKeyByHash(hash: string): Promise<ApiKeyRecord | undefined> {
+    const r = await this.db.selectFrom('api_keys').selectAll().where('hash', '=', hash).executeTakeFirst();
+    return r ? toKey(r) : undefined;
+  }
+
+  async listApiKeys(tenantId?: string): Promise<ApiKeyRecord[]> {
+    let qb = this.db.selectFrom('api_keys').selectAll();
+    if (tenantId) qb = qb.where('tenant_id', '=', tenantId);
+    return (await qb.orderBy('created_at').execute()).map(toKey);
+  }
+
+  async revokeApiKey(id: string, at: string): Promise<ApiKeyRecord | undefined> {
+    await this.db.updateTable('api_keys').set({ revoked_at: at }).where('id', '=', id).where('revoked_at', 'is', null).execute();
+    const r = await this.db.selectFrom('api_keys').selectAll().where('id', '=', id).executeTakeFirst();
+    return r ? toKey(r) : undefined;
+  }
+
+  async countApiKeys(): Promise<number> {
+    const r = await this.db.selectFrom('api_keys').select((eb) => eb.fn.countAll<number>().as('n')).executeTakeFirstOrThrow();
+    return Number(r.n);
+  }
+
+  async close(): Promise<void> {
+    await this.db.destroy();
+  }
+}
