@@ -1,0 +1,96 @@
+/**
+ * The HTTP application: Fastify with JSON-schema validation (TypeBox), OpenAPI generated from
+ * the route schemas and served at /openapi.json, bearer-key authentication, and one error
+ * mapping from the core registry.
+ */
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import swagger from '@fastify/swagger';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { ApiKeys, SpaceError, type Principal, type SandboxService } from '@space/core';
+import type { GvisorDriver } from '@space/driver-gvisor';
+import { registerRoutes } from './routes.js';
+import { VERSION } from './version.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    principal: Principal;
+  }
+}
+
+/** What the app needs. */
+export interface AppDeps {
+  service: SandboxService;
+  keys: ApiKeys;
+  driver: GvisorDriver;
+  /** Largest file upload, bytes. */
+  maxUploadBytes: number;
+  /** A pino logger instance, or false for none. */
+  logger: false | FastifyBaseLogger;
+}
+
+const PUBLIC = new Set(['/v1/health', '/v1/version', '/openapi.json']);
+
+function bearer(req: FastifyRequest): string | undefined {
+  const h = req.headers.authorization;
+  if (h?.startsWith('Bearer ')) return h.slice(7).trim();
+  const k = req.headers['x-api-key'];
+  return typeof k === 'string' ? k : undefined;
+}
+
+/** Maps any error to the registry's JSON shape and status. */
+export function sendError(reply: FastifyReply, err: unknown): FastifyReply {
+  let e: SpaceError;
+  const fe = err as { code?: string; statusCode?: number; validation?: unknown; message?: string };
+  if (err instanceof SpaceError) e = err;
+  else if (fe?.validation) e = new SpaceError('BAD_REQUEST', `Invalid request: ${fe.message}`, { cause: err });
+  else if (fe?.code === 'FST_ERR_CTP_BODY_TOO_LARGE') e = new SpaceError('PAYLOAD_TOO_LARGE', undefined, { cause: err });
+  else if (fe?.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE') e = new SpaceError('BAD_REQUEST', `Unsupported Content-Type: ${fe.message}`, { cause: err });
+  else if (fe?.code === 'FST_ERR_CTP_EMPTY_JSON_BODY' || (fe?.statusCode === 400 && err instanceof SyntaxError) || fe?.code === 'FST_ERR_CTP_INVALID_JSON_BODY') {
+    e = new SpaceError('INVALID_JSON', `The request body is not valid JSON: ${fe.message}`, { cause: err });
+  } else if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) e = new SpaceError('BAD_REQUEST', fe.message, { cause: err });
+  else e = new SpaceError('INTERNAL', 'Internal error', { cause: err });
+  if (e.code === 'INTERNAL') reply.log.error({ err }, 'internal error');
+  if (e.code === 'CAPACITY_EXHAUSTED') reply.header('retry-after', String(e.details?.retryAfterS ?? 5));
+  return reply.code(e.status).type('application/json').send(e.toJSON());
+}
+
+/**
+ * Builds the Fastify app (not listening).
+ *
+ * @example
+ * const app = await buildApp({ service, keys, driver, maxUploadBytes: 1 << 30, logger: true });
+ * await app.listen({ host: '127.0.0.1', port: 7070 });
+ */
+export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
+  const app = Fastify({
+    ...(deps.logger ? { loggerInstance: deps.logger } : { logger: false }),
+    bodyLimit: 1024 * 1024,
+    disableRequestLogging: false,
+    return503OnClosing: true,
+    ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true } },
+  }).withTypeProvider<TypeBoxTypeProvider>();
+
+  await app.register(swagger, {
+    openapi: {
+      info: { title: 'SPACE API', version: VERSION, description: 'Stateful sandboxes for AI agents. Authenticate with `Authorization: Bearer <API key>`. Errors are `{ error: { code, message, hint? } }` with stable codes.' },
+      components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
+      security: [{ bearer: [] }],
+    },
+  });
+
+  // Raw bodies (file uploads) stream through untouched; their size is enforced while streaming.
+  app.addContentTypeParser('application/octet-stream', { bodyLimit: deps.maxUploadBytes }, (_req, payload, done) => done(null, payload));
+
+  app.setErrorHandler((err, _req, reply) => sendError(reply, err));
+  app.setNotFoundHandler((req, reply) => sendError(reply, new SpaceError('BAD_REQUEST', `No route ${req.method} ${req.url.split('?')[0]}; see GET /openapi.json`)));
+
+  app.addHook('onRequest', async (req) => {
+    const p = req.url.split('?')[0]!;
+    if (PUBLIC.has(p)) return;
+    req.principal = await deps.keys.verify(bearer(req));
+  });
+
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  await registerRoutes(app, deps);
+  return app;
+}

@@ -1,0 +1,136 @@
+/**
+ * Starting and stopping `spaced`: data directory, metadata store, driver, first API key,
+ * HTTP listener, state file, graceful shutdown. Several daemons run side by side when each
+ * has its own data directory and port.
+ */
+import { existsSync, promises as fs, readFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import pino from 'pino';
+import { ApiKeys, SandboxService, SpaceError } from '@space/core';
+import { GvisorDriver } from '@space/driver-gvisor';
+import { SqliteStore } from '@space/store-sqlite';
+import { buildApp } from './app.js';
+
+/** Daemon settings (CLI flags and SPACE_* environment variables). */
+export interface DaemonOptions {
+  /** Data directory: database, sandboxes' state, first API key. @default /var/lib/space (root) or ~/.local/share/space */
+  dataDir?: string;
+  /** `HOST:PORT` to listen on. @default "127.0.0.1:7070" */
+  listen?: string;
+  /** Template cache directory. @default `${dataDir}/templates` */
+  templatesDir?: string;
+  /** Most sandboxes alive at once. @default 64 */
+  maxSandboxes?: number;
+  /** Largest file upload, bytes. @default 4 GiB */
+  maxUploadBytes?: number;
+  /** pino log level. @default "info" */
+  logLevel?: string;
+  /** Debian mirror for the base template. */
+  debianMirror?: string;
+}
+
+/** The state file a running daemon writes into its data directory. */
+export interface DaemonState {
+  pid: number;
+  url: string;
+  dataDir: string;
+  keyFile: string;
+  startedAt: string;
+}
+
+/** Default data directory for this user. */
+export function defaultDataDir(): string {
+  return process.env.SPACE_DATA_DIR ?? (process.getuid?.() === 0 ? '/var/lib/space' : path.join(os.homedir(), '.local', 'share', 'space'));
+}
+
+/** Parses `HOST:PORT` (IPv6 as `[::1]:7070`). */
+export function parseListen(s: string): { host: string; port: number } {
+  const m = /^(?:\[([^\]]+)\]|([^:]+)):(\d{1,5})$/.exec(s);
+  const port = m ? Number(m[3]) : NaN;
+  if (!m || port > 65535) throw new SpaceError('BAD_REQUEST', `Invalid listen address ${JSON.stringify(s)}: use HOST:PORT, e.g. 127.0.0.1:7070`);
+  return { host: (m[1] ?? m[2])!, port };
+}
+
+/** Reads a data directory's state file if its daemon is alive. */
+export function readState(dataDir: string): DaemonState | undefined {
+  try {
+    const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8')) as DaemonState;
+    process.kill(st.pid, 0);
+    return st;
+  } catch {
+    return undefined;
+  }
+}
+
+/** A running daemon. */
+export interface Daemon {
+  url: string;
+  state: DaemonState;
+  /** Graceful stop: no new requests, in-flight ones finish (10 s at most), sandboxes keep running. */
+  close(): Promise<void>;
+}
+
+/**
+ * Starts the daemon.
+ *
+ * @example
+ * const d = await startDaemon({ dataDir: '/tmp/space', listen: '127.0.0.1:0' });
+ * console.log(d.url, d.state.keyFile);
+ * await d.close();
+ */
+export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
+  const dataDir = path.resolve(opts.dataDir ?? defaultDataDir());
+  const { host, port } = parseListen(opts.listen ?? process.env.SPACE_LISTEN ?? '127.0.0.1:7070');
+  await fs.mkdir(dataDir, { recursive: true, mode: 0o700 });
+  const running = readState(dataDir);
+  if (running && running.pid !== process.pid) throw new SpaceError('BAD_REQUEST', `A daemon (pid ${running.pid}) already serves ${dataDir} at ${running.url}; stop it with \`space down --data-dir ${dataDir}\``);
+
+  const logger = pino({ level: opts.logLevel ?? process.env.SPACE_LOG_LEVEL ?? 'info', base: { svc: 'spaced' } });
+  const store = SqliteStore.open(path.join(dataDir, 'space.db'));
+  const driver = new GvisorDriver({
+    dataDir,
+    ...(opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR ? { templatesDir: opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR! } : {}),
+    ...(opts.debianMirror ? { debianMirror: opts.debianMirror } : {}),
+  });
+  const service = new SandboxService({ store, driver, logger, maxSandboxes: opts.maxSandboxes ?? 64 });
+  const keys = new ApiKeys(store);
+  const keyFile = path.join(dataDir, 'admin.key');
+  try {
+    await service.start();
+    if (!(await keys.any())) {
+      const { key } = await keys.create({ tenantId: 'default', name: 'first admin key', admin: true });
+      await fs.writeFile(keyFile, key + '\n', { mode: 0o600 });
+      logger.info({ keyFile }, 'wrote the first admin API key');
+    }
+  } catch (err) {
+    await store.close();
+    throw err;
+  }
+
+  const app = await buildApp({ service, keys, driver, maxUploadBytes: opts.maxUploadBytes ?? 4 * 1024 ** 3, logger });
+  await app.listen({ host, port });
+  const addr = app.server.address();
+  const actualPort = typeof addr === 'object' && addr ? addr.port : port;
+  const url = `http://${host.includes(':') ? `[${host}]` : host}:${actualPort}`;
+  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString() };
+  const stateFile = path.join(dataDir, 'spaced.json');
+  await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
+  await fs.rename(`${stateFile}.tmp`, stateFile);
+  logger.info({ url, dataDir }, 'spaced listening');
+
+  let closing: Promise<void> | undefined;
+  const close = () =>
+    (closing ??= (async () => {
+      logger.info('shutting down');
+      const force = setTimeout(() => app.server.closeAllConnections(), 10_000);
+      force.unref();
+      await app.close();
+      clearTimeout(force);
+      await service.shutdown();
+      await store.close();
+      if (existsSync(stateFile) && readState(dataDir)?.pid === process.pid) await fs.rm(stateFile, { force: true });
+      logger.info('stopped');
+    })());
+  return { url, state, close };
+}

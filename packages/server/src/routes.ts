@@ -1,0 +1,218 @@
+/**
+ * Routes of the v1 API. Command output streams as NDJSON over HTTP (one JSON event per
+ * line: `start`, `stdout`/`stderr`/`pty` with base64 `data`, then `exit` or `error`).
+ * File contents stream raw. Both apply backpressure to the process or file in the sandbox.
+ */
+import { Readable } from 'node:stream';
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { type AgentCall, SpaceError, checkPath, toSpaceError } from '@space/core';
+import { Channel, type ExecRequest } from '@space/protocol';
+import type { AppDeps } from './app.js';
+import * as S from './schemas.js';
+import { VERSION } from './version.js';
+
+type App = FastifyInstance<any, any, any, any, TypeBoxTypeProvider>;
+
+const CHANNEL_NAME: Record<number, string> = { [Channel.Stdout]: 'stdout', [Channel.Stderr]: 'stderr', [Channel.Pty]: 'pty' };
+
+/** NDJSON events of a command stream; the call is cancelled if the client goes away. */
+function streamCall(reply: FastifyReply, call: AgentCall, pid: number): FastifyReply {
+  async function* events(): AsyncGenerator<string> {
+    let finished = false;
+    try {
+      yield JSON.stringify({ type: 'start', pid }) + '\n';
+      for await (const c of call.output()) yield JSON.stringify({ type: CHANNEL_NAME[c.channel] ?? 'stdout', data: c.data.toString('base64') }) + '\n';
+      const end = await call.done;
+      finished = true;
+      yield JSON.stringify({ type: 'exit', exitCode: end.exitCode ?? null, signal: end.signal ?? null, ...(end.timedOut ? { timedOut: true } : {}), ...(end.dropped ? { dropped: end.dropped } : {}) }) + '\n';
+    } catch (err) {
+      finished = true;
+      const e = toSpaceError(err);
+      yield JSON.stringify({ type: 'error', code: e.code, message: e.message }) + '\n';
+    } finally {
+      if (!finished) call.cancel('client went away');
+    }
+  }
+  reply.raw.on('close', () => call.cancel('client went away'));
+  return reply.code(200).header('content-type', 'application/x-ndjson').header('cache-control', 'no-store').send(Readable.from(events(), { objectMode: false, highWaterMark: 16 }));
+}
+
+function labelsOf(label: string | string[] | undefined): Record<string, string> | undefined {
+  if (label === undefined) return undefined;
+  const out: Record<string, string> = {};
+  for (const l of Array.isArray(label) ? label : [label]) {
+    const i = l.indexOf('=');
+    if (i < 1) throw new SpaceError('BAD_REQUEST', `label filter ${JSON.stringify(l)} must look like key=value`);
+    out[l.slice(0, i)] = l.slice(i + 1);
+  }
+  return out;
+}
+
+const STATES = new Set(['starting', 'running', 'killed', 'dead']);
+
+/** Registers every v1 route. */
+export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
+  const { service: svc, keys } = deps;
+  const err = { 400: S.ErrorSchema, 401: S.ErrorSchema, 404: S.ErrorSchema, 409: S.ErrorSchema };
+
+  app.get('/v1/health', { schema: { tags: ['system'], security: [] } }, async () => ({ status: 'ok' }));
+  app.get('/v1/version', { schema: { tags: ['system'], security: [] } }, async () => ({ version: VERSION, api: 'v1', drivers: [deps.driver.name] }));
+  app.get('/v1/doctor', { schema: { tags: ['system'] } }, async () => ({ drivers: [await deps.driver.doctor(), { driver: 'microvm', available: false, checks: [{ name: 'implemented', ok: false, detail: 'the microVM driver is not built yet' }] }] }));
+
+  // ---- sandboxes
+  app.post('/v1/sandboxes', { schema: { tags: ['sandboxes'], body: S.CreateSandboxBody, response: { 201: S.SandboxSchema, ...err } } }, async (req, reply) => {
+    const ac = new AbortController();
+    reply.raw.on('close', () => { if (!reply.raw.writableEnded) ac.abort(); });
+    const sb = await svc.create(req.principal.tenantId, req.body, ac.signal);
+    return reply.code(201).send(sb);
+  });
+  app.get('/v1/sandboxes', { schema: { tags: ['sandboxes'], querystring: S.ListQuery } }, async (req) => {
+    const states = req.query.state?.split(',').filter(Boolean);
+    for (const s of states ?? []) if (!STATES.has(s)) throw new SpaceError('BAD_REQUEST', `Unknown state ${JSON.stringify(s)}; use ${[...STATES].join(', ')}`);
+    const metadata = labelsOf(req.query.label);
+    return svc.list(req.principal.tenantId, {
+      ...(states?.length ? { states: states as ('running' | 'starting' | 'killed' | 'dead')[] } : {}),
+      ...(metadata ? { metadata } : {}),
+      limit: req.query.limit ?? 50,
+      ...(req.query.cursor ? { cursor: req.query.cursor } : {}),
+    });
+  });
+  app.get('/v1/sandboxes/:id', { schema: { tags: ['sandboxes'], params: S.IdParams, response: { 200: S.SandboxSchema, ...err } } }, async (req) => svc.get(req.principal.tenantId, req.params.id));
+  app.delete('/v1/sandboxes/:id', { schema: { tags: ['sandboxes'], params: S.IdParams, response: { 200: S.SandboxSchema, ...err } } }, async (req) => svc.kill(req.principal.tenantId, req.params.id));
+  app.get('/v1/sandboxes/:id/usage', { schema: { tags: ['sandboxes'], params: S.IdParams } }, async (req) => svc.usage(req.principal.tenantId, req.params.id));
+
+  // ---- commands
+  app.post('/v1/sandboxes/:id/commands', { schema: { tags: ['commands'], params: S.IdParams, body: S.ExecBody } }, async (req, reply) => {
+    const b = req.body;
+    if ((b.cmd === undefined) === (b.argv === undefined)) throw new SpaceError('BAD_REQUEST', 'Give exactly one of cmd (a shell command line) or argv (a program and its arguments)');
+    if (b.cwd !== undefined) checkPath(b.cwd, 'cwd');
+    const r: ExecRequest = {
+      op: 'exec',
+      ...(b.argv ? { argv: b.argv } : { shell: b.cmd! }),
+      ...(b.env ? { env: b.env } : {}),
+      ...(b.cwd ? { cwd: b.cwd } : {}),
+      ...(b.user ? { user: b.user } : {}),
+      ...(b.timeoutMs ? { timeoutMs: b.timeoutMs } : {}),
+      ...(b.pty ? { pty: b.pty } : {}),
+      ...(b.tag ? { tag: b.tag } : {}),
+      stdin: !!b.stdin,
+      background: !!b.background,
+    };
+    const call = await svc.call(req.principal.tenantId, req.params.id, 'exec', r);
+    const { pid } = (await call.reply) as { pid: number };
+    if (b.background) {
+      call.cancel('background');
+      return reply.code(201).send({ pid });
+    }
+    return streamCall(reply, call, pid);
+  });
+  app.get('/v1/sandboxes/:id/commands', { schema: { tags: ['commands'], params: S.IdParams } }, async (req) => {
+    const r = await svc.unary(req.principal.tenantId, req.params.id, 'exec', { op: 'ps' });
+    return { processes: Array.isArray(r.processes) ? r.processes.slice(0, 10_000) : [] };
+  });
+  app.get('/v1/sandboxes/:id/commands/:pid/output', { schema: { tags: ['commands'], params: S.PidParams } }, async (req, reply) => {
+    const call = await svc.call(req.principal.tenantId, req.params.id, 'exec', { op: 'attach', pid: req.params.pid });
+    await call.reply;
+    return streamCall(reply, call, req.params.pid);
+  });
+  app.post('/v1/sandboxes/:id/commands/:pid/stdin', { schema: { tags: ['commands'], params: S.PidParams, body: S.StdinBody } }, async (req) => {
+    await svc.unary(req.principal.tenantId, req.params.id, 'exec', { op: 'stdin', pid: req.params.pid, data: req.body.data ?? '', ...(req.body.eof ? { eof: true } : {}) });
+    return {};
+  });
+  app.post('/v1/sandboxes/:id/commands/:pid/signal', { schema: { tags: ['commands'], params: S.PidParams, body: S.SignalBody } }, async (req) => {
+    await svc.unary(req.principal.tenantId, req.params.id, 'exec', { op: 'signal', pid: req.params.pid, signal: req.body.signal });
+    return {};
+  });
+  app.post('/v1/sandboxes/:id/commands/:pid/resize', { schema: { tags: ['commands'], params: S.PidParams, body: S.ResizeBody } }, async (req) => {
+    await svc.unary(req.principal.tenantId, req.params.id, 'exec', { op: 'resize', pid: req.params.pid, cols: req.body.cols, rows: req.body.rows });
+    return {};
+  });
+
+  // ---- files
+  app.get('/v1/sandboxes/:id/files', { schema: { tags: ['files'], params: S.IdParams, querystring: S.ListFilesQuery } }, async (req) => {
+    const r = await svc.unary(req.principal.tenantId, req.params.id, 'files', { op: 'list', path: checkPath(req.query.path), ...(req.query.depth ? { depth: req.query.depth } : {}) });
+    return { entries: r.entries };
+  });
+  app.get('/v1/sandboxes/:id/files/stat', { schema: { tags: ['files'], params: S.IdParams, querystring: S.PathQuery } }, async (req) => {
+    const r = await svc.unary(req.principal.tenantId, req.params.id, 'files', { op: 'stat', path: checkPath(req.query.path) });
+    return r.entry;
+  });
+  app.post('/v1/sandboxes/:id/files/mkdir', { schema: { tags: ['files'], params: S.IdParams, body: S.MkdirBody } }, async (req) => {
+    await svc.unary(req.principal.tenantId, req.params.id, 'files', { op: 'mkdir', path: checkPath(req.body.path), ...(req.body.user ? { user: req.body.user } : {}) });
+    return {};
+  });
+  app.post('/v1/sandboxes/:id/files/rename', { schema: { tags: ['files'], params: S.IdParams, body: S.RenameBody } }, async (req) => {
+    await svc.unary(req.principal.tenantId, req.params.id, 'files', { op: 'rename', from: checkPath(req.body.from, 'from'), to: checkPath(req.body.to, 'to') });
+    return {};
+  });
+  app.delete('/v1/sandboxes/:id/files', { schema: { tags: ['files'], params: S.IdParams, querystring: S.RemoveQuery } }, async (req) => {
+    await svc.unary(req.principal.tenantId, req.params.id, 'files', { op: 'remove', path: checkPath(req.query.path), recursive: !!req.query.recursive });
+    return {};
+  });
+  app.get('/v1/sandboxes/:id/files/content', { schema: { tags: ['files'], params: S.IdParams, querystring: S.PathQuery } }, async (req, reply) => {
+    const call = await svc.call(req.principal.tenantId, req.params.id, 'files', { op: 'read', path: checkPath(req.query.path) });
+    const { size } = (await call.reply) as { size?: unknown };
+    async function* body(): AsyncGenerator<Buffer> {
+      let done = false;
+      try {
+        for await (const c of call.output()) yield c.data;
+        await call.done;
+        done = true;
+      } finally {
+        if (!done) call.cancel('client went away');
+      }
+    }
+    reply.raw.on('close', () => call.cancel('client went away'));
+    if (typeof size === 'number' && Number.isSafeInteger(size) && size >= 0) reply.header('content-length', String(size));
+    return reply.header('content-type', 'application/octet-stream').send(Readable.from(body(), { objectMode: false }));
+  });
+  app.put('/v1/sandboxes/:id/files/content', { schema: { tags: ['files'], params: S.IdParams, querystring: S.UploadQuery }, bodyLimit: deps.maxUploadBytes }, async (req) => {
+    const declared = Number(req.headers['content-length'] ?? NaN);
+    if (declared > deps.maxUploadBytes) throw new SpaceError('PAYLOAD_TOO_LARGE', `Upload of ${declared} bytes exceeds the limit of ${deps.maxUploadBytes} bytes`);
+    const body = req.body as Readable | Buffer | undefined;
+    if (!body || !(body instanceof Readable)) throw new SpaceError('BAD_REQUEST', 'Send the file as the request body with Content-Type: application/octet-stream');
+    const call = await svc.call(req.principal.tenantId, req.params.id, 'files', {
+      op: 'write',
+      path: checkPath(req.query.path),
+      ...(req.query.mode !== undefined ? { mode: req.query.mode } : {}),
+      ...(req.query.user ? { user: req.query.user } : {}),
+    });
+    await call.reply;
+    let size = 0;
+    try {
+      for await (const chunk of body as AsyncIterable<Buffer>) {
+        size += chunk.length;
+        if (size > deps.maxUploadBytes) throw new SpaceError('PAYLOAD_TOO_LARGE', `Upload exceeds the limit of ${deps.maxUploadBytes} bytes`);
+        await call.write(Channel.File, chunk);
+      }
+    } catch (e) {
+      call.cancel('upload failed');
+      throw e;
+    }
+    call.end({});
+    const end = await call.done;
+    return { path: req.query.path, size: end.size ?? size };
+  });
+
+  // ---- API keys
+  app.get('/v1/keys', { schema: { tags: ['keys'] } }, async (req) => ({ keys: await keys.list(req.principal) }));
+  app.post('/v1/keys', { schema: { tags: ['keys'], body: S.CreateKeyBody } }, async (req, reply) => {
+    const tenant = req.body.tenant ?? req.principal.tenantId;
+    if ((tenant !== req.principal.tenantId || req.body.admin) && !req.principal.admin) throw new SpaceError('FORBIDDEN', 'Only an admin key may create admin keys or keys of another tenant');
+    const created = await keys.create({ tenantId: tenant, ...(req.body.name ? { name: req.body.name } : {}), admin: !!req.body.admin });
+    return reply.code(201).send(created);
+  });
+  app.delete('/v1/keys/:keyId', { schema: { tags: ['keys'], params: S.KeyParams } }, async (req) => keys.revoke(req.principal, req.params.keyId));
+
+  // ---- templates
+  app.get('/v1/templates', { schema: { tags: ['templates'] } }, async () => ({ templates: (await deps.driver.templates()).map((t) => deps.driver.templatesStore.status(t)) }));
+  app.get('/v1/templates/:name', { schema: { tags: ['templates'], params: S.TemplateParams } }, async (req) => deps.driver.templatesStore.status(req.params.name));
+  app.post('/v1/templates/:name/build', { schema: { tags: ['templates'], params: S.TemplateParams } }, async (req, reply) => {
+    const t = deps.driver.templatesStore;
+    t.status(req.params.name);
+    t.ensure(req.params.name).catch((e: unknown) => req.log.error({ err: e, template: req.params.name }, 'template build failed'));
+    return reply.code(202).send(t.status(req.params.name));
+  });
+}
+

@@ -1,0 +1,92 @@
+/** JSON schemas of the API (TypeBox); they validate requests and generate /openapi.json. */
+import { Type } from 'typebox';
+
+const StrMap = Type.Record(Type.String(), Type.String());
+
+export const ErrorSchema = Type.Object({
+  error: Type.Object({
+    code: Type.String({ description: 'Stable error code, e.g. SANDBOX_NOT_FOUND' }),
+    message: Type.String(),
+    hint: Type.Optional(Type.String()),
+    details: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+  }),
+});
+
+export const SandboxSchema = Type.Object({
+  id: Type.String(),
+  tenantId: Type.String(),
+  template: Type.String(),
+  driver: Type.String(),
+  state: Type.Union([Type.Literal('starting'), Type.Literal('running'), Type.Literal('killed'), Type.Literal('dead')]),
+  endReason: Type.Optional(Type.String()),
+  endDetail: Type.Optional(Type.String()),
+  cpu: Type.Number(),
+  memoryMb: Type.Integer(),
+  timeoutMs: Type.Integer(),
+  env: StrMap,
+  metadata: StrMap,
+  createdAt: Type.String(),
+  startedAt: Type.Optional(Type.String()),
+  endedAt: Type.Optional(Type.String()),
+  expiresAt: Type.Optional(Type.String()),
+});
+
+export const CreateSandboxBody = Type.Object(
+  {
+    template: Type.Optional(Type.String({ maxLength: 128, description: 'Template name. @default "minimal"' })),
+    cpu: Type.Optional(Type.Number({ description: 'CPU cores (fractional allowed). @default 1' })),
+    memoryMb: Type.Optional(Type.Integer({ description: 'Memory limit in MiB. @default 512' })),
+    timeoutMs: Type.Optional(Type.Integer({ description: 'Kill the sandbox this many ms after creation; 0 = never. @default 1800000' })),
+    env: Type.Optional(StrMap),
+    metadata: Type.Optional(StrMap),
+  },
+  { additionalProperties: false },
+);
+
+export const IdParams = Type.Object({ id: Type.String({ maxLength: 64 }) });
+export const PidParams = Type.Object({ id: Type.String({ maxLength: 64 }), pid: Type.Integer({ minimum: 1 }) });
+
+export const ListQuery = Type.Object({
+  state: Type.Optional(Type.String({ description: 'Comma-separated states, e.g. running,starting' })),
+  label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())], { description: 'k=v; repeat for several (all must match)' })),
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 50 })),
+  cursor: Type.Optional(Type.String({ maxLength: 64 })),
+});
+
+export const ExecBody = Type.Object(
+  {
+    cmd: Type.Optional(Type.String({ maxLength: 65536, description: 'Shell command line, run with /bin/sh -c' })),
+    argv: Type.Optional(Type.Array(Type.String({ maxLength: 65536 }), { minItems: 1, maxItems: 4096 })),
+    env: Type.Optional(StrMap),
+    cwd: Type.Optional(Type.String({ maxLength: 4096 })),
+    user: Type.Optional(Type.String({ maxLength: 64, description: 'User name or uid. @default "user"' })),
+    timeoutMs: Type.Optional(Type.Integer({ minimum: 1, maximum: 7 * 24 * 3600 * 1000 })),
+    background: Type.Optional(Type.Boolean({ description: 'Return {pid} at once; the process keeps running.' })),
+    stdin: Type.Optional(Type.Boolean({ description: 'Keep stdin open for POST .../stdin' })),
+    pty: Type.Optional(Type.Object({ cols: Type.Integer({ minimum: 1, maximum: 1000 }), rows: Type.Integer({ minimum: 1, maximum: 1000 }) })),
+    tag: Type.Optional(Type.String({ maxLength: 256 })),
+  },
+  { additionalProperties: false },
+);
+
+export const StdinBody = Type.Object({ data: Type.Optional(Type.String({ maxLength: 700_000, description: 'base64' })), eof: Type.Optional(Type.Boolean()) }, { additionalProperties: false });
+export const SignalBody = Type.Object({ signal: Type.String({ maxLength: 16 }) }, { additionalProperties: false });
+export const ResizeBody = Type.Object({ cols: Type.Integer({ minimum: 1, maximum: 1000 }), rows: Type.Integer({ minimum: 1, maximum: 1000 }) }, { additionalProperties: false });
+
+export const PathQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }) });
+export const ListFilesQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), depth: Type.Optional(Type.Integer({ minimum: 1, maximum: 32 })) });
+export const RemoveQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), recursive: Type.Optional(Type.Boolean()) });
+export const UploadQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), mode: Type.Optional(Type.Integer({ minimum: 0, maximum: 0o7777 })), user: Type.Optional(Type.String({ maxLength: 64 })) });
+export const MkdirBody = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), user: Type.Optional(Type.String({ maxLength: 64 })) }, { additionalProperties: false });
+export const RenameBody = Type.Object({ from: Type.String({ minLength: 1, maxLength: 4096 }), to: Type.String({ minLength: 1, maxLength: 4096 }) }, { additionalProperties: false });
+
+export const CreateKeyBody = Type.Object(
+  {
+    name: Type.Optional(Type.String({ maxLength: 128 })),
+    tenant: Type.Optional(Type.String({ maxLength: 63, description: 'Another tenant (admin keys only). @default the caller\'s tenant' })),
+    admin: Type.Optional(Type.Boolean()),
+  },
+  { additionalProperties: false },
+);
+export const KeyParams = Type.Object({ keyId: Type.String({ maxLength: 64 }) });
+export const TemplateParams = Type.Object({ name: Type.String({ maxLength: 128 }) });
