@@ -43,6 +43,7 @@ export const ERRORS = {
   DRIVER_UNAVAILABLE: { status: 503, message: 'The isolation driver cannot run on this host', hint: 'Run `space doctor` to see what is missing.' },
   DRIVER_FAILED: { status: 500, message: 'The isolation driver failed', hint: 'See the daemon log for the runtime\'s output.' },
   TEMPLATE_BUILD_FAILED: { status: 500, message: 'The template could not be built' },
+  DAEMON_UNREACHABLE: { status: 503, message: 'Cannot reach the SPACE daemon', hint: 'Start it with `space up`, or point SPACE_URL at it.' },
   DAEMON_SHUTTING_DOWN: { status: 503, message: 'The daemon is shutting down', hint: 'Retry once it is back.' },
   INTERNAL: { status: 500, message: 'Internal error', hint: 'See the daemon log; please report it.' },
 } as const satisfies Record<string, ErrorSpec>;

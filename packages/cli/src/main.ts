@@ -1,0 +1,350 @@
+#!/usr/bin/env node
+/**
+ * `space` — the SPACE command line. Client commands use only the public SDK; `up`, `down`
+ * and `daemon` manage a local daemon; `doctor` checks this host.
+ */
+import { spawn } from 'node:child_process';
+import { createReadStream, createWriteStream, existsSync, openSync, promises as fs, readFileSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { pipeline } from 'node:stream/promises';
+import { fileURLToPath } from 'node:url';
+import { Command, Option } from 'commander';
+import { ApiClient, Sandbox, SpaceError, type SandboxInfo } from '@space/sdk';
+import { connection, parseDuration, parsePairs, writeConfig } from './config.js';
+
+const collectList = (v: string, prev: string[] = []) => [...prev, v];
+const program = new Command('space').description('SPACE: stateful sandboxes for AI agents').showHelpAfterError();
+
+function table(rows: string[][]): string {
+  const w = rows[0]!.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length)));
+  return rows.map((r) => r.map((c, i) => c.padEnd(w[i]!)).join('  ').trimEnd()).join('\n');
+}
+
+function age(iso: string | undefined): string {
+  if (!iso) return '-';
+  const s = Math.round((Date.now() - Date.parse(iso)) / 1000);
+  return s < 60 ? `${s}s` : s < 3600 ? `${Math.round(s / 60)}m` : `${Math.round(s / 3600)}h`;
+}
+
+async function sleep(ms: number) {
+  await new Promise((r) => setTimeout(r, ms));
+}
+
+/** Shows template build progress until it is ready. */
+async function waitTemplate(name: string): Promise<void> {
+  const api = new ApiClient(connection());
+  let last = '';
+  for (;;) {
+    const st = await api.json<{ state: string; progress?: number; message?: string }>('GET', `/v1/templates/${encodeURIComponent(name)}`);
+    if (st.state === 'ready') break;
+    if (st.state === 'failed') throw new SpaceError('TEMPLATE_BUILD_FAILED', st.message ?? 'template build failed');
+    if (st.state === 'missing') await api.json('POST', `/v1/templates/${encodeURIComponent(name)}/build`);
+    const pct = st.progress ?? 0;
+    const bar = '#'.repeat(Math.round(pct / 5)).padEnd(20, '.');
+    const line = `building template ${name} [${bar}] ${String(pct).padStart(3)}% ${st.message ?? ''}`;
+    if (line !== last) process.stderr.write(process.stderr.isTTY ? `\r${line}\x1b[K` : `${line}\n`);
+    last = line;
+    await sleep(500);
+  }
+  if (last && process.stderr.isTTY) process.stderr.write(`\rtemplate ${name} ready\x1b[K\n`);
+}
+
+// ---------- daemon management
+function defaultDataDir(): string {
+  return process.env.SPACE_DATA_DIR ?? (process.getuid?.() === 0 ? '/var/lib/space' : path.join(process.env.HOME ?? '/tmp', '.local', 'share', 'space'));
+}
+const spacedBin = () => path.join(path.dirname(fileURLToPath(import.meta.resolve('@space/server'))), 'main.js');
+
+interface DaemonStateFile {
+  pid: number;
+  url: string;
+  dataDir: string;
+  keyFile: string;
+}
+function liveState(dataDir: string): DaemonStateFile | undefined {
+  try {
+    const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8')) as DaemonStateFile;
+    process.kill(st.pid, 0);
+    return st;
+  } catch {
+    return undefined;
+  }
+}
+
+function daemonArgs(o: { dataDir: string; listen?: string; templatesDir?: string; maxSandboxes?: string }): string[] {
+  return ['--data-dir', o.dataDir, ...(o.listen ? ['--listen', o.listen] : []), ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : [])];
+}
+
+program
+  .command('up')
+  .description('start the daemon in the background and print how to reach it')
+  .option('--data-dir <dir>', 'data directory', defaultDataDir())
+  .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7070')
+  .option('--templates-dir <dir>', 'template cache directory')
+  .option('--max-sandboxes <n>', 'most sandboxes at once')
+  .option('--timeout <duration>', 'how long to wait for the daemon', '120s')
+  .action(async (o: { dataDir: string; listen: string; templatesDir?: string; maxSandboxes?: string; timeout: string }) => {
+    const dataDir = path.resolve(o.dataDir);
+    let st = liveState(dataDir);
+    if (!st) {
+      await fs.mkdir(dataDir, { recursive: true, mode: 0o700 });
+      const logFile = path.join(dataDir, 'spaced.log');
+      const log = openSync(logFile, 'a', 0o600);
+      process.stderr.write(`starting spaced (log: ${logFile}) ...\n`);
+      const child = spawn(process.execPath, [spacedBin(), ...daemonArgs({ ...o, dataDir })], { detached: true, stdio: ['ignore', log, log] });
+      let exited: number | null | undefined;
+      child.on('exit', (code) => (exited = code));
+      child.unref();
+      const deadline = Date.now() + parseDuration(o.timeout);
+      while (!(st = liveState(dataDir)) || st.pid !== child.pid) {
+        if (exited !== undefined) {
+          const tail = readFileSync(logFile, 'utf8').trim().split('\n').slice(-5).join('\n');
+          throw new Error(`spaced exited with code ${exited}:\n${tail}`);
+        }
+        if (Date.now() > deadline) throw new Error(`spaced did not come up within ${o.timeout}; see ${logFile}`);
+        await sleep(100);
+      }
+    }
+    writeConfig({ url: st.url, keyFile: st.keyFile, dataDir });
+    process.stdout.write(`SPACE is running\n  url:      ${st.url}\n  data dir: ${dataDir}\n  API key:  ${st.keyFile}\n  pid:      ${st.pid}\nThe CLI is configured; try: space create\n`);
+  });
+
+program
+  .command('down')
+  .description('stop the daemon of a data directory (sandboxes keep running and are re-adopted by the next `space up`)')
+  .option('--data-dir <dir>', 'data directory', defaultDataDir())
+  .action(async (o: { dataDir: string }) => {
+    const st = liveState(path.resolve(o.dataDir));
+    if (!st) return void process.stdout.write(`no daemon running for ${o.dataDir}\n`);
+    process.kill(st.pid, 'SIGTERM');
+    for (let i = 0; i < 300; i++) {
+      try {
+        process.kill(st.pid, 0);
+      } catch {
+        return void process.stdout.write(`stopped spaced (pid ${st.pid})\n`);
+      }
+      await sleep(100);
+    }
+    throw new Error(`spaced (pid ${st.pid}) did not stop within 30 s`);
+  });
+
+program
+  .command('daemon')
+  .description('run the daemon in the foreground')
+  .option('--data-dir <dir>', 'data directory', defaultDataDir())
+  .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7070')
+  .option('--templates-dir <dir>', 'template cache directory')
+  .option('--max-sandboxes <n>', 'most sandboxes at once')
+  .action(async (o: { dataDir: string; listen: string; templatesDir?: string; maxSandboxes?: string }) => {
+    const child = spawn(process.execPath, [spacedBin(), ...daemonArgs(o)], { stdio: 'inherit' });
+    for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => child.kill(sig));
+    await new Promise<void>((resolve) => child.on('exit', (code) => { process.exitCode = code ?? 1; resolve(); }));
+  });
+
+program
+  .command('doctor')
+  .description('check this host: runsc, cgroups, namespaces, nftables; which drivers can run here')
+  .option('--json', 'print JSON')
+  .action(async (o: { json?: boolean }) => {
+    const { GvisorDriver } = await import('@space/driver-gvisor');
+    const g = await new GvisorDriver({ dataDir: '/nonexistent' }).doctor();
+    const kvm = existsSync('/dev/kvm');
+    const reports = [g, { driver: 'microvm', available: false, checks: [{ name: '/dev/kvm', ok: kvm, detail: kvm ? 'present' : 'absent: microVMs would run under software emulation' }, { name: 'implemented', ok: false, detail: 'the microvm driver is not built yet' }] }];
+    if (o.json) return void process.stdout.write(JSON.stringify({ drivers: reports }, null, 2) + '\n');
+    for (const r of reports) {
+      process.stdout.write(`${r.driver}: ${r.available ? 'AVAILABLE' : 'NOT AVAILABLE'}\n`);
+      for (const c of r.checks) process.stdout.write(`  ${c.ok ? 'ok  ' : 'FAIL'} ${c.name.padEnd(20)} ${c.detail}\n`);
+    }
+    if (!g.available) process.exitCode = 1;
+  });
+
+// ---------- sandboxes
+program
+  .command('create')
+  .description('create a sandbox and print its id')
+  .option('-t, --template <name>', 'template', 'minimal')
+  .option('--cpu <n>', 'CPU cores', Number)
+  .option('--memory <mb>', 'memory limit in MiB', Number)
+  .option('--timeout <duration>', 'kill it after this long (0 = never)', '30m')
+  .option('-e, --env <K=V>', 'environment variable (repeatable)', collectList)
+  .option('-l, --label <k=v>', 'label (repeatable)', collectList)
+  .option('--json', 'print the sandbox as JSON')
+  .action(async (o: { template: string; cpu?: number; memory?: number; timeout: string; env?: string[]; label?: string[]; json?: boolean }) => {
+    await waitTemplate(o.template);
+    const env = parsePairs(o.env, 'env');
+    const metadata = parsePairs(o.label, 'label');
+    const sb = await Sandbox.create({
+      ...connection(),
+      template: o.template,
+      ...(o.cpu !== undefined ? { cpu: o.cpu } : {}),
+      ...(o.memory !== undefined ? { memoryMb: o.memory } : {}),
+      timeoutMs: parseDuration(o.timeout),
+      ...(env ? { env } : {}),
+      ...(metadata ? { metadata } : {}),
+    });
+    process.stdout.write(o.json ? JSON.stringify(sb.info, null, 2) + '\n' : sb.id + '\n');
+  });
+
+program
+  .command('ls')
+  .description('list your sandboxes')
+  .option('--json', 'print JSON')
+  .option('-a, --all', 'include ended sandboxes')
+  .option('-l, --label <k=v>', 'filter by label (repeatable)', collectList)
+  .option('--limit <n>', 'page size', Number, 100)
+  .action(async (o: { json?: boolean; all?: boolean; label?: string[]; limit: number }) => {
+    const metadata = parsePairs(o.label, 'label');
+    const page = await Sandbox.list({ ...connection(), ...(o.all ? {} : { state: ['starting', 'running'] }), ...(metadata ? { metadata } : {}), limit: o.limit });
+    if (o.json) return void process.stdout.write(JSON.stringify(page.items, null, 2) + '\n');
+    const rows = [['ID', 'STATE', 'TEMPLATE', 'CPU', 'MEMORY', 'AGE', 'LABELS']];
+    for (const s of page.items) rows.push([s.id, s.state + (s.endReason && s.state !== 'running' ? `(${s.endReason})` : ''), s.template, String(s.cpu), `${s.memoryMb}M`, age(s.createdAt), Object.entries(s.metadata).map(([k, v]) => `${k}=${v}`).join(',')]);
+    process.stdout.write(table(rows) + '\n');
+  });
+
+program
+  .command('inspect <id>')
+  .description('show one sandbox')
+  .option('--json', 'print JSON')
+  .action(async (id: string, o: { json?: boolean }) => {
+    const sb = await Sandbox.connect(id, connection());
+    const usage = sb.info.state === 'running' ? await sb.usage() : undefined;
+    const out: SandboxInfo & { usage?: unknown } = { ...sb.info, ...(usage ? { usage } : {}) };
+    if (o.json) return void process.stdout.write(JSON.stringify(out, null, 2) + '\n');
+    for (const [k, v] of Object.entries(out)) process.stdout.write(`${k.padEnd(12)} ${typeof v === 'object' ? JSON.stringify(v) : String(v)}\n`);
+  });
+
+program
+  .command('kill <id...>')
+  .description('kill sandboxes')
+  .action(async (ids: string[]) => {
+    for (const id of ids) {
+      const s = await Sandbox.kill(id, connection());
+      process.stdout.write(`${s.id} ${s.state}\n`);
+    }
+  });
+
+program
+  .command('exec <id> <cmd...>')
+  .description('run a command in a sandbox (put it after --); exits with its exit code')
+  .option('--cwd <dir>', 'working directory')
+  .option('-e, --env <K=V>', 'environment variable (repeatable)', collectList)
+  .option('-u, --user <user>', 'user name or uid')
+  .option('--timeout <duration>', 'kill the command after this long')
+  .action(async (id: string, cmd: string[], o: { cwd?: string; env?: string[]; user?: string; timeout?: string }) => {
+    const sb = await Sandbox.connect(id, connection());
+    const env = parsePairs(o.env, 'env');
+    const r = await sb.commands.run(cmd.length === 1 ? ['/bin/sh', '-c', cmd[0]!] : cmd, {
+      onStdout: (d) => process.stdout.write(d),
+      onStderr: (d) => process.stderr.write(d),
+      ...(o.cwd ? { cwd: o.cwd } : {}),
+      ...(env ? { env } : {}),
+      ...(o.user ? { user: o.user } : {}),
+      ...(o.timeout ? { timeoutMs: parseDuration(o.timeout) } : {}),
+    });
+    if (r.timedOut) process.stderr.write(`space: command timed out after ${o.timeout}\n`);
+    process.exitCode = r.exitCode ?? 128 + 9;
+  });
+
+program
+  .command('shell <id>')
+  .description('open an interactive terminal in a sandbox')
+  .option('-u, --user <user>', 'user name or uid')
+  .option('--cmd <program>', 'program to run', '/bin/sh')
+  .action(async (id: string, o: { user?: string; cmd: string }) => {
+    const sb = await Sandbox.connect(id, connection());
+    const stdin = process.stdin;
+    const t = await sb.pty.create({ cols: process.stdout.columns ?? 80, rows: process.stdout.rows ?? 24, cmd: [o.cmd, '-l'], ...(o.user ? { user: o.user } : {}), onData: (d) => process.stdout.write(d) });
+    if (stdin.isTTY) stdin.setRawMode(true);
+    stdin.on('data', (d: Buffer) => void t.sendInput(d).catch(() => {}));
+    process.stdout.on('resize', () => void t.resize(process.stdout.columns, process.stdout.rows).catch(() => {}));
+    const r = await t.wait();
+    if (stdin.isTTY) stdin.setRawMode(false);
+    stdin.pause();
+    process.exitCode = r.exitCode ?? 1;
+  });
+
+program
+  .command('cp <src> <dst>')
+  .description('copy a file to or from a sandbox: space cp ./a ID:/tmp/a, space cp ID:/tmp/a ./a')
+  .action(async (src: string, dst: string) => {
+    const remote = (s: string) => /^sb[a-z0-9]{18}:/.exec(s) ? { id: s.slice(0, 20), path: s.slice(21) } : undefined;
+    const rs = remote(src);
+    const rd = remote(dst);
+    if (!!rs === !!rd) throw new Error('exactly one of SRC and DST must be ID:/path');
+    if (rd) {
+      const size = statSync(src).size;
+      const sb = await Sandbox.connect(rd.id, connection());
+      const t0 = Date.now();
+      const r = await sb.files.write(rd.path, createReadStream(src));
+      process.stderr.write(`copied ${r.size} bytes to ${rd.id}:${rd.path} in ${Date.now() - t0} ms\n`);
+      if (r.size !== size) throw new Error(`size mismatch: sent ${size}, sandbox has ${r.size}`);
+    } else {
+      const sb = await Sandbox.connect(rs!.id, connection());
+      const t0 = Date.now();
+      await pipeline(await sb.files.read(rs!.path, { format: 'stream' }), createWriteStream(dst));
+      process.stderr.write(`copied ${statSync(dst).size} bytes from ${rs!.id}:${rs!.path} in ${Date.now() - t0} ms\n`);
+    }
+  });
+
+// ---------- templates
+const tpl = program.command('template').description('templates (minimal, base)');
+tpl
+  .command('ls')
+  .option('--json', 'print JSON')
+  .action(async (o: { json?: boolean }) => {
+    const r = await new ApiClient(connection()).json<{ templates: { name: string; state: string; progress?: number; message?: string }[] }>('GET', '/v1/templates');
+    if (o.json) return void process.stdout.write(JSON.stringify(r.templates, null, 2) + '\n');
+    process.stdout.write(table([['NAME', 'STATE', 'DETAIL'], ...r.templates.map((t) => [t.name, t.state, t.state === 'building' ? `${t.progress ?? 0}% ${t.message ?? ''}` : (t.message ?? '')])]) + '\n');
+  });
+tpl
+  .command('build <name>')
+  .description('build a template now (shows progress)')
+  .action(async (name: string) => {
+    await waitTemplate(name);
+    process.stdout.write(`${name} ready\n`);
+  });
+
+// ---------- keys
+const keys = program.command('keys').description('API keys');
+keys
+  .command('create')
+  .option('--name <name>', 'a name to recognise it by')
+  .option('--tenant <tenant>', "tenant (admin keys only; default: your key's tenant)")
+  .option('--admin', 'an admin key')
+  .option('--json', 'print JSON')
+  .action(async (o: { name?: string; tenant?: string; admin?: boolean; json?: boolean }) => {
+    const r = await new ApiClient(connection()).json<{ key: string; record: { id: string; tenantId: string } }>('POST', '/v1/keys', { json: { ...(o.name ? { name: o.name } : {}), ...(o.tenant ? { tenant: o.tenant } : {}), ...(o.admin ? { admin: true } : {}) } });
+    if (o.json) return void process.stdout.write(JSON.stringify(r, null, 2) + '\n');
+    process.stdout.write(`${r.key}\n`);
+    process.stderr.write(`key ${r.record.id} for tenant ${r.record.tenantId}; it is shown only once\n`);
+  });
+keys
+  .command('ls')
+  .option('--json', 'print JSON')
+  .action(async (o: { json?: boolean }) => {
+    const r = await new ApiClient(connection()).json<{ keys: { id: string; tenantId: string; name: string; prefix: string; admin: boolean; createdAt: string; revokedAt?: string }[] }>('GET', '/v1/keys');
+    if (o.json) return void process.stdout.write(JSON.stringify(r.keys, null, 2) + '\n');
+    process.stdout.write(table([['ID', 'TENANT', 'NAME', 'PREFIX', 'ADMIN', 'CREATED', 'REVOKED'], ...r.keys.map((k) => [k.id, k.tenantId, k.name, k.prefix + '…', k.admin ? 'yes' : 'no', k.createdAt, k.revokedAt ?? '-'])]) + '\n');
+  });
+keys
+  .command('revoke <keyId>')
+  .action(async (keyId: string) => {
+    await new ApiClient(connection()).json('DELETE', `/v1/keys/${encodeURIComponent(keyId)}`);
+    process.stdout.write(`revoked ${keyId}\n`);
+  });
+
+program.addOption(new Option('--version').hideHelp()).on('option:version', () => {
+  process.stdout.write(JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')).version + '\n');
+  process.exit(0);
+});
+
+try {
+  await program.parseAsync(process.argv);
+} catch (err) {
+  if (err instanceof SpaceError) {
+    process.stderr.write(`space: ${err.code}: ${err.message}\n${err.hint ? `  hint: ${err.hint}\n` : ''}`);
+  } else {
+    process.stderr.write(`space: ${err instanceof Error ? err.message : String(err)}\n`);
+  }
+  process.exitCode = 1;
+}

@@ -1,0 +1,102 @@
+/** `sandbox.files`: read, write (streaming, binary-safe), list and change files in a sandbox. */
+import { Readable } from 'node:stream';
+import { SpaceError } from '@space/core/errors';
+import type { ApiClient } from './client.js';
+
+/** A file-system entry. */
+export interface EntryInfo {
+  name: string;
+  path: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  size: number;
+  mode: number;
+  mtimeMs: number;
+  symlinkTarget?: string;
+}
+
+/** What {@link Files.write} accepts. */
+export type WriteData = string | Uint8Array | ArrayBuffer | Readable | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
+
+/**
+ * Files of one sandbox. Relative paths are relative to the user's home.
+ *
+ * @example
+ * await sandbox.files.write('/tmp/a.txt', 'hello');
+ * const text = await sandbox.files.read('/tmp/a.txt');
+ * for await (const chunk of await sandbox.files.read('/tmp/big', { format: 'stream' })) ...
+ */
+export class Files {
+  constructor(
+    private readonly api: ApiClient,
+    private readonly sandboxId: string,
+  ) {}
+
+  private p(suffix = ''): string {
+    return `/v1/sandboxes/${this.sandboxId}/files${suffix}`;
+  }
+
+  /** Reads a file as text (default), bytes, or a stream. */
+  read(path: string, opts?: { format?: 'text'; signal?: AbortSignal }): Promise<string>;
+  read(path: string, opts: { format: 'bytes'; signal?: AbortSignal }): Promise<Uint8Array>;
+  read(path: string, opts: { format: 'stream'; signal?: AbortSignal }): Promise<Readable>;
+  async read(path: string, opts: { format?: 'text' | 'bytes' | 'stream'; signal?: AbortSignal } = {}): Promise<string | Uint8Array | Readable> {
+    const res = await this.api.request('GET', this.p('/content'), { query: { path }, timeoutMs: 0, ...(opts.signal ? { signal: opts.signal } : {}) });
+    if (opts.format === 'stream') return Readable.fromWeb(res.body as import('node:stream/web').ReadableStream<Uint8Array>);
+    const buf = new Uint8Array(await res.arrayBuffer());
+    return opts.format === 'bytes' ? buf : new TextDecoder().decode(buf);
+  }
+
+  /** Writes a file atomically (the old content stays if the upload fails). Returns its size. */
+  async write(path: string, data: WriteData, opts: { mode?: number; user?: string; signal?: AbortSignal } = {}): Promise<{ path: string; size: number }> {
+    let body: BodyInit | NodeJS.ReadableStream;
+    if (typeof data === 'string') body = Buffer.from(data);
+    else if (data instanceof Uint8Array) body = data as unknown as BodyInit;
+    else if (data instanceof ArrayBuffer) body = new Uint8Array(data);
+    else if (data instanceof Readable) body = Readable.toWeb(data) as unknown as BodyInit;
+    else if (typeof (data as ReadableStream).getReader === 'function') body = data as ReadableStream<Uint8Array>;
+    else body = Readable.toWeb(Readable.from(data as AsyncIterable<Uint8Array>)) as unknown as BodyInit;
+    return this.api.json('PUT', this.p('/content'), {
+      query: { path, mode: opts.mode, user: opts.user },
+      body,
+      contentType: 'application/octet-stream',
+      timeoutMs: 0,
+      ...(opts.signal ? { signal: opts.signal } : {}),
+    });
+  }
+
+  /** Lists a directory; `depth` > 1 descends. */
+  async list(path: string, opts: { depth?: number } = {}): Promise<EntryInfo[]> {
+    return (await this.api.json<{ entries: EntryInfo[] }>('GET', this.p(), { query: { path, depth: opts.depth } })).entries;
+  }
+
+  /** Stat of a path (symlinks not followed). */
+  async stat(path: string): Promise<EntryInfo> {
+    return this.api.json('GET', this.p('/stat'), { query: { path } });
+  }
+
+  /** Whether a path exists. */
+  async exists(path: string): Promise<boolean> {
+    try {
+      await this.stat(path);
+      return true;
+    } catch (err) {
+      if (err instanceof SpaceError && err.code === 'FILE_NOT_FOUND') return false;
+      throw err;
+    }
+  }
+
+  /** mkdir -p. */
+  async makeDir(path: string, opts: { user?: string } = {}): Promise<void> {
+    await this.api.json('POST', this.p('/mkdir'), { json: { path, ...(opts.user ? { user: opts.user } : {}) } });
+  }
+
+  /** Removes a file, or a directory (with `recursive` when not empty). */
+  async remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    await this.api.json('DELETE', this.p(), { query: { path, recursive: opts.recursive ? true : undefined } });
+  }
+
+  /** Renames (moves) a path. */
+  async rename(from: string, to: string): Promise<void> {
+    await this.api.json('POST', this.p('/rename'), { json: { from, to } });
+  }
+}

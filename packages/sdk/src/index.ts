@@ -1,0 +1,20 @@
+/**
+ * @space/sdk — the TypeScript SDK of SPACE.
+ *
+ * @example
+ * import { Sandbox } from '@space/sdk';
+ * const sb = await Sandbox.create();        // SPACE_URL and SPACE_API_KEY from the environment
+ * const { stdout } = await sb.commands.run('echo hi');
+ * await sb.kill();
+ */
+export { Sandbox } from './sandbox.js';
+export type { SandboxCreateOpts, SandboxInfo, SandboxListOpts, SandboxPage, SandboxState, SandboxUsage } from './sandbox.js';
+export { Commands, CommandHandle, outputEvents } from './commands.js';
+export type { CommandResult, CommandRunOpts, OutputEvent, ProcessInfo } from './commands.js';
+export { Files } from './files.js';
+export type { EntryInfo, WriteData } from './files.js';
+export { Pty, PtyHandle } from './pty.js';
+export type { PtyCreateOpts } from './pty.js';
+export { ApiClient, SpaceError } from './client.js';
+export type { ConnectionOpts } from './client.js';
+export type { ErrorCode } from '@space/core/errors';
