@@ -26,7 +26,11 @@ export interface GvisorDriverOptions {
   runsc?: string;
   /** gVisor platform. @default "ptrace" (no KVM needed) */
   platform?: 'ptrace' | 'systrap' | 'kvm';
-  /** Processes the sandbox's non-root user may run at once (RLIMIT_NPROC). @default 512 */
+  /**
+   * Processes the sandbox's non-root user may run at once (RLIMIT_NPROC). Under the ptrace
+   * platform each guest process costs ~0.5 MiB of host memory, so the default scales with
+   * the sandbox's memory limit: one process per 4 MiB, between 32 and 1024.
+   */
   maxProcesses?: number;
   /** Debian mirror for building the `base` template. */
   debianMirror?: string;
@@ -135,6 +139,7 @@ export class GvisorDriver implements SandboxDriver {
     await run('ip', ['netns', 'add', b.netns]);
     await run('ip', ['-n', b.netns, 'link', 'set', 'lo', 'up']);
     signal?.throwIfAborted();
+    const nproc = this.opts.maxProcesses ?? Math.min(1024, Math.max(32, Math.floor(spec.memoryMb / 4)));
     const config = {
       ociVersion: '1.0.0',
       process: {
@@ -152,7 +157,7 @@ export class GvisorDriver implements SandboxDriver {
         capabilities: Object.fromEntries(['bounding', 'effective', 'inheritable', 'permitted'].map((k) => [k, CAPS])),
         rlimits: [
           { type: 'RLIMIT_NOFILE', hard: 65536, soft: 65536 },
-          { type: 'RLIMIT_NPROC', hard: this.opts.maxProcesses ?? 512, soft: this.opts.maxProcesses ?? 512 },
+          { type: 'RLIMIT_NPROC', hard: nproc, soft: nproc },
         ],
         noNewPrivileges: true,
       },
