@@ -82,10 +82,7 @@ class Connection implements FrameSink {
       const req = parseJson(f.payload);
       handle(req, s).catch((err: unknown) => {
         const e = err instanceof AgentError ? err : new AgentError('INTERNAL', err instanceof Error ? err.message : String(err));
-        if (!s.closed) {
-          s.reply({ error: { code: e.code, message: e.message } });
-          s.close();
-        }
+        s.fail(e.code, e.message);
       });
       return;
     }
@@ -102,8 +99,9 @@ class Connection implements FrameSink {
         s.emit('end', parseJson(f.payload));
         return;
       case FrameKind.Cancel:
-        s.emit('cancel', 'cancelled');
-        s.close();
+        // A handler that cleans up on cancel (uploads) ends the stream itself once done.
+        if (s.listenerCount('cancel') > 0) s.emit('cancel', 'cancelled');
+        else s.close();
         return;
       default:
         throw new Error(`unexpected frame kind ${f.kind}`);

@@ -50,6 +50,8 @@ export function sendError(reply: FastifyReply, err: unknown): FastifyReply {
   } else if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) e = new SpaceError('BAD_REQUEST', fe.message, { cause: err });
   else e = new SpaceError('INTERNAL', 'Internal error', { cause: err });
   if (e.code === 'INTERNAL') reply.log.error({ err }, 'internal error');
+  // A request body we did not read to the end leaves the connection unusable: close it.
+  if (!reply.request.raw.complete) reply.header('connection', 'close');
   if (e.code === 'CAPACITY_EXHAUSTED') reply.header('retry-after', String(e.details?.retryAfterS ?? 5));
   return reply.code(e.status).type('application/json').send(e.toJSON());
 }

@@ -187,7 +187,9 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
         await call.write(Channel.File, chunk);
       }
     } catch (e) {
+      // Wait until the agent has removed its temporary file, so a failed upload leaves nothing.
       call.cancel('upload failed');
+      await Promise.race([call.done.catch(() => {}), new Promise((r) => setTimeout(r, 10_000).unref())]);
       throw e;
     }
     call.end({});
