@@ -1,0 +1,123 @@
+// The CLI end to end, as a new user would run it: up, create, exec, cp, ls, inspect, keys,
+// kill, down — through the real binary, its config file and a background daemon.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { after, before, describe, it } from 'node:test';
+import { TEMPLATES_DIR, leftovers } from './helpers.mjs';
+
+const CLI = new URL('../packages/cli/dist/main.js', import.meta.url).pathname;
+const home = mkdtempSync('/tmp/spc-home-');
+const dataDir = mkdtempSync('/tmp/spc-');
+const env = { ...process.env, XDG_CONFIG_HOME: home, SPACE_URL: '', SPACE_API_KEY: '' };
+delete env.SPACE_URL;
+delete env.SPACE_API_KEY;
+
+/** Runs `space ...args`; resolves { code, stdout, stderr }. */
+function space(...args) {
+  return new Promise((resolve) => {
+    execFile(process.execPath, [CLI, ...args], { env, timeout: 300_000 }, (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr }));
+  });
+}
+
+describe('space CLI', () => {
+  const ids = [];
+  before(async () => {
+    const up = await space('up', '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR);
+    assert.equal(up.code, 0, up.stderr);
+    assert.match(up.stdout, /url:\s+http:\/\/127\.0\.0\.1:\d+/);
+    assert.match(up.stdout, new RegExp(`API key:\\s+${dataDir}/admin.key`));
+  });
+  after(async () => {
+    for (const id of ids) await space('kill', id);
+    const down = await space('down', '--data-dir', dataDir);
+    assert.equal(down.code, 0, down.stderr);
+    assert.deepEqual(leftovers(dataDir, ids), []);
+    rmSync(dataDir, { recursive: true, force: true });
+    rmSync(home, { recursive: true, force: true });
+  });
+
+  it('the first key is readable only by its owner', () => {
+    assert.equal(statSync(`${dataDir}/admin.key`).mode & 0o077, 0);
+  });
+
+  it('up is idempotent and a second daemon on another data dir runs side by side', async () => {
+    const again = await space('up', '--data-dir', dataDir);
+    assert.equal(again.code, 0);
+    const other = mkdtempSync('/tmp/spc2-');
+    const up2 = await space('up', '--data-dir', other, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR);
+    assert.equal(up2.code, 0, up2.stderr);
+    assert.notEqual(/url:\s+(\S+)/.exec(up2.stdout)[1], /url:\s+(\S+)/.exec(again.stdout)[1]);
+    assert.equal((await space('down', '--data-dir', other)).code, 0);
+    rmSync(other, { recursive: true, force: true });
+    assert.equal((await space('up', '--data-dir', dataDir)).code, 0, 'the config points back at the first daemon');
+  });
+
+  it('create, exec (exit code passes through), cp both ways, ls, inspect, kill', async () => {
+    const c = await space('create', '--memory', '256', '--label', 'who=cli', '--env', 'FOO=bar', '--timeout', '10m');
+    assert.equal(c.code, 0, c.stderr);
+    const id = c.stdout.trim();
+    ids.push(id);
+    assert.match(id, /^sb[a-z0-9]{18}$/);
+
+    const e = await space('exec', id, '--', 'sh', '-c', 'echo $FOO; echo oops >&2; exit 42');
+    assert.deepEqual([e.code, e.stdout, e.stderr], [42, 'bar\n', 'oops\n']);
+    const cwd = await space('exec', id, '--cwd', '/tmp', '--env', 'X=1', '--', 'sh -c "pwd; echo $X"');
+    assert.equal(cwd.stdout, '/tmp\n1\n');
+
+    const local = `${home}/in.txt`;
+    writeFileSync(local, 'payload\n');
+    assert.equal((await space('cp', local, `${id}:/tmp/in.txt`)).code, 0);
+    assert.equal((await space('exec', id, '--', 'cat', '/tmp/in.txt')).stdout, 'payload\n');
+    assert.equal((await space('cp', `${id}:/tmp/in.txt`, `${home}/out.txt`)).code, 0);
+    assert.equal(readFileSync(`${home}/out.txt`, 'utf8'), 'payload\n');
+
+    const ls = await space('ls');
+    assert.match(ls.stdout, new RegExp(`${id}\\s+running\\s+minimal`));
+    const lsj = JSON.parse((await space('ls', '--json', '--label', 'who=cli')).stdout);
+    assert.deepEqual(lsj.map((s) => s.id), [id]);
+    const info = JSON.parse((await space('inspect', id, '--json')).stdout);
+    assert.equal(info.metadata.who, 'cli');
+    assert.ok(info.usage.rssBytes > 0);
+
+    assert.match((await space('kill', id)).stdout, /killed/);
+    const after = await space('exec', id, '--', 'true');
+    assert.equal(after.code, 1);
+    assert.match(after.stderr, /SANDBOX_NOT_RUNNING/);
+  });
+
+  it('keys create, ls, revoke; a tenant key sees only its own sandboxes', async () => {
+    const k = await space('keys', 'create', '--tenant', 'acme', '--name', 'acme-ci', '--json');
+    assert.equal(k.code, 0, k.stderr);
+    const { key, record } = JSON.parse(k.stdout);
+    const ls = await space('keys', 'ls');
+    assert.doesNotMatch(ls.stdout, /acme-ci/, 'the admin of "default" lists its own tenant\'s keys');
+    const asAcme = await new Promise((resolve) => execFile(process.execPath, [CLI, 'ls'], { env: { ...env, SPACE_API_KEY: key } }, (err, stdout, stderr) => resolve({ code: err?.code ?? 0, stdout, stderr })));
+    assert.equal(asAcme.code, 0, asAcme.stderr);
+    assert.equal(asAcme.stdout.trim().split('\n').length, 1, 'only the header: acme has no sandboxes');
+    const rv = await new Promise((resolve) => execFile(process.execPath, [CLI, 'keys', 'revoke', record.id], { env: { ...env, SPACE_API_KEY: key } }, (err, stdout, stderr) => resolve({ code: err?.code ?? 0, stdout, stderr })));
+    assert.equal(rv.code, 0, rv.stderr);
+    const denied = await new Promise((resolve) => execFile(process.execPath, [CLI, 'ls'], { env: { ...env, SPACE_API_KEY: key } }, (err, stdout, stderr) => resolve({ code: err?.code ?? 0, stdout, stderr })));
+    assert.equal(denied.code, 1);
+    assert.match(denied.stderr, /UNAUTHENTICATED/);
+  });
+
+  it('errors name a stable code and a hint', async () => {
+    const r = await space('inspect', 'sbnosuchsandbox00000');
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /SANDBOX_NOT_FOUND/);
+    assert.match(r.stderr, /hint: /);
+    const bad = await space('create', '--memory', '1');
+    assert.match(bad.stderr, /INVALID_LIMITS/);
+  });
+
+  it('doctor reports which drivers can run here', async () => {
+    const d = await space('doctor', '--json');
+    const r = JSON.parse(d.stdout);
+    const g = r.drivers.find((x) => x.driver === 'gvisor');
+    assert.equal(g.available, true);
+    assert.ok(g.checks.find((c) => c.name === 'runsc').ok);
+    assert.equal(r.drivers.find((x) => x.driver === 'microvm').available, false);
+  });
+});
+

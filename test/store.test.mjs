@@ -1,0 +1,66 @@
+// The SQLite metadata store (real SQLite in WAL mode on disk).
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { after, describe, it } from 'node:test';
+import Database from 'better-sqlite3';
+import { ApiKeys } from '../packages/core/dist/index.js';
+import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
+
+const dir = mkdtempSync('/tmp/sps-');
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+function sandbox(id, tenantId, state = 'running', metadata = {}) {
+  return { id, tenantId, template: 'minimal', driver: 'gvisor', state, cpu: 1, memoryMb: 256, timeoutMs: 0, env: {}, metadata, createdAt: new Date().toISOString() };
+}
+
+describe('SqliteStore', () => {
+  it('runs in WAL mode and survives reopening', async () => {
+    const file = `${dir}/a.db`;
+    const s = SqliteStore.open(file);
+    await s.insertSandbox(sandbox('sb1', 't'));
+    await s.close();
+    const raw = new Database(file);
+    assert.equal(raw.pragma('journal_mode', { simple: true }), 'wal');
+    raw.close();
+    const s2 = SqliteStore.open(file);
+    assert.equal((await s2.getSandbox('sb1')).tenantId, 't');
+    await s2.close();
+  });
+
+  it('updates fields, filters by tenant, state and labels, and pages newest first', async () => {
+    const s = SqliteStore.open(`${dir}/b.db`);
+    for (let i = 0; i < 5; i++) await s.insertSandbox(sandbox(`sb${i}`, 't1', 'running', { n: String(i % 2) }));
+    await s.insertSandbox(sandbox('other', 't2'));
+    const u = await s.updateSandbox('sb0', { state: 'killed', endReason: 'killed' });
+    assert.equal(u.state, 'killed');
+    assert.equal((await s.getSandbox('sb0')).endReason, 'killed');
+    const p1 = await s.listSandboxes({ tenantId: 't1', limit: 2 });
+    assert.deepEqual(p1.items.map((x) => x.id), ['sb4', 'sb3']);
+    const p2 = await s.listSandboxes({ tenantId: 't1', limit: 2, cursor: p1.nextCursor });
+    assert.deepEqual(p2.items.map((x) => x.id), ['sb2', 'sb1']);
+    const p3 = await s.listSandboxes({ tenantId: 't1', limit: 2, cursor: p2.nextCursor });
+    assert.deepEqual(p3.items.map((x) => x.id), ['sb0']);
+    assert.equal(p3.nextCursor, undefined);
+    const labelled = await s.listSandboxes({ tenantId: 't1', limit: 10, metadata: { n: '0' }, states: ['running'] });
+    assert.deepEqual(labelled.items.map((x) => x.id), ['sb4', 'sb2']);
+    assert.deepEqual((await s.sandboxesInStates(['running'])).map((x) => x.id).sort(), ['other', 'sb1', 'sb2', 'sb3', 'sb4']);
+    await assert.rejects(s.listSandboxes({ tenantId: 't1', limit: 2, cursor: '!!' }), (e) => e.code === 'BAD_REQUEST');
+    await s.close();
+  });
+
+  it('stores only hashes of API keys; revoked keys no longer verify', async () => {
+    const s = SqliteStore.open(`${dir}/c.db`);
+    const keys = new ApiKeys(s);
+    const { key, record } = await keys.create({ tenantId: 'acme', name: 'k' });
+    const raw = new Database(`${dir}/c.db`);
+    const row = raw.prepare('SELECT * FROM api_keys').get();
+    raw.close();
+    assert.notEqual(row.hash, key);
+    assert.ok(!JSON.stringify(row).includes(key));
+    assert.equal((await keys.verify(key)).tenantId, 'acme');
+    await keys.revoke({ tenantId: 'acme', keyId: record.id, admin: false }, record.id);
+    await assert.rejects(keys.verify(key), (e) => e.code === 'UNAUTHENTICATED');
+    await assert.rejects(keys.create({ tenantId: 'Bad Tenant!' }), (e) => e.code === 'BAD_REQUEST');
+    await s.close();
+  });
+});
