@@ -106,15 +106,19 @@ export class Proc {
     }
   }
 
-  /** Resolves once the OS has started the process; rejects with COMMAND_FAILED_TO_START. */
+  /**
+   * Resolves once the OS has started the process; rejects with COMMAND_FAILED_TO_START.
+   * Node assigns `pid` synchronously when the spawn succeeded, so no event-loop turn is spent.
+   */
   started(): Promise<void> {
-    if (!this.child) return Promise.resolve();
     const child = this.child;
-    return new Promise((resolve, reject) => {
-      child.once('spawn', () => {
-        this.info.pid = child.pid!;
-        resolve();
-      });
+    if (!child) return Promise.resolve();
+    if (child.pid !== undefined) {
+      this.info.pid = child.pid;
+      child.on('error', () => {});
+      return Promise.resolve();
+    }
+    return new Promise((_, reject) => {
       child.once('error', (err: NodeJS.ErrnoException) => {
         clearTimeout(this.timer);
         reject(new AgentError('COMMAND_FAILED_TO_START', `Cannot start ${JSON.stringify(this.info.argv[0])}: ${err.code ?? err.message}${err.code === 'ENOENT' ? ' (no such program or cwd)' : ''}`));

@@ -12,15 +12,25 @@ export interface User {
 /** The default non-root user of every sandbox. */
 export const DEFAULT_USER: User = { name: 'user', uid: 1000, gid: 1000, home: '/home/user' };
 
-/** Looks up `who` (a name or a numeric uid); undefined when it is not known. */
-export function resolveUser(who: string | undefined): User | undefined {
-  if (who === undefined || who === '') who = DEFAULT_USER.name;
+let cache: { at: number; lines: string[] } | undefined;
+/** /etc/passwd, re-read at most once a second (a file read through gVisor's gofer is not free). */
+function passwdLines(): string[] {
+  const now = Date.now();
+  if (cache && now - cache.at < 1000) return cache.lines;
   let lines: string[] = [];
   try {
     lines = readFileSync('/etc/passwd', 'utf8').split('\n');
   } catch {
     // no passwd file: only root and the default user exist
   }
+  cache = { at: now, lines };
+  return lines;
+}
+
+/** Looks up `who` (a name or a numeric uid); undefined when it is not known. */
+export function resolveUser(who: string | undefined): User | undefined {
+  if (who === undefined || who === '') who = DEFAULT_USER.name;
+  const lines = passwdLines();
   for (const line of lines) {
     const [name, , uid, gid, , home] = line.split(':');
     if (name === undefined || uid === undefined || gid === undefined) continue;

@@ -20,7 +20,7 @@ export const RUNTIME = {
 } as const;
 
 /** The argv that starts the agent inside a sandbox. */
-export const AGENT_ARGV = [RUNTIME.loader, '--library-path', RUNTIME.libDir, RUNTIME.node, '--max-semi-space-size=1', '--max-old-space-size=96', RUNTIME.agent];
+export const AGENT_ARGV = [RUNTIME.loader, '--library-path', RUNTIME.libDir, RUNTIME.node, '--single-threaded', '--max-semi-space-size=1', '--max-old-space-size=96', RUNTIME.agent];
 
 async function libsOf(binary: string): Promise<{ libs: string[]; loader: string }> {
   const { stdout } = await run('ldd', [binary]);

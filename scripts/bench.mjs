@@ -1,0 +1,136 @@
+#!/usr/bin/env node
+// SPACE benchmarks: each measurement runs side by side with its baseline in the same process,
+// prints a table, and (with --write) records it in docs/benchmarks.md.
+//   ./space bench [--iterations 30] [--write]
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { Sandbox } from '../packages/sdk/dist/index.js';
+import { AGENT_ARGV } from '../packages/driver-gvisor/dist/index.js';
+
+const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
+const N = Number(values.iterations);
+const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/space/templates';
+
+const q = (xs, p) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+};
+const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(1));
+async function time(fn) {
+  const t = process.hrtime.bigint();
+  await fn();
+  return Number(process.hrtime.bigint() - t) / 1e6;
+}
+async function series(n, fn) {
+  const out = [];
+  for (let i = 0; i < n; i++) out.push(await time(() => fn(i)));
+  return out;
+}
+
+const rows = [];
+/** `compare(p50, baseP50)` words the comparison, e.g. "1.7x faster" or "+1.6 ms". */
+function row(name, xs, baseName, base, target, compare) {
+  const r = { name, p50: q(xs, 50), p95: q(xs, 95), baseName, baseP50: base ? q(base, 50) : undefined, target };
+  r.vs = base && compare ? compare(r.p50, r.baseP50) : '—';
+  rows.push(r);
+  return r;
+}
+const faster = (a, b) => `${(b / a).toFixed(2)}x faster`;
+const slower = (a, b) => `${(a / b).toFixed(2)}x the baseline`;
+const plus = (a, b) => `+${(a - b).toFixed(2)} ms`;
+
+// The daemon runs as its own process, as in production; this process is only the client.
+const dataDir = mkdtempSync('/tmp/spbench-');
+const child = spawn(process.execPath, [new URL('../packages/server/dist/main.js', import.meta.url).pathname, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'error'], { stdio: ['ignore', 'ignore', 'inherit'] });
+let state;
+for (let i = 0; i < 600 && !state; i++) {
+  try {
+    const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8'));
+    if (st.pid === child.pid) state = st;
+  } catch {
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+if (!state) throw new Error('spaced did not start');
+const daemon = { url: state.url, close: () => new Promise((r) => { child.on('exit', r); child.kill('SIGTERM'); }) };
+const conn = { apiUrl: state.url, apiKey: readFileSync(state.keyFile, 'utf8').trim() };
+const runsc = (...a) => execFileSync('runsc', ['--root', path.join(dataDir, 'runsc'), ...a], { stdio: ['ignore', 'pipe', 'pipe'] });
+
+try {
+  const sb = await Sandbox.create({ ...conn, memoryMb: 256 });
+  await sb.files.write('/tmp/x', 'x');
+  // warm up
+  for (let i = 0; i < 5; i++) {
+    await sb.files.stat('/tmp/x');
+    await sb.commands.run('true');
+  }
+
+  // 1. Agent round trip without a new process, vs an HTTP round trip that does not touch the agent.
+  const health = await series(N, () => fetch(`${daemon.url}/v1/health`).then((r) => r.text()));
+  const stat = await series(N, () => sb.files.stat('/tmp/x'));
+  row('agent round trip (file stat via API)', stat, 'HTTP round trip, no agent (/v1/health)', health, 'p50 ≤ 3 ms', plus);
+
+  // 2. Command round trip via the API vs `runsc exec`, and the cost of a spawn inside gVisor.
+  const viaApi = await series(N, () => sb.commands.run('true'));
+  const viaExec = await series(N, () => runsc('exec', sb.id, '/bin/true'));
+  row('command round trip `true` via API', viaApi, '`runsc exec` of the same sandbox', viaExec, '≥ 2.5x faster than runsc exec', faster);
+  const probe = `const {spawnSync}=require('child_process');const t=[];for(let i=0;i<${N};i++){const s=process.hrtime.bigint();spawnSync('/bin/true');t.push(Number(process.hrtime.bigint()-s)/1e6)}console.log(JSON.stringify(t))`;
+  const inside = JSON.parse((await sb.commands.run([...AGENT_ARGV.slice(0, 4), '-e', probe])).stdout);
+  row('command round trip `true` via API, again', viaApi, 'spawn of `true` inside the sandbox (no API)', inside, 'API adds ≤ 3 ms over the spawn', plus);
+
+  // 3. Create-to-first-command vs bare runsc run + runsc exec of the same rootfs.
+  const created = [];
+  const ours = await series(N, async () => {
+    const s = await Sandbox.create({ ...conn, memoryMb: 256 });
+    await s.commands.run('true');
+    created.push(s);
+  });
+  for (const s of created) await s.kill();
+  const bareDir = mkdtempSync('/tmp/spbare-');
+  const rootfs = path.join(TEMPLATES_DIR, 'minimal', 'rootfs');
+  const bare = await series(N, async (i) => {
+    const b = path.join(bareDir, `b${i}`);
+    mkdirSync(b);
+    writeFileSync(path.join(b, 'config.json'), JSON.stringify({
+      ociVersion: '1.0.0',
+      process: { user: { uid: 0, gid: 0 }, args: ['/bin/sleep', '1000'], env: ['PATH=/bin:/usr/bin'], cwd: '/' },
+      root: { path: rootfs, readonly: false },
+      hostname: 'bare',
+      mounts: [{ destination: '/proc', type: 'proc', source: 'proc' }],
+      linux: { namespaces: [{ type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }], resources: { memory: { limit: 256 * 1048576 } } },
+    }));
+    spawnSync('runsc', ['--root', path.join(bareDir, 'state'), '--network=none', '--overlay2=root:memory', 'run', '--detach', '--bundle', b, `bare${i}`], { stdio: 'ignore' });
+    spawnSync('runsc', ['--root', path.join(bareDir, 'state'), 'exec', `bare${i}`, '/bin/true'], { stdio: 'ignore' });
+  });
+  for (let i = 0; i < N; i++) spawnSync('runsc', ['--root', path.join(bareDir, 'state'), 'delete', '--force', `bare${i}`], { stdio: 'ignore' });
+  rmSync(bareDir, { recursive: true, force: true });
+  row('create-to-first-command (SDK)', ours, 'bare `runsc run` + `runsc exec` (busybox sleep as init)', bare, '≤ 1.2x the bare figure', slower);
+
+  // 4. Idle sandbox memory.
+  const idle = await Sandbox.create({ ...conn, memoryMb: 256 });
+  await new Promise((r) => setTimeout(r, 2000));
+  const u = await idle.usage();
+  await idle.kill();
+  await sb.kill();
+
+  const lines = [
+    `| measurement | p50 ms | p95 ms | baseline (same run) | baseline p50 ms | vs baseline | target |`,
+    `|---|---|---|---|---|---|---|`,
+    ...rows.map((r) => `| ${r.name} | ${fmt(r.p50)} | ${fmt(r.p95)} | ${r.baseName ?? '—'} | ${r.baseP50 !== undefined ? fmt(r.baseP50) : '—'} | ${r.vs} | ${r.target} |`),
+    `| idle sandbox memory | RSS of its host processes: ${(u.rssBytes / 1048576).toFixed(1)} MiB; cgroup charge: ${(u.cgroupBytes / 1048576).toFixed(1)} MiB | | | | | measured |`,
+  ];
+  const table = lines.join('\n');
+  console.log(table);
+  if (values.write) {
+    const file = new URL('../docs/benchmarks.md', import.meta.url);
+    const doc = readFileSync(file, 'utf8');
+    const block = `<!-- core:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores (${os.cpus()[0].model.trim()}), runsc ${execFileSync('runsc', ['--version'], { encoding: 'utf8' }).split('\n')[0].replace('runsc version ', '')}, ptrace platform, ${N} iterations each, with \`./space bench --write\`.\n\n${table}\n<!-- core:end -->`;
+    writeFileSync(file, doc.replace(/<!-- core:start -->[\s\S]*<!-- core:end -->/, block));
+  }
+} finally {
+  await daemon.close();
+  rmSync(dataDir, { recursive: true, force: true });
+}
