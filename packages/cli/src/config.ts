@@ -13,7 +13,7 @@ export interface CliConfig {
 
 /** Path of the CLI config file. */
 export function configPath(): string {
-  return path.join(process.env.XDG_CONFIG_HOME ?? path.join(os.homedir(), '.config'), 'space', 'config.json');
+  return path.join(process.env.XDG_CONFIG_HOME || path.join(os.homedir(), '.config'), 'space', 'config.json');
 }
 
 export function readConfig(): CliConfig | undefined {
