@@ -88,8 +88,10 @@ export function conformance(driver) {
     });
 
     test('background processes outlive the request, are listed, re-attached and killed', async () => {
-      const h = await sb.commands.run('echo started; exec sleep 1000', { background: true, tag: 'sleeper' });
+      const h = await sb.commands.run('echo started; touch /tmp/bg-ready; exec sleep 1000', { background: true, tag: 'sleeper' });
       assert.ok(h.pid > 0);
+      // "started" is in the pipe before the file exists; nobody is attached while it is written.
+      await eventually(() => sb.files.exists('/tmp/bg-ready'));
       const ps = await sb.commands.list();
       const me = ps.find((p) => p.pid === h.pid);
       assert.ok(me?.running && me.background && me.tag === 'sleeper');
