@@ -1,23 +1,13 @@
 // The `base` template (Debian bookworm made by mmdebstrap) through the CLI: built once with
 // progress shown, cached, and python3, bash, git and curl run inside.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
-import { TEMPLATES_DIR, leftovers } from './helpers.mjs';
+import { TEMPLATES_DIR, cliRunner, leftovers } from './helpers.mjs';
 
-const CLI = new URL('../packages/cli/dist/main.js', import.meta.url).pathname;
 const home = mkdtempSync('/tmp/spb-home-');
 const dataDir = mkdtempSync('/tmp/spb-');
-const env = { ...process.env, XDG_CONFIG_HOME: home };
-delete env.SPACE_URL;
-delete env.SPACE_API_KEY;
-
-function space(...args) {
-  return new Promise((resolve) => {
-    execFile(process.execPath, [CLI, ...args], { env, timeout: 900_000 }, (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr }));
-  });
-}
+const space = cliRunner(home);
 
 describe('base template', () => {
   let id;

@@ -1,24 +1,13 @@
 // The CLI end to end, as a new user would run it: up, create, exec, cp, ls, inspect, keys,
 // kill, down — through the real binary, its config file and a background daemon.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
-import { TEMPLATES_DIR, leftovers } from './helpers.mjs';
+import { TEMPLATES_DIR, cliRunner, leftovers } from './helpers.mjs';
 
-const CLI = new URL('../packages/cli/dist/main.js', import.meta.url).pathname;
 const home = mkdtempSync('/tmp/spc-home-');
 const dataDir = mkdtempSync('/tmp/spc-');
-const env = { ...process.env, XDG_CONFIG_HOME: home, SPACE_URL: '', SPACE_API_KEY: '' };
-delete env.SPACE_URL;
-delete env.SPACE_API_KEY;
-
-/** Runs `space ...args`; resolves { code, stdout, stderr }. */
-function space(...args) {
-  return new Promise((resolve) => {
-    execFile(process.execPath, [CLI, ...args], { env, timeout: 300_000 }, (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr }));
-  });
-}
+const space = cliRunner(home);
 
 describe('space CLI', () => {
   const ids = [];
@@ -92,12 +81,12 @@ describe('space CLI', () => {
     const { key, record } = JSON.parse(k.stdout);
     const ls = await space('keys', 'ls');
     assert.doesNotMatch(ls.stdout, /acme-ci/, 'the admin of "default" lists its own tenant\'s keys');
-    const asAcme = await new Promise((resolve) => execFile(process.execPath, [CLI, 'ls'], { env: { ...env, SPACE_API_KEY: key } }, (err, stdout, stderr) => resolve({ code: err?.code ?? 0, stdout, stderr })));
+    const asAcme = await cliRunner(home, { SPACE_API_KEY: key })('ls');
     assert.equal(asAcme.code, 0, asAcme.stderr);
     assert.equal(asAcme.stdout.trim().split('\n').length, 1, 'only the header: acme has no sandboxes');
-    const rv = await new Promise((resolve) => execFile(process.execPath, [CLI, 'keys', 'revoke', record.id], { env: { ...env, SPACE_API_KEY: key } }, (err, stdout, stderr) => resolve({ code: err?.code ?? 0, stdout, stderr })));
+    const rv = await cliRunner(home, { SPACE_API_KEY: key })('keys', 'revoke', record.id);
     assert.equal(rv.code, 0, rv.stderr);
-    const denied = await new Promise((resolve) => execFile(process.execPath, [CLI, 'ls'], { env: { ...env, SPACE_API_KEY: key } }, (err, stdout, stderr) => resolve({ code: err?.code ?? 0, stdout, stderr })));
+    const denied = await cliRunner(home, { SPACE_API_KEY: key })('ls');
     assert.equal(denied.code, 1);
     assert.match(denied.stderr, /UNAUTHENTICATED/);
   });

@@ -1,6 +1,6 @@
 // Shared test fixtures: a real daemon (real runsc, real SQLite, real sockets) on a loopback
 // port in a fresh data directory, and leak checks. Every sandbox a test makes is killed.
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { startDaemon } from '../packages/server/dist/index.js';
@@ -97,4 +97,20 @@ export async function eventually(fn, { tries = 200, everyMs = 100 } = {}) {
     await new Promise((r) => setTimeout(r, everyMs));
   }
   throw new Error(`condition not met after ${tries} tries (last: ${JSON.stringify(last)})`);
+}
+
+const CLI = new URL('../packages/cli/dist/main.js', import.meta.url).pathname;
+
+/**
+ * A `space` CLI runner with its own config home (SPACE_URL/SPACE_API_KEY cleared), like a new user.
+ * @returns {(...args: string[]) => Promise<{ code: number, stdout: string, stderr: string }>} and `.env`
+ */
+export function cliRunner(home, extraEnv = {}) {
+  const env = { ...process.env, XDG_CONFIG_HOME: home, ...extraEnv };
+  if (!('SPACE_URL' in extraEnv)) delete env.SPACE_URL;
+  if (!('SPACE_API_KEY' in extraEnv)) delete env.SPACE_API_KEY;
+  return (...args) =>
+    new Promise((resolve) => {
+      execFile(process.execPath, [CLI, ...args], { env, timeout: 900_000 }, (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr }));
+    });
 }

@@ -10,6 +10,7 @@ import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
 import { ApiClient, Sandbox, SpaceError, type SandboxInfo } from '@space/sdk';
+import { defaultDataDir, readState } from '@space/server/state';
 import { connection, parseDuration, parsePairs, writeConfig } from './config.js';
 
 const collectList = (v: string, prev: string[] = []) => [...prev, v];
@@ -50,42 +51,35 @@ async function waitTemplate(name: string): Promise<void> {
 }
 
 // ---------- daemon management
-function defaultDataDir(): string {
-  return process.env.SPACE_DATA_DIR ?? (process.getuid?.() === 0 ? '/var/lib/space' : path.join(process.env.HOME ?? '/tmp', '.local', 'share', 'space'));
-}
 const spacedBin = () => path.join(path.dirname(fileURLToPath(import.meta.resolve('@space/server'))), 'main.js');
 
-interface DaemonStateFile {
-  pid: number;
-  url: string;
+interface DaemonFlags {
   dataDir: string;
-  keyFile: string;
-}
-function liveState(dataDir: string): DaemonStateFile | undefined {
-  try {
-    const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8')) as DaemonStateFile;
-    process.kill(st.pid, 0);
-    return st;
-  } catch {
-    return undefined;
-  }
+  listen: string;
+  templatesDir?: string;
+  maxSandboxes?: string;
 }
 
-function daemonArgs(o: { dataDir: string; listen?: string; templatesDir?: string; maxSandboxes?: string }): string[] {
-  return ['--data-dir', o.dataDir, ...(o.listen ? ['--listen', o.listen] : []), ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : [])];
+/** The flags `up` and `daemon` share, passed on to spaced. */
+function daemonCommand(name: string, description: string): Command {
+  return program
+    .command(name)
+    .description(description)
+    .option('--data-dir <dir>', 'data directory', defaultDataDir())
+    .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7070')
+    .option('--templates-dir <dir>', 'template cache directory')
+    .option('--max-sandboxes <n>', 'most sandboxes at once');
 }
 
-program
-  .command('up')
-  .description('start the daemon in the background and print how to reach it')
-  .option('--data-dir <dir>', 'data directory', defaultDataDir())
-  .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7070')
-  .option('--templates-dir <dir>', 'template cache directory')
-  .option('--max-sandboxes <n>', 'most sandboxes at once')
+function daemonArgs(o: DaemonFlags): string[] {
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : [])];
+}
+
+daemonCommand('up', 'start the daemon in the background and print how to reach it')
   .option('--timeout <duration>', 'how long to wait for the daemon', '120s')
-  .action(async (o: { dataDir: string; listen: string; templatesDir?: string; maxSandboxes?: string; timeout: string }) => {
+  .action(async (o: DaemonFlags & { timeout: string }) => {
     const dataDir = path.resolve(o.dataDir);
-    let st = liveState(dataDir);
+    let st = readState(dataDir);
     if (!st) {
       await fs.mkdir(dataDir, { recursive: true, mode: 0o700 });
       const logFile = path.join(dataDir, 'spaced.log');
@@ -96,7 +90,7 @@ program
       child.on('exit', (code) => (exited = code));
       child.unref();
       const deadline = Date.now() + parseDuration(o.timeout);
-      while (!(st = liveState(dataDir)) || st.pid !== child.pid) {
+      while (!(st = readState(dataDir)) || st.pid !== child.pid) {
         if (exited !== undefined) {
           const tail = readFileSync(logFile, 'utf8').trim().split('\n').slice(-5).join('\n');
           throw new Error(`spaced exited with code ${exited}:\n${tail}`);
@@ -114,7 +108,7 @@ program
   .description('stop the daemon of a data directory (sandboxes keep running and are re-adopted by the next `space up`)')
   .option('--data-dir <dir>', 'data directory', defaultDataDir())
   .action(async (o: { dataDir: string }) => {
-    const st = liveState(path.resolve(o.dataDir));
+    const st = readState(path.resolve(o.dataDir));
     if (!st) return void process.stdout.write(`no daemon running for ${o.dataDir}\n`);
     process.kill(st.pid, 'SIGTERM');
     for (let i = 0; i < 300; i++) {
@@ -128,14 +122,7 @@ program
     throw new Error(`spaced (pid ${st.pid}) did not stop within 30 s`);
   });
 
-program
-  .command('daemon')
-  .description('run the daemon in the foreground')
-  .option('--data-dir <dir>', 'data directory', defaultDataDir())
-  .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7070')
-  .option('--templates-dir <dir>', 'template cache directory')
-  .option('--max-sandboxes <n>', 'most sandboxes at once')
-  .action(async (o: { dataDir: string; listen: string; templatesDir?: string; maxSandboxes?: string }) => {
+daemonCommand('daemon', 'run the daemon in the foreground').action(async (o: DaemonFlags) => {
     const child = spawn(process.execPath, [spacedBin(), ...daemonArgs(o)], { stdio: 'inherit' });
     for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => child.kill(sig));
     await new Promise<void>((resolve) => child.on('exit', (code) => { process.exitCode = code ?? 1; resolve(); }));

@@ -34,11 +34,17 @@ export interface SandboxServiceOptions {
 
 /** What a client asks for when creating a sandbox. */
 export interface CreateSandboxOpts {
+  /** Template. @default "minimal" */
   template?: string;
+  /** CPU cores (fractions allowed). @default 1 */
   cpu?: number;
+  /** Memory limit, MiB. @default 512 */
   memoryMb?: number;
+  /** Kill the sandbox this many ms after creation; 0 = never. @default 1800000 (30 min) */
   timeoutMs?: number;
+  /** Environment variables of every process. */
   env?: Record<string, string>;
+  /** Labels to filter listings by. */
   metadata?: Record<string, string>;
 }
 

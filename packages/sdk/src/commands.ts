@@ -36,18 +36,8 @@ export interface CommandResult {
 }
 
 /** A process the agent runs, as listed. */
-export interface ProcessInfo {
-  pid: number;
-  argv: string[];
-  tag?: string;
-  cwd: string;
-  user: string;
-  pty: boolean;
-  background: boolean;
-  startedAt: number;
-  running: boolean;
-  exitCode: number | null;
-}
+export type { ProcessInfo } from '@space/protocol';
+import type { ProcessInfo } from '@space/protocol';
 
 /** Raw output events of a process stream. */
 export type OutputEvent = { type: 'start'; pid: number } | { type: 'stdout' | 'stderr' | 'pty'; data: Uint8Array } | { type: 'exit'; exitCode: number | null; signal: string | null; timedOut?: boolean } | { type: 'error'; code: string; message: string };

@@ -4,15 +4,8 @@ import { SpaceError } from '@space/core/errors';
 import type { ApiClient } from './client.js';
 
 /** A file-system entry. */
-export interface EntryInfo {
-  name: string;
-  path: string;
-  type: 'file' | 'dir' | 'symlink' | 'other';
-  size: number;
-  mode: number;
-  mtimeMs: number;
-  symlinkTarget?: string;
-}
+export type { EntryInfo } from '@space/protocol';
+import type { EntryInfo } from '@space/protocol';
 
 /** What {@link Files.write} accepts. */
 export type WriteData = string | Uint8Array | ArrayBuffer | Readable | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;

@@ -1,48 +1,18 @@
 /** The `Sandbox` facade: create, connect, list, kill; sub-objects for commands, files, PTYs. */
+import type { CreateSandboxOpts, Sandbox as CoreSandbox, SandboxState as CoreSandboxState } from '@space/core';
 import { ApiClient, type ConnectionOpts } from './client.js';
 import { Commands } from './commands.js';
 import { Files } from './files.js';
 import { Pty } from './pty.js';
 
 /** Lifecycle states of a sandbox. */
-export type SandboxState = 'starting' | 'running' | 'killed' | 'dead';
+export type SandboxState = CoreSandboxState;
 
 /** A sandbox as the API returns it. */
-export interface SandboxInfo {
-  id: string;
-  tenantId: string;
-  template: string;
-  driver: string;
-  state: SandboxState;
-  /** Why it ended: killed, timeout, oom, crashed, lost, start-failed. */
-  endReason?: string;
-  endDetail?: string;
-  cpu: number;
-  memoryMb: number;
-  timeoutMs: number;
-  env: Record<string, string>;
-  metadata: Record<string, string>;
-  createdAt: string;
-  startedAt?: string;
-  endedAt?: string;
-  expiresAt?: string;
-}
+export type SandboxInfo = CoreSandbox;
 
-/** Options of {@link Sandbox.create}. */
-export interface SandboxCreateOpts extends ConnectionOpts {
-  /** Template. @default "minimal" */
-  template?: string;
-  /** CPU cores. @default 1 */
-  cpu?: number;
-  /** Memory limit, MiB. @default 512 */
-  memoryMb?: number;
-  /** Kill the sandbox after this many ms; 0 = never. @default 1800000 (30 min) */
-  timeoutMs?: number;
-  /** Environment variables of every process. */
-  env?: Record<string, string>;
-  /** Labels to filter listings by. */
-  metadata?: Record<string, string>;
-}
+/** Options of {@link Sandbox.create}: what to create, and how to reach the daemon. */
+export interface SandboxCreateOpts extends CreateSandboxOpts, ConnectionOpts {}
 
 /** Options of {@link Sandbox.list}. */
 export interface SandboxListOpts extends ConnectionOpts {

@@ -3,14 +3,16 @@
  * HTTP listener, state file, graceful shutdown. Several daemons run side by side when each
  * has its own data directory and port.
  */
-import { existsSync, promises as fs, readFileSync } from 'node:fs';
-import os from 'node:os';
+import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import pino from 'pino';
 import { ApiKeys, SandboxService, SpaceError } from '@space/core';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { SqliteStore } from '@space/store-sqlite';
 import { buildApp } from './app.js';
+import { defaultDataDir, readState, type DaemonState } from './state.js';
+
+export { defaultDataDir, readState, type DaemonState };
 
 /** Daemon settings (CLI flags and SPACE_* environment variables). */
 export interface DaemonOptions {
@@ -30,37 +32,12 @@ export interface DaemonOptions {
   debianMirror?: string;
 }
 
-/** The state file a running daemon writes into its data directory. */
-export interface DaemonState {
-  pid: number;
-  url: string;
-  dataDir: string;
-  keyFile: string;
-  startedAt: string;
-}
-
-/** Default data directory for this user. */
-export function defaultDataDir(): string {
-  return process.env.SPACE_DATA_DIR ?? (process.getuid?.() === 0 ? '/var/lib/space' : path.join(os.homedir(), '.local', 'share', 'space'));
-}
-
 /** Parses `HOST:PORT` (IPv6 as `[::1]:7070`). */
 export function parseListen(s: string): { host: string; port: number } {
   const m = /^(?:\[([^\]]+)\]|([^:]+)):(\d{1,5})$/.exec(s);
   const port = m ? Number(m[3]) : NaN;
   if (!m || port > 65535) throw new SpaceError('BAD_REQUEST', `Invalid listen address ${JSON.stringify(s)}: use HOST:PORT, e.g. 127.0.0.1:7070`);
   return { host: (m[1] ?? m[2])!, port };
-}
-
-/** Reads a data directory's state file if its daemon is alive. */
-export function readState(dataDir: string): DaemonState | undefined {
-  try {
-    const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8')) as DaemonState;
-    process.kill(st.pid, 0);
-    return st;
-  } catch {
-    return undefined;
-  }
 }
 
 /** A running daemon. */
