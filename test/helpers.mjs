@@ -1,7 +1,7 @@
 // Shared test fixtures: a real daemon (real runsc, real SQLite, real sockets) on a loopback
 // port in a fresh data directory, and leak checks. Every sandbox a test makes is killed.
 import { execFile, execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Sandbox } from '../packages/sdk/dist/index.js';
@@ -57,7 +57,10 @@ export function leftovers(dataDir, ids) {
   const mounts = readFileSync('/proc/self/mountinfo', 'utf8');
   for (const id of ids) {
     if (netns.includes(`space-${id}`)) out.push(`netns space-${id}`);
-    for (const ctl of ['memory', 'cpu']) if (existsSync(`/sys/fs/cgroup/${ctl}/space/${id}`)) out.push(`cgroup ${ctl}/space/${id}`);
+    for (const ctl of ['memory', 'cpu']) {
+      const dir = `/sys/fs/cgroup/${ctl}/space`;
+      if (existsSync(dir)) for (const d of readdirSync(dir)) if (d === id || d.startsWith(`${id}-`)) out.push(`cgroup ${ctl}/space/${d}`);
+    }
     if (mounts.includes(id)) out.push(`mount of ${id}`);
   }
   if (mounts.includes(dataDir)) out.push(`mount under ${dataDir}`);

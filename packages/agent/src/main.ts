@@ -19,19 +19,27 @@ import {
   type Frame,
 } from '@space/protocol';
 import * as files from './files.js';
+import { snapshotBlockers } from './snapshot.js';
 import { AgentError, ProcessTable, type Proc } from './processes.js';
 import { Stream, type FrameSink } from './streams.js';
 
-const sandboxId = process.env.SPACE_SANDBOX_ID ?? 'unknown';
+/** Which sandbox this agent serves; a fork learns its new id from the daemon. */
+let sandboxId = process.env.SPACE_SANDBOX_ID ?? 'unknown';
 const socketPath = process.env.SPACE_AGENT_SOCKET ?? path.join(AGENT_SOCKET_DIR, AGENT_SOCKET_NAME);
 const startedAt = Date.now();
 
 /** Environment every process inherits: ours minus the agent's own settings. */
 const baseEnv: Record<string, string> = {};
-for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('SPACE_AGENT') && k !== 'SPACE_SANDBOX_ID' && v !== undefined) baseEnv[k] = v;
+for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('SPACE_AGENT') && v !== undefined) baseEnv[k] = v;
 baseEnv.PATH ??= '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
 let conn: Connection | undefined;
+/**
+ * Set by a `quiesce` request before the daemon checkpoints the sandbox: the agent closes its
+ * connection (a unix socket connected to the host cannot be checkpointed) and reconnects only
+ * once the daemon's socket exists again, i.e. after the restore.
+ */
+let quiesced = false;
 const procs = new ProcessTable((p) => conn?.event({ event: 'process-exit', pid: p.info.pid, exitCode: p.info.exitCode, signal: p.signal }));
 
 class Connection implements FrameSink {
@@ -61,6 +69,11 @@ class Connection implements FrameSink {
     this.write(encodeJson(FrameKind.Event, 0, v));
   }
 
+  /** Closes the connection on purpose (before a checkpoint): processes keep running. */
+  drop(): void {
+    this.socket.destroy();
+  }
+
   private closed(): void {
     this.alive = false;
     for (const s of this.streams.values()) {
@@ -68,7 +81,7 @@ class Connection implements FrameSink {
       s.close();
     }
     this.streams.clear();
-    procs.killForeground();
+    if (!quiesced) procs.killForeground();
     if (conn === this) conn = undefined;
     setTimeout(connect, 50);
   }
@@ -167,6 +180,21 @@ async function handle(req: Record<string, unknown>, s: Stream): Promise<void> {
       procs.get(req.pid).resize(num(req.cols, 'cols', 1, 1000), num(req.rows, 'rows', 1, 1000));
       s.end({});
       return;
+    case 'quiesce':
+      quiesced = true;
+      procs.setKeepForeground(true);
+      s.end({});
+      setImmediate(() => conn?.drop());
+      return;
+    case 'identity':
+      if (typeof req.sandboxId !== 'string' || !/^[a-z0-9]{1,64}$/.test(req.sandboxId)) throw new AgentError('BAD_REQUEST', 'sandboxId must be [a-z0-9]{1,64}');
+      sandboxId = req.sandboxId;
+      baseEnv.SPACE_SANDBOX_ID = sandboxId;
+      s.end({});
+      return;
+    case 'snapshot-check':
+      s.end({ blockers: snapshotBlockers() });
+      return;
     case 'ps':
       s.end({ processes: procs.list() });
       return;
@@ -205,16 +233,23 @@ function log(msg: string, err?: unknown): void {
 
 let backoff = 20;
 function connect(): void {
+  // While quiesced the daemon has removed its socket, so each attempt fails at once (ENOENT)
+  // and no connected socket exists when the checkpoint happens; after the restore the first
+  // attempt that finds the socket reconnects.
   const sock = net.connect(socketPath);
   const retry = () => {
     sock.destroy();
-    backoff = Math.min(backoff * 2, 1000);
-    setTimeout(connect, backoff);
+    if (!quiesced) backoff = Math.min(backoff * 2, 1000);
+    setTimeout(connect, quiesced ? 10 : backoff);
   };
   sock.once('error', retry);
   sock.once('connect', () => {
     sock.off('error', retry);
     backoff = 20;
+    if (quiesced) {
+      quiesced = false;
+      procs.setKeepForeground(false);
+    }
     conn = new Connection(sock);
   });
 }

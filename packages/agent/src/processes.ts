@@ -10,6 +10,8 @@ import type { Stream } from './streams.js';
 import { resolveUser } from './users.js';
 
 const TAIL_BYTES = 64 * 1024;
+/** While set (around a checkpoint), losing a stream does not kill a foreground process. */
+let keepForeground = false;
 const KEEP_EXITED = 100;
 const SIGNALS = new Set(['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP', 'SIGQUIT', 'SIGUSR1', 'SIGUSR2', 'SIGSTOP', 'SIGCONT', 'SIGWINCH']);
 
@@ -139,7 +141,7 @@ export class Proc {
       if (this.stream === stream) {
         this.stream = undefined;
         this.resumeOutput();
-        if (!this.info.background && this.info.running) this.kill('SIGKILL');
+        if (!this.info.background && this.info.running && !keepForeground) this.kill('SIGKILL');
       }
     });
     if (!this.info.running && this.openOutputs === 0) this.finish();
@@ -254,6 +256,11 @@ export class ProcessTable {
 
   list(): ProcessInfo[] {
     return [...this.procs.values()].map((p) => ({ ...p.info }));
+  }
+
+  /** Keeps foreground processes alive when their streams drop (checkpoint in progress). */
+  setKeepForeground(v: boolean): void {
+    keepForeground = v;
   }
 
   /** Kills every foreground process (the daemon that wanted their output is gone). */

@@ -73,6 +73,27 @@ export interface SandboxDriver {
   status(id: string): Promise<RuntimeStatus>;
   /** Host resources used by the sandbox. */
   usage(id: string): Promise<SandboxUsage>;
+  /** Freezes the sandbox in memory. */
+  pause(id: string): Promise<void>;
+  /** Unfreezes a paused sandbox. */
+  resume(id: string): Promise<void>;
+  /**
+   * Stops accepting the agent's connections, so that a quiesced agent stays disconnected
+   * during a checkpoint. {@link restore} (or {@link adopt}) listens again.
+   */
+  detachAgent(id: string): Promise<void>;
+  /**
+   * Saves the whole sandbox (memory, processes, filesystem) into `imageDir`. The sandbox is
+   * stopped afterwards (a restore brings it back). The agent must be quiesced first.
+   */
+  checkpoint(id: string, imageDir: string): Promise<void>;
+  /**
+   * Boots a sandbox from a checkpoint image. `spec.id` may be the sandbox it was taken from
+   * (in place: whatever runtime is left of it is removed first) or a new one (fork).
+   */
+  restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void>;
+  /** The runtime's version, recorded in snapshots. */
+  version(): Promise<string>;
   /** Stops the sandbox and removes every host resource it had. Idempotent. */
   destroy(id: string): Promise<void>;
   /** Ids of sandboxes the runtime knows of (to find orphans). */

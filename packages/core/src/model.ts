@@ -10,10 +10,12 @@ import { SpaceError } from './errors.js';
  * Lifecycle states.
  * - `starting`: the driver is booting it; no commands yet.
  * - `running`: the agent answers.
+ * - `paused`: frozen in memory (no CPU); resume to continue.
+ * - `hibernated`: saved to a snapshot, no host resources; wakes on demand.
  * - `killed`: ended on request or by its timeout (terminal).
  * - `dead`: ended by itself — out of memory, crashed, or gone while the daemon was down (terminal).
  */
-export type SandboxState = 'starting' | 'running' | 'killed' | 'dead';
+export type SandboxState = 'starting' | 'running' | 'paused' | 'hibernated' | 'killed' | 'dead';
 
 /** Why a sandbox ended. */
 export type EndReason = 'killed' | 'timeout' | 'oom' | 'crashed' | 'lost' | 'start-failed' | 'shutdown';
@@ -23,15 +25,58 @@ export const TERMINAL_STATES: readonly SandboxState[] = ['killed', 'dead'];
 
 /** Lifecycle actions and the states that allow them. */
 export const ALLOWED: Record<SandboxAction, readonly SandboxState[]> = {
-  exec: ['running'],
-  files: ['running'],
-  kill: ['starting', 'running'],
-  markRunning: ['starting'],
-  markDead: ['starting', 'running'],
+  // A hibernated sandbox wakes on demand for commands and files.
+  exec: ['running', 'hibernated'],
+  files: ['running', 'hibernated'],
+  kill: ['starting', 'running', 'paused', 'hibernated'],
+  pause: ['running'],
+  resume: ['paused'],
+  hibernate: ['running', 'paused'],
+  wake: ['hibernated'],
+  snapshot: ['running', 'paused'],
+  rollback: ['running', 'paused', 'hibernated'],
+  fork: ['running', 'paused', 'hibernated'],
+  setPolicy: ['starting', 'running', 'paused', 'hibernated'],
 };
 
 /** Actions checked by {@link assertAllowed}. */
-export type SandboxAction = 'exec' | 'files' | 'kill' | 'markRunning' | 'markDead';
+export type SandboxAction = 'exec' | 'files' | 'kill' | 'pause' | 'resume' | 'hibernate' | 'wake' | 'snapshot' | 'rollback' | 'fork' | 'setPolicy';
+
+/** Rolling snapshots: one every `intervalMs`, the newest `keep` scheduled ones kept. */
+export interface SnapshotPolicy {
+  intervalMs: number;
+  keep: number;
+}
+
+/** Why a snapshot was taken. */
+export type SnapshotTrigger = 'manual' | 'schedule' | 'hibernate' | 'fork';
+
+/** A stored snapshot of a sandbox's whole state (memory, processes, filesystem). */
+export interface Snapshot {
+  id: string;
+  sandboxId: string;
+  tenantId: string;
+  name?: string;
+  trigger: SnapshotTrigger;
+  createdAt: string;
+  /** Stored bytes. */
+  sizeBytes: number;
+  /** The snapshot the sandbox was last restored from, if any (lineage). */
+  parentSnapshotId?: string;
+  /** How long the sandbox was stopped to take it, ms. */
+  downtimeMs: number;
+  template: string;
+  driver: string;
+  blobKey: string;
+}
+
+/** Something that happened to a sandbox, for its event log. */
+export interface SandboxEvent {
+  sandboxId: string;
+  at: string;
+  type: string;
+  message: string;
+}
 
 /** A sandbox as stored and as returned by the API. */
 export interface Sandbox {
@@ -55,6 +100,16 @@ export interface Sandbox {
   endedAt?: string;
   /** When the timeout kills it (ISO time), if it has one. */
   expiresAt?: string;
+  /** The sandbox this one was forked from. */
+  parentId?: string;
+  /** The snapshot it was last restored or forked from. */
+  fromSnapshotId?: string;
+  /** The newest complete snapshot (used to recover from a failed checkpoint). */
+  lastSnapshotId?: string;
+  /** Rolling snapshot policy, if any. */
+  snapshotPolicy?: SnapshotPolicy;
+  /** What the timeout does. @default "kill" */
+  onTimeout?: 'kill' | 'hibernate';
 }
 
 /** Defaults and bounds of sandbox limits. */
@@ -89,6 +144,11 @@ const ALPHABET = 'abcdefghijklmnopqrstuvwxyz0123456789';
  */
 export function newSandboxId(): string {
   return 'sb' + randomString(18);
+}
+
+/** A new snapshot id: `sn` + 18 lowercase letters/digits. */
+export function newSnapshotId(): string {
+  return 'sn' + randomString(18);
 }
 
 /** A random string over [a-z0-9]. */

@@ -3,12 +3,16 @@
  * agents' connections. The HTTP API is a thin layer over it. Tenancy is enforced here: a
  * sandbox of another tenant is indistinguishable from one that does not exist.
  */
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
 import type { Duplex } from 'node:stream';
 import { PROTOCOL_VERSION, type AgentRequest } from '@space/protocol';
 import { AgentChannel, type AgentCall } from './agent-channel.js';
 import type { SandboxDriver } from './driver.js';
 import { SpaceError } from './errors.js';
-import { LIMITS, TERMINAL_STATES, assertAllowed, newSandboxId, type EndReason, type Sandbox, type SandboxAction } from './model.js';
+import type { BlobStore } from './blobs.js';
+import { LIMITS, TERMINAL_STATES, assertAllowed, newSandboxId, newSnapshotId, type EndReason, type Sandbox, type SandboxAction, type SandboxEvent, type Snapshot, type SnapshotPolicy, type SnapshotTrigger } from './model.js';
+import { packSnapshot, readSnapshot } from './snapshot-format.js';
 import type { MetadataStore, SandboxPage } from './store.js';
 
 /** Structured logger (pino-compatible subset). */
@@ -30,6 +34,12 @@ export interface SandboxServiceOptions {
   startTimeoutMs?: number;
   /** How long a call waits for an agent that is reconnecting. @default 10000 */
   reconnectWaitMs?: number;
+  /** Where snapshots are stored. */
+  blobs: BlobStore;
+  /** Scratch directory for checkpoint images (removed after use). */
+  workDir: string;
+  /** Largest snapshot payload accepted on restore, bytes. @default 32 GiB */
+  maxSnapshotBytes?: number;
 }
 
 /** What a client asks for when creating a sandbox. */
@@ -46,6 +56,8 @@ export interface CreateSandboxOpts {
   env?: Record<string, string>;
   /** Labels to filter listings by. */
   metadata?: Record<string, string>;
+  /** What happens when `timeoutMs` is reached. @default "kill" */
+  onTimeout?: 'kill' | 'hibernate';
 }
 
 /** Filter of {@link SandboxService.list}. */
@@ -94,8 +106,18 @@ interface Live {
   channel?: AgentChannel;
   waiters: ((ch: AgentChannel | undefined) => void)[];
   timer?: NodeJS.Timeout;
+  policyTimer?: NodeJS.Timeout;
   killing?: boolean;
+  /** Set while the agent is deliberately disconnected for a checkpoint or restore. */
+  quiescing?: boolean;
+  /** While restoring a snapshot of another sandbox (fork): that sandbox's id, which the agent still reports. */
+  restoringFrom?: string;
+  /** Serialises lifecycle actions on this sandbox. */
+  lock: Promise<unknown>;
 }
+
+/** Result of one copy of a fork. */
+export type ForkResult = { sandbox: Sandbox } | { error: { code: string; message: string } };
 
 /**
  * Lifecycle orchestration.
@@ -116,6 +138,9 @@ export class SandboxService {
   private readonly reconnectWaitMs: number;
   private creating = 0;
   private stopping = false;
+  private readonly blobs: BlobStore;
+  private readonly workDir: string;
+  private readonly maxSnapshotBytes: number;
 
   constructor(opts: SandboxServiceOptions) {
     this.store = opts.store;
@@ -124,25 +149,35 @@ export class SandboxService {
     this.maxSandboxes = opts.maxSandboxes ?? 64;
     this.startTimeoutMs = opts.startTimeoutMs ?? 30_000;
     this.reconnectWaitMs = opts.reconnectWaitMs ?? 10_000;
+    this.blobs = opts.blobs;
+    this.workDir = opts.workDir;
+    this.maxSnapshotBytes = opts.maxSnapshotBytes ?? 32 * 1024 ** 3;
   }
 
   /** Prepares the driver, re-adopts sandboxes that still run, marks the rest dead, removes orphans. */
   async start(): Promise<void> {
     this.driver.bind({ agentConnected: (id, s) => this.onAgent(id, s) });
     await this.driver.init();
-    const active = await this.store.sandboxesInStates(['starting', 'running']);
+    // Scratch images of checkpoints interrupted by a crash are never complete: drop them.
+    await fs.rm(this.workDir, { recursive: true, force: true });
+    await fs.mkdir(this.workDir, { recursive: true, mode: 0o700 });
+    for (const sb of await this.store.sandboxesInStates(['hibernated'])) this.schedule(sb, this.entry(sb.id));
+    const active = await this.store.sandboxesInStates(['starting', 'running', 'paused']);
     const known = new Set(active.map((s) => s.id));
     for (const sb of active) {
       const entry = this.entry(sb.id);
       let alive = false;
       try {
-        alive = sb.state === 'running' && (await this.driver.adopt(sb.id));
+        alive = sb.state !== 'starting' && (await this.driver.adopt(sb.id));
       } catch (err) {
         this.log.warn({ err, sandboxId: sb.id }, 'adopt failed');
       }
       if (alive) {
         this.log.info({ sandboxId: sb.id }, 're-adopted running sandbox');
         this.schedule(sb, entry);
+        this.schedulePolicy(sb);
+      } else if (sb.lastSnapshotId && (await this.recover(sb, 'the sandbox was gone when the daemon started'))) {
+        continue;
       } else {
         const st = await this.driver.status(sb.id).catch(() => ({ running: false, reason: undefined, detail: undefined }));
         await this.driver.destroy(sb.id).catch((err) => this.log.error({ err, sandboxId: sb.id }, 'cleanup of dead sandbox failed'));
@@ -162,6 +197,7 @@ export class SandboxService {
     this.stopping = true;
     for (const e of this.live.values()) {
       clearTimeout(e.timer);
+      clearTimeout(e.policyTimer);
       e.channel?.destroy();
     }
     await this.driver.close();
@@ -196,6 +232,7 @@ export class SandboxService {
       timeoutMs,
       env,
       metadata,
+      ...(opts.onTimeout === 'hibernate' ? { onTimeout: 'hibernate' as const } : {}),
       createdAt: now.toISOString(),
       ...(timeoutMs ? { expiresAt: new Date(now.getTime() + timeoutMs).toISOString() } : {}),
     };
@@ -247,16 +284,22 @@ export class SandboxService {
 
   /** Opens a call to the sandbox's agent after checking tenancy and state. */
   async call(tenantId: string, id: string, action: SandboxAction, req: AgentRequest): Promise<AgentCall> {
-    const sb = await this.get(tenantId, id);
-    assertAllowed(sb, action);
+    const sb = await this.awake(tenantId, id, action);
     const ch = await this.channel(sb.id);
     return ch.call(req);
   }
 
-  /** A unary agent call (stat, list, mkdir, ...). */
-  async unary(tenantId: string, id: string, action: SandboxAction, req: AgentRequest, timeoutMs = 30_000): Promise<Record<string, unknown>> {
+  /** Checks the action against the state; a hibernated sandbox is woken first (on demand). */
+  private async awake(tenantId: string, id: string, action: SandboxAction): Promise<Sandbox> {
     const sb = await this.get(tenantId, id);
     assertAllowed(sb, action);
+    if (sb.state === 'hibernated') return this.wake(tenantId, id);
+    return sb;
+  }
+
+  /** A unary agent call (stat, list, mkdir, ...). */
+  async unary(tenantId: string, id: string, action: SandboxAction, req: AgentRequest, timeoutMs = 30_000): Promise<Record<string, unknown>> {
+    const sb = await this.awake(tenantId, id, action);
     return (await this.channel(sb.id)).unary(req, timeoutMs);
   }
 
@@ -267,9 +310,395 @@ export class SandboxService {
     return this.driver.usage(sb.id);
   }
 
+
+  // ---------------------------------------------------------------- stateful sessions
+
+  /** Runs `fn` after every earlier lifecycle action on the same sandbox has finished. */
+  private withLock<T>(id: string, fn: () => Promise<T>): Promise<T> {
+    const e = this.entry(id);
+    const next = e.lock.then(fn, fn);
+    e.lock = next.catch(() => {});
+    return next;
+  }
+
+  private async event(sandboxId: string, type: string, message: string): Promise<void> {
+    const ev: SandboxEvent = { sandboxId, at: new Date().toISOString(), type, message };
+    await this.store.insertEvent(ev).catch((err) => this.log.error({ err, sandboxId }, 'event not recorded'));
+    this.log.info({ sandboxId, event: type }, message);
+  }
+
+  /** A sandbox's event log, oldest first. */
+  async events(tenantId: string, id: string): Promise<SandboxEvent[]> {
+    await this.get(tenantId, id);
+    return this.store.listEvents(id, 500);
+  }
+
+  /** Freezes a running sandbox in memory (no disk). */
+  pause(tenantId: string, id: string): Promise<Sandbox> {
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      assertAllowed(sb, 'pause');
+      await this.driver.pause(id);
+      await this.event(id, 'paused', 'paused in memory');
+      return this.store.updateSandbox(id, { state: 'paused' });
+    });
+  }
+
+  /** Unfreezes a paused sandbox. */
+  resume(tenantId: string, id: string): Promise<Sandbox> {
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      assertAllowed(sb, 'resume');
+      await this.driver.resume(id);
+      await this.event(id, 'resumed', 'resumed');
+      return this.store.updateSandbox(id, { state: 'running' });
+    });
+  }
+
+  /** Takes a snapshot now; the sandbox keeps running (it is stopped for the checkpoint's duration). */
+  snapshot(tenantId: string, id: string, opts: { name?: string } = {}): Promise<Snapshot> {
+    if (opts.name !== undefined && (typeof opts.name !== 'string' || opts.name.length > 128)) throw new SpaceError('BAD_REQUEST', 'Snapshot name must be a string of at most 128 characters');
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      assertAllowed(sb, 'snapshot');
+      const { snapshot, imageDir } = await this.takeSnapshot(sb, 'manual', opts.name, true);
+      await fs.rm(imageDir, { recursive: true, force: true });
+      return snapshot;
+    });
+  }
+
+  /** A sandbox's snapshots, oldest first. */
+  async snapshots(tenantId: string, id: string): Promise<Snapshot[]> {
+    await this.get(tenantId, id);
+    return this.store.listSnapshots(id);
+  }
+
+  /** Saves the whole sandbox to a snapshot and releases every host resource. */
+  hibernate(tenantId: string, id: string): Promise<Sandbox> {
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      assertAllowed(sb, 'hibernate');
+      const t0 = Date.now();
+      const { snapshot, imageDir } = await this.takeSnapshot(sb, 'hibernate', undefined, false);
+      await fs.rm(imageDir, { recursive: true, force: true });
+      const e = this.entry(id);
+      clearTimeout(e.policyTimer);
+      await this.driver.destroy(id);
+      e.quiescing = false;
+      await this.event(id, 'hibernated', `hibernated to snapshot ${snapshot.id} in ${Date.now() - t0} ms`);
+      return this.store.updateSandbox(id, { state: 'hibernated' });
+    });
+  }
+
+  /** Restores a hibernated sandbox from its snapshot. */
+  wake(tenantId: string, id: string): Promise<Sandbox> {
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      if (sb.state !== 'hibernated') {
+        assertAllowed(sb, 'wake');
+      }
+      const snap = sb.lastSnapshotId ? await this.store.getSnapshot(sb.lastSnapshotId) : undefined;
+      if (!snap) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot to wake from`);
+      const t0 = Date.now();
+      await this.restoreFrom(sb, snap, sb);
+      await this.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
+      const woke = await this.store.updateSandbox(id, { state: 'running' });
+      this.schedule(woke, this.entry(id));
+      this.schedulePolicy(woke);
+      return woke;
+    });
+  }
+
+  /** Rolls a sandbox back to one of its snapshots, in place. The snapshot is verified before anything changes. */
+  rollback(tenantId: string, id: string, snapshotId: string): Promise<Sandbox> {
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      assertAllowed(sb, 'rollback');
+      const snap = await this.store.getSnapshot(String(snapshotId));
+      if (!snap || snap.sandboxId !== sb.id) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot ${JSON.stringify(snapshotId)}`, { details: { snapshotId } });
+      await this.restoreFrom(sb, snap, sb);
+      await this.event(id, 'rolled-back', `rolled back to snapshot ${snap.id} (${snap.createdAt})`);
+      const r = await this.store.updateSandbox(id, { state: 'running', fromSnapshotId: snap.id });
+      this.schedulePolicy(r);
+      return r;
+    });
+  }
+
+  /**
+   * Copies a sandbox into `count` new ones: from a snapshot taken now (the parent keeps
+   * running), or from one of its snapshots. Each copy has its own id, socket directory and
+   * network namespace, and diverges from then on.
+   */
+  async fork(tenantId: string, id: string, opts: { count?: number; snapshotId?: string } = {}): Promise<ForkResult[]> {
+    const count = opts.count ?? 1;
+    if (!Number.isInteger(count) || count < 1 || count > 32) throw new SpaceError('BAD_REQUEST', 'count must be an integer from 1 to 32');
+    const parent = await this.get(tenantId, id);
+    assertAllowed(parent, 'fork');
+    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).length;
+    if (alive + this.creating + count > this.maxSandboxes) {
+      throw new SpaceError('CAPACITY_EXHAUSTED', `Forking ${count} copies would exceed this node's ${this.maxSandboxes} sandboxes`, { details: { retryAfterS: 5, maxSandboxes: this.maxSandboxes } });
+    }
+    let snap: Snapshot;
+    let imageDir: string;
+    if (opts.snapshotId) {
+      const s = await this.store.getSnapshot(String(opts.snapshotId));
+      if (!s || s.sandboxId !== parent.id) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot ${JSON.stringify(opts.snapshotId)}`);
+      snap = s;
+      imageDir = await this.unpack(s);
+    } else {
+      if (parent.state === 'hibernated') throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${id} is hibernated: fork one of its snapshots (snapshotId) or wake it first`);
+      ({ snapshot: snap, imageDir } = await this.withLock(id, async () => this.takeSnapshot(await this.get(tenantId, id), 'fork', undefined, true)));
+    }
+    this.creating += count;
+    try {
+      const out: ForkResult[] = [];
+      for (let i = 0; i < count; i++) {
+        const now = new Date();
+        const child: Sandbox = {
+          id: newSandboxId(),
+          tenantId,
+          template: parent.template,
+          driver: parent.driver,
+          state: 'starting',
+          cpu: parent.cpu,
+          memoryMb: parent.memoryMb,
+          timeoutMs: parent.timeoutMs,
+          env: parent.env,
+          metadata: parent.metadata,
+          createdAt: now.toISOString(),
+          ...(parent.timeoutMs ? { expiresAt: new Date(now.getTime() + parent.timeoutMs).toISOString() } : {}),
+          ...(parent.onTimeout ? { onTimeout: parent.onTimeout } : {}),
+          parentId: parent.id,
+          fromSnapshotId: snap.id,
+        };
+        await this.store.insertSandbox(child);
+        try {
+          await this.restoreFrom(child, snap, child, imageDir);
+          const running = await this.store.updateSandbox(child.id, { state: 'running', startedAt: new Date().toISOString() });
+          this.schedule(running, this.entry(child.id));
+          await this.event(child.id, 'forked', `forked from ${parent.id} at snapshot ${snap.id}`);
+          out.push({ sandbox: running });
+        } catch (err) {
+          await this.driver.destroy(child.id).catch(() => {});
+          await this.end(child.id, 'dead', 'start-failed', err instanceof Error ? err.message : String(err));
+          const e = err instanceof SpaceError ? err : new SpaceError('DRIVER_FAILED', String(err), { cause: err });
+          out.push({ error: { code: e.code, message: e.message } });
+        }
+      }
+      await this.event(parent.id, 'fork', `forked into ${out.filter((r) => 'sandbox' in r).length} of ${count} copies from snapshot ${snap.id}`);
+      return out;
+    } finally {
+      this.creating -= count;
+      await fs.rm(imageDir, { recursive: true, force: true });
+    }
+  }
+
+  /** Sets (or with `null` removes) the rolling snapshot policy. */
+  setSnapshotPolicy(tenantId: string, id: string, policy: SnapshotPolicy | null): Promise<Sandbox> {
+    if (policy && (!Number.isInteger(policy.intervalMs) || policy.intervalMs < 1000 || policy.intervalMs > 7 * 86_400_000 || !Number.isInteger(policy.keep) || policy.keep < 1 || policy.keep > 1000)) {
+      throw new SpaceError('BAD_REQUEST', 'Snapshot policy needs intervalMs from 1000 to 604800000 and keep from 1 to 1000');
+    }
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      assertAllowed(sb, 'setPolicy');
+      const updated = await this.store.updateSandbox(id, policy ? { snapshotPolicy: { intervalMs: policy.intervalMs, keep: policy.keep } } : { snapshotPolicy: undefined });
+      this.schedulePolicy(updated);
+      return updated;
+    });
+  }
+
+  private schedulePolicy(sb: Sandbox): void {
+    const e = this.entry(sb.id);
+    clearTimeout(e.policyTimer);
+    if (!sb.snapshotPolicy || this.stopping) return;
+    e.policyTimer = setTimeout(() => void this.scheduledSnapshot(sb.id), sb.snapshotPolicy.intervalMs);
+    e.policyTimer.unref();
+  }
+
+  /** One tick of the rolling policy: snapshot, expire the oldest scheduled ones, re-arm. A refusal is recorded and retried next tick. */
+  private async scheduledSnapshot(id: string): Promise<void> {
+    await this.withLock(id, async () => {
+      const sb = await this.store.getSandbox(id);
+      if (!sb?.snapshotPolicy || sb.state !== 'running' || this.stopping) return;
+      try {
+        const { imageDir } = await this.takeSnapshot(sb, 'schedule', undefined, true);
+        await fs.rm(imageDir, { recursive: true, force: true });
+      } catch (err) {
+        const e = err instanceof SpaceError ? err : undefined;
+        await this.event(id, 'snapshot-refused', `scheduled snapshot not taken: ${e?.code ?? 'ERROR'}: ${err instanceof Error ? err.message : String(err)}; retrying in ${sb.snapshotPolicy.intervalMs} ms`);
+      }
+      const scheduled = (await this.store.listSnapshots(id)).filter((s) => s.trigger === 'schedule');
+      for (const old of scheduled.slice(0, Math.max(0, scheduled.length - sb.snapshotPolicy.keep))) await this.deleteSnapshot(old);
+    }).catch((err) => this.log.error({ err, sandboxId: id }, 'scheduled snapshot failed'));
+    const cur = await this.store.getSandbox(id);
+    if (cur && (cur.state === 'running' || cur.state === 'paused')) this.schedulePolicy(cur);
+  }
+
+  private async deleteSnapshot(sn: Snapshot): Promise<void> {
+    // Record first, bytes second: a crash in between leaves an unreferenced blob, never a listed snapshot without bytes.
+    await this.store.deleteSnapshot(sn.id);
+    await this.blobs.delete(sn.blobKey);
+  }
+
+  private spec(sb: Sandbox) {
+    return { id: sb.id, template: sb.template, cpu: sb.cpu, memoryMb: sb.memoryMb, env: sb.env };
+  }
+
+  /**
+   * Checks the sandbox can be checkpointed, quiesces its agent, checkpoints it, and (when
+   * `keepRunning`) restores it at once. The snapshot is stored and listed only when complete.
+   * If the checkpoint fails and kills the sandbox, it is restored from its last good snapshot.
+   */
+  private async takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean): Promise<{ snapshot: Snapshot; imageDir: string }> {
+    const wasPaused = sb.state === 'paused';
+    if (wasPaused) await this.driver.resume(sb.id);
+    const ch = await this.channel(sb.id);
+    this.log.debug({ sandboxId: sb.id }, 'snapshot: checking sockets');
+    const check = await ch.unary({ op: 'snapshot-check' }, 30_000);
+    const blockers = (Array.isArray(check.blockers) ? check.blockers : []).slice(0, 20) as { pid?: unknown; command?: unknown; socket?: unknown; reason?: unknown }[];
+    if (blockers.length) {
+      if (wasPaused) await this.driver.pause(sb.id);
+      const b = blockers[0]!;
+      throw new SpaceError('SNAPSHOT_UNSUPPORTED_STATE', `Cannot snapshot sandbox ${sb.id}: process ${String(b.pid)} (${String(b.command).slice(0, 100)}) holds a ${String(b.socket).slice(0, 100)}: ${String(b.reason).slice(0, 200)}. The sandbox keeps running.`, {
+        details: { blockers: blockers.map((x) => ({ pid: Number(x.pid), command: String(x.command).slice(0, 200), socket: String(x.socket).slice(0, 200), reason: String(x.reason).slice(0, 200) })) },
+      });
+    }
+    const id = newSnapshotId();
+    const imageDir = path.join(this.workDir, id);
+    const e = this.entry(sb.id);
+    const t0 = performance.now();
+    e.quiescing = true;
+    try {
+      await this.driver.detachAgent(sb.id);
+      const closed = new Promise<void>((r) => (ch.closed ? r() : ch.once('close', () => r())));
+      await ch.unary({ op: 'quiesce' }, 10_000);
+      await Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))]);
+      ch.destroy();
+      e.channel = undefined;
+      this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'agent quiesced');
+      await this.driver.checkpoint(sb.id, imageDir);
+      this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'checkpointed');
+    } catch (err) {
+      await fs.rm(imageDir, { recursive: true, force: true });
+      const st = await this.driver.status(sb.id).catch(() => ({ running: false }));
+      if (st.running) {
+        // The checkpoint did not happen and the sandbox still runs: let the agent back in.
+        await this.driver.adopt(sb.id).catch(() => {});
+        e.quiescing = false;
+      } else {
+        e.quiescing = false;
+        await this.recover(sb, `checkpoint failed: ${err instanceof Error ? err.message : String(err)}`);
+      }
+      throw new SpaceError('SNAPSHOT_FAILED', `Snapshot of ${sb.id} failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
+    let downtimeMs = Math.round(performance.now() - t0);
+    if (keepRunning) {
+      try {
+        await this.bootFromImage(sb, imageDir);
+        this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'restored');
+        if (wasPaused) await this.driver.pause(sb.id);
+      } finally {
+        e.quiescing = false;
+      }
+      downtimeMs = Math.round(performance.now() - t0);
+    }
+    const createdAt = new Date().toISOString();
+    const { stream, meta } = await packSnapshot(imageDir, {
+      id,
+      sandboxId: sb.id,
+      tenantId: sb.tenantId,
+      template: sb.template,
+      driver: sb.driver,
+      driverVersion: await this.driver.version(),
+      ...(sb.fromSnapshotId ? { parentSnapshotId: sb.fromSnapshotId } : {}),
+      createdAt,
+    });
+    const blobKey = `snapshots/${sb.tenantId}/${id}`;
+    const sizeBytes = await this.blobs.put(blobKey, stream);
+    const snapshot: Snapshot = {
+      id,
+      sandboxId: sb.id,
+      tenantId: sb.tenantId,
+      ...(name ? { name } : {}),
+      trigger,
+      createdAt,
+      sizeBytes,
+      ...(meta.parentSnapshotId ? { parentSnapshotId: meta.parentSnapshotId } : {}),
+      downtimeMs,
+      template: sb.template,
+      driver: sb.driver,
+      blobKey,
+    };
+    await this.store.insertSnapshot(snapshot);
+    await this.store.updateSandbox(sb.id, { lastSnapshotId: id });
+    await this.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${name ? `, "${name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime`);
+    return { snapshot, imageDir };
+  }
+
+  /** Restores `target` from an image directory and waits for its agent. */
+  private async bootFromImage(target: Sandbox, imageDir: string): Promise<void> {
+    const connected = this.waitAgent(target.id, this.startTimeoutMs);
+    await this.driver.restore(this.spec(target), imageDir);
+    if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${target.id} did not reconnect within ${this.startTimeoutMs} ms after the restore`);
+  }
+
+  /** Fetches a snapshot and unpacks it into a scratch directory, verifying it (SNAPSHOT_CORRUPT). */
+  private async unpack(snap: Snapshot): Promise<string> {
+    const dir = path.join(this.workDir, `r-${snap.id}-${Math.random().toString(36).slice(2, 8)}`);
+    try {
+      await readSnapshot(snap.id, await this.blobs.get(snap.blobKey), dir, this.maxSnapshotBytes);
+      return dir;
+    } catch (err) {
+      await fs.rm(dir, { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  /** Verifies `snap`, then replaces whatever runs as `target` with it. */
+  private async restoreFrom(_owner: Sandbox, snap: Snapshot, target: Sandbox, imageDir?: string): Promise<void> {
+    const dir = imageDir ?? (await this.unpack(snap));
+    const e = this.entry(target.id);
+    e.quiescing = true;
+    if (snap.sandboxId !== target.id) e.restoringFrom = snap.sandboxId;
+    try {
+      e.channel?.destroy();
+      e.channel = undefined;
+      await this.bootFromImage(target, dir);
+    } finally {
+      e.quiescing = false;
+      e.restoringFrom = undefined;
+      if (!imageDir) await fs.rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  /**
+   * Brings a sandbox that died (failed checkpoint, lost while the daemon was down) back from
+   * its last good snapshot and records what was lost. Returns false when that is impossible.
+   */
+  private async recover(sb: Sandbox, why: string): Promise<boolean> {
+    const snap = sb.lastSnapshotId ? await this.store.getSnapshot(sb.lastSnapshotId) : undefined;
+    if (!snap) {
+      await this.terminate(sb.id, 'dead', 'crashed', why);
+      return false;
+    }
+    try {
+      await this.restoreFrom(sb, snap, sb);
+    } catch (err) {
+      await this.event(sb.id, 'recovery-failed', `could not restore snapshot ${snap.id}: ${err instanceof Error ? err.message : String(err)}`);
+      await this.terminate(sb.id, 'dead', 'crashed', `${why}; recovery from ${snap.id} failed`);
+      return false;
+    }
+    const lostS = Math.round((Date.now() - Date.parse(snap.createdAt)) / 1000);
+    await this.event(sb.id, 'recovered', `${why}; restored from snapshot ${snap.id}, losing the last ${lostS} s`);
+    const r = await this.store.updateSandbox(sb.id, { state: 'running', fromSnapshotId: snap.id });
+    this.schedule(r, this.entry(sb.id));
+    this.schedulePolicy(r);
+    return true;
+  }
+
   private entry(id: string): Live {
     let e = this.live.get(id);
-    if (!e) this.live.set(id, (e = { waiters: [] }));
+    if (!e) this.live.set(id, (e = { waiters: [], lock: Promise.resolve() }));
     return e;
   }
 
@@ -306,23 +735,32 @@ export class SandboxService {
     const hello = setTimeout(() => ch.destroy(new Error('no hello within 10 s')), 10_000);
     ch.once('event', (ev) => {
       clearTimeout(hello);
-      if (ev.event !== 'hello' || ev.sandboxId !== id || ev.version !== PROTOCOL_VERSION) {
+      const e = this.entry(id);
+      // A fork's agent was restored from another sandbox's snapshot and still says that id.
+      const fromSnapshotOf = e.restoringFrom;
+      if (ev.event !== 'hello' || (ev.sandboxId !== id && ev.sandboxId !== fromSnapshotOf) || ev.version !== PROTOCOL_VERSION) {
         this.log.warn({ sandboxId: id, hello: JSON.stringify(ev).slice(0, 200) }, 'agent sent a bad hello; dropping it');
         ch.destroy(new Error('bad hello'));
         return;
       }
-      const e = this.entry(id);
-      e.channel?.destroy();
-      e.channel = ch;
-      this.log.debug({ sandboxId: id }, 'agent connected');
-      for (const w of e.waiters.splice(0)) w(ch);
-      ch.on('close', () => void this.onAgentClose(id, ch));
+      const accept = () => {
+        e.channel?.destroy();
+        e.channel = ch;
+        this.log.debug({ sandboxId: id }, 'agent connected');
+        for (const w of e.waiters.splice(0)) w(ch);
+        ch.on('close', () => void this.onAgentClose(id, ch));
+      };
+      if (ev.sandboxId === id) return accept();
+      ch.unary({ op: 'identity', sandboxId: id }, 10_000).then(accept, (err) => {
+        this.log.warn({ err, sandboxId: id }, 'agent did not take its new identity');
+        ch.destroy();
+      });
     });
   }
 
   private async onAgentClose(id: string, ch: AgentChannel): Promise<void> {
     const e = this.live.get(id);
-    if (!e || e.channel !== ch || e.killing || this.stopping) return;
+    if (!e || e.channel !== ch || e.killing || e.quiescing || this.stopping) return;
     e.channel = undefined;
     // The agent went away: either the sandbox died (OOM, crash) or the agent is reconnecting.
     const st = await this.driver.status(id).catch(() => ({ running: false, reason: 'crashed' as EndReason, detail: 'runtime status unavailable' }));
@@ -335,12 +773,16 @@ export class SandboxService {
 
   private schedule(sb: Sandbox, e: Live): void {
     clearTimeout(e.timer);
-    if (!sb.expiresAt) return;
+    if (!sb.expiresAt || (sb.onTimeout === 'hibernate' && sb.state === 'hibernated')) return;
     const ms = Math.max(0, Date.parse(sb.expiresAt) - Date.now());
     // setTimeout caps at ~24.8 days; re-arm for longer timeouts.
     e.timer = setTimeout(() => {
       if (Date.parse(sb.expiresAt!) > Date.now() + 1000) return this.schedule(sb, e);
-      void this.terminate(sb.id, 'killed', 'timeout', `timeout of ${sb.timeoutMs} ms reached`).catch((err) => this.log.error({ err, sandboxId: sb.id }, 'timeout kill failed'));
+      const act =
+        sb.onTimeout === 'hibernate'
+          ? this.store.getSandbox(sb.id).then((cur) => (cur && (cur.state === 'running' || cur.state === 'paused') ? this.hibernate(cur.tenantId, cur.id) : undefined))
+          : this.terminate(sb.id, 'killed', 'timeout', `timeout of ${sb.timeoutMs} ms reached`);
+      void act.catch((err) => this.log.error({ err, sandboxId: sb.id }, 'timeout action failed'));
     }, Math.min(ms, 2 ** 31 - 1));
     e.timer.unref();
   }
@@ -349,6 +791,7 @@ export class SandboxService {
     const e = this.entry(id);
     e.killing = true;
     clearTimeout(e.timer);
+    clearTimeout(e.policyTimer);
     // Read the end reason before the runtime forgets it (e.g. OOM counters live in the cgroup).
     let finalReason = reason;
     let finalDetail = detail;
@@ -363,6 +806,8 @@ export class SandboxService {
     e.channel?.destroy();
     await this.driver.destroy(id);
     const sb = await this.end(id, state, finalReason, finalDetail);
+    // An ended sandbox's snapshots are deleted with it (they hold its whole memory).
+    for (const sn of await this.store.listSnapshots(id)) await this.deleteSnapshot(sn);
     for (const w of e.waiters.splice(0)) w(undefined);
     this.live.delete(id);
     this.log.info({ sandboxId: id, state, reason: finalReason }, 'sandbox ended');

@@ -2,7 +2,7 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
-import type { Sandbox, SandboxState } from './model.js';
+import type { Sandbox, SandboxEvent, SandboxState, Snapshot } from './model.js';
 
 /** A stored API key (never the key itself, only its hash). */
 export interface ApiKeyRecord {
@@ -47,6 +47,16 @@ export interface MetadataStore {
   listSandboxes(q: SandboxQuery): Promise<SandboxPage>;
   /** Every sandbox in one of these states, across tenants (for reconciliation). */
   sandboxesInStates(states: SandboxState[]): Promise<Sandbox[]>;
+
+  insertSnapshot(s: Snapshot): Promise<void>;
+  getSnapshot(id: string): Promise<Snapshot | undefined>;
+  /** A sandbox's snapshots, oldest first. */
+  listSnapshots(sandboxId: string): Promise<Snapshot[]>;
+  deleteSnapshot(id: string): Promise<void>;
+
+  insertEvent(e: SandboxEvent): Promise<void>;
+  /** A sandbox's events, oldest first (the newest `limit`). */
+  listEvents(sandboxId: string, limit: number): Promise<SandboxEvent[]>;
 
   insertApiKey(k: ApiKeyRecord): Promise<void>;
   findApiKeyByHash(hash: string): Promise<ApiKeyRecord | undefined>;

@@ -5,7 +5,7 @@
  * empty network namespace, and the agent as its first process. The agent dials out to a
  * unix socket the daemon listens on in a per-sandbox host directory (`--host-uds=open`).
  */
-import { existsSync, promises as fs, openSync, closeSync } from 'node:fs';
+import { existsSync, promises as fs, openSync, closeSync, readFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
@@ -54,6 +54,8 @@ export class GvisorDriver implements SandboxDriver {
   readonly templatesStore: Templates;
   private events?: DriverEvents;
   private readonly servers = new Map<string, net.Server>();
+  private readonly rids = new Map<string, string>();
+  private readonly releasing = new Map<string, Set<Promise<void>>>();
   private runtimeDir = '';
   private readonly runsc: string;
   private readonly stateDir: string;
@@ -108,7 +110,25 @@ export class GvisorDriver implements SandboxDriver {
 
   private box(id: string) {
     const dir = path.join(this.boxesDir, id);
-    return { dir, bundle: path.join(dir, 'bundle'), sock: path.join(dir, 'sock'), log: path.join(dir, 'runsc.log'), netns: `${NETNS_PREFIX}${id}` };
+    return { dir, bundle: path.join(dir, 'bundle'), sock: path.join(dir, 'sock'), log: path.join(dir, 'runsc.log'), ridFile: path.join(dir, 'runtime-id') };
+  }
+
+  /**
+   * The runsc container id of a sandbox's current incarnation. A restore in place starts a
+   * new container (`<id>-<suffix>`) instead of waiting ~1.5 s for `runsc delete` of the
+   * checkpointed one, which is removed in the background. Netns and cgroup follow the rid.
+   */
+  private rid(id: string): string {
+    let r = this.rids.get(id);
+    if (!r) {
+      try {
+        r = readFileSync(this.box(id).ridFile, 'utf8').trim() || id;
+      } catch {
+        r = id;
+      }
+      this.rids.set(id, r);
+    }
+    return r;
   }
 
   private async listen(id: string): Promise<void> {
@@ -130,9 +150,59 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   async create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void> {
+    const b = await this.prepare(spec, spec.id, signal);
+    await this.runDetached(['run', '--detach', '--bundle', b.bundle, spec.id], b.log);
+  }
+
+  async restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void> {
+    // In place, the checkpointed container still exists: start a new incarnation beside it.
+    const old = existsSync(this.box(spec.id).dir) ? this.rid(spec.id) : undefined;
+    const rid = old ? `${spec.id}-${Date.now().toString(36)}` : spec.id;
+    const b = await this.prepare(spec, rid, signal);
+    await this.runDetached(['restore', '--image-path', imageDir, '--detach', '--bundle', b.bundle, rid], b.log);
+    await fs.writeFile(b.ridFile, rid);
+    this.rids.set(spec.id, rid);
+    if (old && old !== rid) this.releaseLater(spec.id, old);
+  }
+
+  /** Removes an old incarnation in the background; {@link destroy} waits for it. */
+  private releaseLater(id: string, rid: string): void {
+    const p = this.releaseRuntime(rid).finally(() => this.releasing.get(id)?.delete(p));
+    let set = this.releasing.get(id);
+    if (!set) this.releasing.set(id, (set = new Set()));
+    set.add(p);
+  }
+
+  async pause(id: string): Promise<void> {
+    await run(this.runsc, ['--root', this.stateDir, 'pause', this.rid(id)]);
+  }
+
+  async resume(id: string): Promise<void> {
+    await run(this.runsc, ['--root', this.stateDir, 'resume', this.rid(id)]);
+  }
+
+  async detachAgent(id: string): Promise<void> {
+    // close() stops accepting at once; its callback would wait for the live connection, so do not await it.
+    this.servers.get(id)?.close();
+    this.servers.delete(id);
+    await fs.rm(path.join(this.box(id).sock, AGENT_SOCKET_NAME), { force: true });
+  }
+
+  async checkpoint(id: string, imageDir: string): Promise<void> {
+    await fs.mkdir(imageDir, { recursive: true, mode: 0o700 });
+    await run(this.runsc, ['--root', this.stateDir, 'checkpoint', '--image-path', imageDir, this.rid(id)], 300_000);
+  }
+
+  async version(): Promise<string> {
+    const v = await tryRun(this.runsc, ['--version'], 10_000);
+    return `runsc ${v?.stdout.split('\n')[0]?.replace('runsc version ', '') ?? 'unknown'}`;
+  }
+
+  /** Directories, agent socket, netns and OCI bundle for a sandbox about to be run or restored. */
+  private async prepare(spec: DriverCreateSpec, rid: string, signal?: AbortSignal) {
     if (!this.events) throw new Error('bind() first');
     const rootfs = await this.templatesStore.ensure(spec.template);
-    const b = this.box(spec.id);
+    const b = { ...this.box(spec.id), netns: `${NETNS_PREFIX}${rid}` };
     await fs.mkdir(b.bundle, { recursive: true, mode: 0o700 });
     await fs.mkdir(b.sock, { recursive: true, mode: 0o700 });
     await this.listen(spec.id);
@@ -173,7 +243,7 @@ export class GvisorDriver implements SandboxDriver {
       ],
       linux: {
         namespaces: [{ type: 'pid' }, { type: 'network', path: `/var/run/netns/${b.netns}` }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }],
-        cgroupsPath: `/${CGROUP_PARENT}/${spec.id}`,
+        cgroupsPath: `/${CGROUP_PARENT}/${rid}`,
         resources: {
           memory: { limit: spec.memoryMb * 1024 * 1024 },
           cpu: { quota: Math.max(1000, Math.round(spec.cpu * 100_000)), period: 100_000 },
@@ -181,7 +251,7 @@ export class GvisorDriver implements SandboxDriver {
       },
     };
     await fs.writeFile(path.join(b.bundle, 'config.json'), JSON.stringify(config));
-    await this.runDetached(['run', '--detach', '--bundle', b.bundle, spec.id], b.log);
+    return b;
   }
 
   /** `runsc run --detach`: the container's stdio goes to the sandbox's log file. */
@@ -212,17 +282,19 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   async status(id: string): Promise<RuntimeStatus> {
-    const r = await tryRun(this.runsc, ['--root', this.stateDir, 'state', id], 10_000);
+    const rid = this.rid(id);
+    const r = await tryRun(this.runsc, ['--root', this.stateDir, 'state', rid], 10_000);
     let running = false;
     if (r) {
       try {
-        running = (JSON.parse(r.stdout) as { status?: string }).status === 'running';
+        const status = (JSON.parse(r.stdout) as { status?: string }).status;
+        running = status === 'running' || status === 'paused';
       } catch {
         running = false;
       }
     }
     if (running) return { running };
-    const oom = await this.oomInfo(id);
+    const oom = await this.oomInfo(rid);
     if (oom) return { running: false, reason: 'oom', detail: oom };
     return { running: false, reason: 'crashed', detail: r ? 'the sandbox stopped' : 'the runtime has no such sandbox' };
   }
@@ -240,40 +312,52 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   async usage(id: string): Promise<SandboxUsage> {
-    const procs = (await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, id, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n').filter(Boolean);
+    const rid = this.rid(id);
+    const procs = (await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n').filter(Boolean);
     let rss = 0;
     for (const pid of procs) {
       const st = await fs.readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
       const m = /VmRSS:\s+(\d+) kB/.exec(st);
       if (m) rss += Number(m[1]) * 1024;
     }
-    const cg = Number((await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, id, 'memory.usage_in_bytes'), 'utf8').catch(() => '0')).trim());
+    const cg = Number((await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid, 'memory.usage_in_bytes'), 'utf8').catch(() => '0')).trim());
     return { rssBytes: rss, cgroupBytes: cg };
   }
 
   async destroy(id: string): Promise<void> {
-    const b = this.box(id);
     this.servers.get(id)?.close();
     this.servers.delete(id);
-    await tryRun(this.runsc, ['--root', this.stateDir, 'kill', id, 'KILL'], 10_000);
-    await tryRun(this.runsc, ['--root', this.stateDir, 'delete', '--force', id], 20_000);
-    await tryRun('ip', ['netns', 'del', b.netns], 10_000);
-    for (const ctl of ['memory', 'cpu', 'cpuacct', 'cpuset', 'pids', 'blkio', 'devices', 'freezer', 'systemd']) {
-      const d = path.join(CGROUP_ROOT, ctl, CGROUP_PARENT, id);
-      if (existsSync(d)) await fs.rmdir(d).catch(() => {});
-    }
-    await fs.rm(b.dir, { recursive: true, force: true });
+    await Promise.all([...(this.releasing.get(id) ?? [])]);
+    this.releasing.delete(id);
+    const rids = new Set([this.rid(id), ...(await this.runtimeIds()).filter((r) => r === id || r.startsWith(`${id}-`))]);
+    for (const rid of rids) await this.releaseRuntime(rid);
+    this.rids.delete(id);
+    await fs.rm(this.box(id).dir, { recursive: true, force: true });
   }
 
-  async list(): Promise<string[]> {
+  /** Removes one container incarnation, its netns and cgroups. Idempotent. */
+  private async releaseRuntime(rid: string): Promise<void> {
+    await tryRun(this.runsc, ['--root', this.stateDir, 'kill', rid, 'KILL'], 10_000);
+    await tryRun(this.runsc, ['--root', this.stateDir, 'delete', '--force', rid], 20_000);
+    await tryRun('ip', ['netns', 'del', `${NETNS_PREFIX}${rid}`], 10_000);
+    for (const ctl of ['memory', 'cpu', 'cpuacct', 'cpuset', 'pids', 'blkio', 'devices', 'freezer', 'systemd']) {
+      const d = path.join(CGROUP_ROOT, ctl, CGROUP_PARENT, rid);
+      if (existsSync(d)) await fs.rmdir(d).catch(() => {});
+    }
+  }
+
+  private async runtimeIds(): Promise<string[]> {
     const r = await tryRun(this.runsc, ['--root', this.stateDir, 'list', '--format', 'json'], 10_000);
     if (!r) return [];
     try {
-      const items = JSON.parse(r.stdout) as { id: string }[] | null;
-      return (items ?? []).map((c) => c.id);
+      return ((JSON.parse(r.stdout) as { id: string }[] | null) ?? []).map((c) => c.id);
     } catch {
       return [];
     }
+  }
+
+  async list(): Promise<string[]> {
+    return [...new Set((await this.runtimeIds()).map((r) => r.split('-')[0]!))];
   }
 
   async close(): Promise<void> {

@@ -164,6 +164,24 @@ export interface HealthRequest {
   op: 'health';
 }
 
+/**
+ * Before a checkpoint: the agent replies, closes its connection (a unix socket connected to
+ * the host cannot be checkpointed) and reconnects only once the daemon's socket exists again.
+ */
+export interface QuiesceRequest {
+  op: 'quiesce';
+}
+/** Lists processes whose sockets this runtime cannot checkpoint: reply `{ blockers: [...] }`. */
+export interface SnapshotCheckRequest {
+  op: 'snapshot-check';
+}
+
+/** After a fork: the agent's new sandbox id (it reports it in later hellos). */
+export interface IdentityRequest {
+  op: 'identity';
+  sandboxId: string;
+}
+
 /** Every request the daemon can send. */
 export type AgentRequest =
   | ExecRequest
@@ -180,7 +198,10 @@ export type AgentRequest =
   | ReadFileRequest
   | WriteFileRequest
   | PingRequest
-  | HealthRequest;
+  | HealthRequest
+  | QuiesceRequest
+  | SnapshotCheckRequest
+  | IdentityRequest;
 
 /** Error shape carried in Reply/End frames. `code` is one of the daemon's error codes. */
 export interface WireError {

@@ -9,6 +9,7 @@ import pino from 'pino';
 import { ApiKeys, SandboxService, SpaceError } from '@space/core';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { SqliteStore } from '@space/store-sqlite';
+import { LocalBlobStore } from '@space/blob-local';
 import { buildApp } from './app.js';
 import { defaultDataDir, readState, type DaemonState } from './state.js';
 
@@ -70,7 +71,9 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     ...(opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR ? { templatesDir: opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR! } : {}),
     ...(opts.debianMirror ? { debianMirror: opts.debianMirror } : {}),
   });
-  const service = new SandboxService({ store, driver, logger, maxSandboxes: opts.maxSandboxes ?? 64 });
+  const blobs = new LocalBlobStore(path.join(dataDir, 'blobs'));
+  await blobs.sweep();
+  const service = new SandboxService({ store, driver, logger, blobs, workDir: path.join(dataDir, 'work'), maxSandboxes: opts.maxSandboxes ?? 64 });
   const keys = new ApiKeys(store);
   const keyFile = path.join(dataDir, 'admin.key');
   try {

@@ -6,9 +6,10 @@
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { type AgentCall, SpaceError, checkPath, toSpaceError } from '@space/core';
+import { type AgentCall, type Sandbox, SpaceError, checkPath, toSpaceError } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AppDeps } from './app.js';
+import { Type } from 'typebox';
 import * as S from './schemas.js';
 import { VERSION } from './version.js';
 
@@ -49,7 +50,7 @@ function labelsOf(label: string | string[] | undefined): Record<string, string> 
   return out;
 }
 
-const STATES = new Set(['starting', 'running', 'killed', 'dead']);
+const STATES = new Set(['starting', 'running', 'paused', 'hibernated', 'killed', 'dead']);
 
 /** Registers every v1 route. */
 export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
@@ -72,7 +73,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     for (const s of states ?? []) if (!STATES.has(s)) throw new SpaceError('BAD_REQUEST', `Unknown state ${JSON.stringify(s)}; use ${[...STATES].join(', ')}`);
     const metadata = labelsOf(req.query.label);
     return svc.list(req.principal.tenantId, {
-      ...(states?.length ? { states: states as ('running' | 'starting' | 'killed' | 'dead')[] } : {}),
+      ...(states?.length ? { states: states as Sandbox['state'][] } : {}),
       ...(metadata ? { metadata } : {}),
       limit: req.query.limit ?? 50,
       ...(req.query.cursor ? { cursor: req.query.cursor } : {}),
@@ -81,6 +82,24 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   app.get('/v1/sandboxes/:id', { schema: { tags: ['sandboxes'], params: S.IdParams, response: { 200: S.SandboxSchema, ...err } } }, async (req) => svc.get(req.principal.tenantId, req.params.id));
   app.delete('/v1/sandboxes/:id', { schema: { tags: ['sandboxes'], params: S.IdParams, response: { 200: S.SandboxSchema, ...err } } }, async (req) => svc.kill(req.principal.tenantId, req.params.id));
   app.get('/v1/sandboxes/:id/usage', { schema: { tags: ['sandboxes'], params: S.IdParams } }, async (req) => svc.usage(req.principal.tenantId, req.params.id));
+
+  // ---- stateful sessions
+  const sbOut = { response: { 200: S.SandboxSchema, ...err } };
+  app.post('/v1/sandboxes/:id/pause', { schema: { tags: ['sessions'], params: S.IdParams, ...sbOut } }, async (req) => svc.pause(req.principal.tenantId, req.params.id));
+  app.post('/v1/sandboxes/:id/resume', { schema: { tags: ['sessions'], params: S.IdParams, ...sbOut } }, async (req) => svc.resume(req.principal.tenantId, req.params.id));
+  app.post('/v1/sandboxes/:id/hibernate', { schema: { tags: ['sessions'], params: S.IdParams, ...sbOut } }, async (req) => svc.hibernate(req.principal.tenantId, req.params.id));
+  app.post('/v1/sandboxes/:id/wake', { schema: { tags: ['sessions'], params: S.IdParams, ...sbOut } }, async (req) => svc.wake(req.principal.tenantId, req.params.id));
+  app.post('/v1/sandboxes/:id/snapshots', { schema: { tags: ['sessions'], params: S.IdParams, body: Type.Optional(S.SnapshotBody), response: { 201: S.SnapshotSchema, ...err } } }, async (req, reply) =>
+    reply.code(201).send(await svc.snapshot(req.principal.tenantId, req.params.id, req.body?.name !== undefined ? { name: req.body.name } : {})),
+  );
+  app.get('/v1/sandboxes/:id/snapshots', { schema: { tags: ['sessions'], params: S.IdParams, response: { 200: Type.Object({ snapshots: Type.Array(S.SnapshotSchema) }), ...err } } }, async (req) => ({ snapshots: await svc.snapshots(req.principal.tenantId, req.params.id) }));
+  app.post('/v1/sandboxes/:id/rollback', { schema: { tags: ['sessions'], params: S.IdParams, body: S.RollbackBody, ...sbOut } }, async (req) => svc.rollback(req.principal.tenantId, req.params.id, req.body.snapshotId));
+  app.post('/v1/sandboxes/:id/fork', { schema: { tags: ['sessions'], params: S.IdParams, body: Type.Optional(S.ForkBody) } }, async (req, reply) => {
+    const results = await svc.fork(req.principal.tenantId, req.params.id, { count: req.body?.count ?? 1, ...(req.body?.snapshotId ? { snapshotId: req.body.snapshotId } : {}) });
+    return reply.code(201).send({ results });
+  });
+  app.put('/v1/sandboxes/:id/snapshot-policy', { schema: { tags: ['sessions'], params: S.IdParams, body: S.PolicyBody, ...sbOut } }, async (req) => svc.setSnapshotPolicy(req.principal.tenantId, req.params.id, req.body));
+  app.get('/v1/sandboxes/:id/events', { schema: { tags: ['sessions'], params: S.IdParams } }, async (req) => ({ events: await svc.events(req.principal.tenantId, req.params.id) }));
 
   // ---- commands
   app.post('/v1/sandboxes/:id/commands', { schema: { tags: ['commands'], params: S.IdParams, body: S.ExecBody } }, async (req, reply) => {

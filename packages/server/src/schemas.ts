@@ -17,7 +17,7 @@ export const SandboxSchema = Type.Object({
   tenantId: Type.String(),
   template: Type.String(),
   driver: Type.String(),
-  state: Type.Union([Type.Literal('starting'), Type.Literal('running'), Type.Literal('killed'), Type.Literal('dead')]),
+  state: Type.Union([Type.Literal('starting'), Type.Literal('running'), Type.Literal('paused'), Type.Literal('hibernated'), Type.Literal('killed'), Type.Literal('dead')]),
   endReason: Type.Optional(Type.String()),
   endDetail: Type.Optional(Type.String()),
   cpu: Type.Number(),
@@ -29,7 +29,30 @@ export const SandboxSchema = Type.Object({
   startedAt: Type.Optional(Type.String()),
   endedAt: Type.Optional(Type.String()),
   expiresAt: Type.Optional(Type.String()),
+  onTimeout: Type.Optional(Type.String()),
+  parentId: Type.Optional(Type.String({ description: 'The sandbox this one was forked from' })),
+  fromSnapshotId: Type.Optional(Type.String({ description: 'The snapshot it was last restored or forked from' })),
+  lastSnapshotId: Type.Optional(Type.String()),
+  snapshotPolicy: Type.Optional(Type.Object({ intervalMs: Type.Integer(), keep: Type.Integer() })),
 });
+
+export const SnapshotSchema = Type.Object({
+  id: Type.String(),
+  sandboxId: Type.String(),
+  tenantId: Type.String(),
+  name: Type.Optional(Type.String()),
+  trigger: Type.String({ description: 'manual, schedule, hibernate or fork' }),
+  createdAt: Type.String(),
+  sizeBytes: Type.Integer(),
+  parentSnapshotId: Type.Optional(Type.String()),
+  downtimeMs: Type.Integer({ description: 'How long the sandbox was stopped to take it' }),
+  template: Type.String(),
+  driver: Type.String(),
+});
+export const SnapshotBody = Type.Object({ name: Type.Optional(Type.String({ maxLength: 128 })) }, { additionalProperties: false });
+export const RollbackBody = Type.Object({ snapshotId: Type.String({ maxLength: 64 }) }, { additionalProperties: false });
+export const ForkBody = Type.Object({ count: Type.Optional(Type.Integer({ minimum: 1, maximum: 32, default: 1 })), snapshotId: Type.Optional(Type.String({ maxLength: 64 })) }, { additionalProperties: false });
+export const PolicyBody = Type.Union([Type.Object({ intervalMs: Type.Integer({ minimum: 1000 }), keep: Type.Integer({ minimum: 1, maximum: 1000 }) }, { additionalProperties: false }), Type.Null()]);
 
 export const CreateSandboxBody = Type.Object(
   {
@@ -39,6 +62,7 @@ export const CreateSandboxBody = Type.Object(
     timeoutMs: Type.Optional(Type.Integer({ description: 'Kill the sandbox this many ms after creation; 0 = never. @default 1800000' })),
     env: Type.Optional(StrMap),
     metadata: Type.Optional(StrMap),
+    onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('hibernate')], { description: 'What the timeout does. @default "kill"' })),
   },
   { additionalProperties: false },
 );

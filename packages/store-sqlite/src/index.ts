@@ -4,7 +4,7 @@
  */
 import Database from 'better-sqlite3';
 import { Kysely, SqliteDialect, sql, type Generated } from 'kysely';
-import type { ApiKeyRecord, MetadataStore, Sandbox, SandboxPage, SandboxQuery, SandboxState } from '@space/core';
+import type { ApiKeyRecord, MetadataStore, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot } from '@space/core';
 import { SpaceError } from '@space/core';
 
 interface SandboxTable {
@@ -31,10 +31,25 @@ interface ApiKeyTable {
   created_at: string;
   revoked_at: string | null;
 }
+interface SnapshotTable {
+  id: string;
+  sandbox_id: string;
+  created_at: string;
+  doc: string;
+}
+interface EventTable {
+  seq: Generated<number>;
+  sandbox_id: string;
+  at: string;
+  type: string;
+  message: string;
+}
 interface Schema {
   sandboxes: SandboxTable;
   sandbox_labels: SandboxLabelTable;
   api_keys: ApiKeyTable;
+  snapshots: SnapshotTable;
+  sandbox_events: EventTable;
 }
 
 /** Ordered migrations; the index + 1 is the schema version recorded in `PRAGMA user_version`. */
@@ -63,6 +78,19 @@ const MIGRATIONS: string[] = [
      admin INTEGER NOT NULL,
      created_at TEXT NOT NULL,
      revoked_at TEXT);`,
+  `CREATE TABLE snapshots (
+     id TEXT PRIMARY KEY,
+     sandbox_id TEXT NOT NULL,
+     created_at TEXT NOT NULL,
+     doc TEXT NOT NULL);
+   CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, created_at);
+   CREATE TABLE sandbox_events (
+     seq INTEGER PRIMARY KEY AUTOINCREMENT,
+     sandbox_id TEXT NOT NULL,
+     at TEXT NOT NULL,
+     type TEXT NOT NULL,
+     message TEXT NOT NULL);
+   CREATE INDEX sandbox_events_sandbox ON sandbox_events(sandbox_id, seq);`,
 ];
 
 function toKey(r: ApiKeyTable): ApiKeyRecord {
@@ -158,6 +186,33 @@ export class SqliteStore implements MetadataStore {
   async sandboxesInStates(states: SandboxState[]): Promise<Sandbox[]> {
     const rows = await this.db.selectFrom('sandboxes').select('doc').where('state', 'in', states).execute();
     return rows.map((r) => JSON.parse(r.doc) as Sandbox);
+  }
+
+  async insertSnapshot(sn: Snapshot): Promise<void> {
+    await this.db.insertInto('snapshots').values({ id: sn.id, sandbox_id: sn.sandboxId, created_at: sn.createdAt, doc: JSON.stringify(sn) }).execute();
+  }
+
+  async getSnapshot(id: string): Promise<Snapshot | undefined> {
+    const r = await this.db.selectFrom('snapshots').select('doc').where('id', '=', id).executeTakeFirst();
+    return r ? (JSON.parse(r.doc) as Snapshot) : undefined;
+  }
+
+  async listSnapshots(sandboxId: string): Promise<Snapshot[]> {
+    const rows = await this.db.selectFrom('snapshots').select('doc').where('sandbox_id', '=', sandboxId).orderBy('created_at').orderBy('id').execute();
+    return rows.map((r) => JSON.parse(r.doc) as Snapshot);
+  }
+
+  async deleteSnapshot(id: string): Promise<void> {
+    await this.db.deleteFrom('snapshots').where('id', '=', id).execute();
+  }
+
+  async insertEvent(e: SandboxEvent): Promise<void> {
+    await this.db.insertInto('sandbox_events').values({ sandbox_id: e.sandboxId, at: e.at, type: e.type, message: e.message }).execute();
+  }
+
+  async listEvents(sandboxId: string, limit: number): Promise<SandboxEvent[]> {
+    const rows = await this.db.selectFrom('sandbox_events').selectAll().where('sandbox_id', '=', sandboxId).orderBy('seq', 'desc').limit(limit).execute();
+    return rows.reverse().map((r) => ({ sandboxId: r.sandbox_id, at: r.at, type: r.type, message: r.message }));
   }
 
   async insertApiKey(k: ApiKeyRecord): Promise<void> {

@@ -1,0 +1,29 @@
+/**
+ * The blob-store interface: where snapshot bytes live (a local directory by default; an
+ * object store or an encrypting codec in front of one later). Writes are atomic: a blob is
+ * visible only once complete.
+ */
+import type { Readable } from 'node:stream';
+
+/** Size and time of a stored blob. */
+export interface BlobInfo {
+  key: string;
+  size: number;
+  createdAt: string;
+}
+
+/**
+ * Stores opaque byte streams under keys like `snapshots/<tenant>/<id>`.
+ *
+ * @example
+ * await blobs.put('snapshots/t1/sn1', fs.createReadStream(file));
+ * const stream = await blobs.get('snapshots/t1/sn1');
+ */
+export interface BlobStore {
+  /** Stores `data` under `key`, atomically (a crash leaves no partial blob). Returns its size. */
+  put(key: string, data: Readable): Promise<number>;
+  /** Reads a blob; rejects with `SNAPSHOT_NOT_FOUND` when missing. */
+  get(key: string): Promise<Readable>;
+  stat(key: string): Promise<BlobInfo | undefined>;
+  delete(key: string): Promise<void>;
+}

@@ -1,0 +1,142 @@
+/**
+ * SPACE's own snapshot container around a runtime's checkpoint image.
+ *
+ * ```
+ * "SPACESNP"             8 bytes magic
+ * u16 format version     independent of the release (this is 1)
+ * u32 metadata length    at most 64 KiB, checked before anything is parsed
+ * sha256(metadata)       32 bytes
+ * metadata               JSON: SnapshotMeta
+ * payload                the image files, concatenated in metadata.files order
+ * ```
+ *
+ * `metadata.payloadSha256` covers the payload; {@link readSnapshot} verifies both hashes and all
+ * sizes while unpacking, and refuses with `SNAPSHOT_CORRUPT` before anything is restored.
+ */
+import { createHash } from 'node:crypto';
+import { createReadStream, createWriteStream, promises as fs } from 'node:fs';
+import path from 'node:path';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { SpaceError } from './errors.js';
+
+export const SNAPSHOT_MAGIC = Buffer.from('SPACESNP');
+export const SNAPSHOT_FORMAT_VERSION = 1;
+const MAX_META = 64 * 1024;
+const FIXED = 8 + 2 + 4 + 32;
+
+/** What a snapshot says about itself. */
+export interface SnapshotMeta {
+  id: string;
+  sandboxId: string;
+  tenantId: string;
+  template: string;
+  driver: string;
+  driverVersion: string;
+  parentSnapshotId?: string;
+  createdAt: string;
+  /** Files of the runtime's image directory, in payload order. */
+  files: { name: string; size: number }[];
+  payloadSize: number;
+  payloadSha256: string;
+}
+
+/**
+ * Packs a runtime image directory into a snapshot stream (hashing it first).
+ *
+ * @example
+ * const { stream, meta } = await packSnapshot(imageDir, { id, sandboxId, ... });
+ * await blobs.put(key, stream);
+ */
+export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256'>): Promise<{ stream: Readable; meta: SnapshotMeta }> {
+  const names = (await fs.readdir(imageDir)).sort();
+  const files: SnapshotMeta['files'] = [];
+  const hash = createHash('sha256');
+  for (const name of names) {
+    const p = path.join(imageDir, name);
+    const st = await fs.stat(p);
+    if (!st.isFile()) continue;
+    files.push({ name, size: st.size });
+    for await (const chunk of createReadStream(p)) hash.update(chunk as Buffer);
+  }
+  const full: SnapshotMeta = { ...meta, files, payloadSize: files.reduce((a, f) => a + f.size, 0), payloadSha256: hash.digest('hex') };
+  const metaBuf = Buffer.from(JSON.stringify(full));
+  const head = Buffer.alloc(FIXED);
+  SNAPSHOT_MAGIC.copy(head, 0);
+  head.writeUInt16BE(SNAPSHOT_FORMAT_VERSION, 8);
+  head.writeUInt32BE(metaBuf.length, 10);
+  createHash('sha256').update(metaBuf).digest().copy(head, 14);
+  async function* body(): AsyncGenerator<Buffer> {
+    yield head;
+    yield metaBuf;
+    for (const f of files) for await (const chunk of createReadStream(path.join(imageDir, f.name))) yield chunk as Buffer;
+  }
+  return { stream: Readable.from(body()), meta: full };
+}
+
+function corrupt(id: string, why: string): SpaceError {
+  return new SpaceError('SNAPSHOT_CORRUPT', `Snapshot ${id} is corrupt: ${why}; it was not restored`, { details: { snapshotId: id } });
+}
+
+/**
+ * Unpacks a snapshot stream into `imageDir`, verifying magic, version, sizes and both hashes.
+ * Rejects with `SNAPSHOT_CORRUPT` (nothing is restored from a corrupt snapshot).
+ */
+export async function readSnapshot(id: string, src: Readable, imageDir: string, maxPayload: number): Promise<SnapshotMeta> {
+  const it = src[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+  let buf: Buffer = Buffer.alloc(0);
+  const need = async (n: number): Promise<boolean> => {
+    while (buf.length < n) {
+      const r = await it.next();
+      if (r.done) return false;
+      buf = Buffer.concat([buf, r.value]);
+    }
+    return true;
+  };
+  if (!(await need(FIXED))) throw corrupt(id, 'truncated header');
+  if (!buf.subarray(0, 8).equals(SNAPSHOT_MAGIC)) throw corrupt(id, 'bad magic');
+  const version = buf.readUInt16BE(8);
+  if (version !== SNAPSHOT_FORMAT_VERSION) throw corrupt(id, `unsupported format version ${version}`);
+  const metaLen = buf.readUInt32BE(10);
+  if (metaLen > MAX_META) throw corrupt(id, `metadata of ${metaLen} bytes exceeds ${MAX_META}`);
+  const metaHash = Buffer.from(buf.subarray(14, FIXED));
+  if (!(await need(FIXED + metaLen))) throw corrupt(id, 'truncated metadata');
+  const metaBuf = buf.subarray(FIXED, FIXED + metaLen);
+  if (!createHash('sha256').update(metaBuf).digest().equals(metaHash)) throw corrupt(id, 'metadata checksum mismatch');
+  let meta: SnapshotMeta;
+  try {
+    meta = JSON.parse(metaBuf.toString('utf8')) as SnapshotMeta;
+  } catch {
+    throw corrupt(id, 'metadata is not JSON');
+  }
+  if (meta.id !== id) throw corrupt(id, `it holds snapshot ${String(meta.id)}`);
+  if (!Array.isArray(meta.files) || meta.payloadSize > maxPayload || meta.files.reduce((a, f) => a + f.size, 0) !== meta.payloadSize) throw corrupt(id, 'inconsistent sizes');
+  for (const f of meta.files) if (typeof f.name !== 'string' || !/^[A-Za-z0-9._-]{1,128}$/.test(f.name)) throw corrupt(id, 'bad file name');
+  buf = buf.subarray(FIXED + metaLen);
+
+  await fs.mkdir(imageDir, { recursive: true });
+  const hash = createHash('sha256');
+  for (const f of meta.files) {
+    let left = f.size;
+    const self: { buf: Buffer; it: AsyncIterator<Buffer> } = { buf, it };
+    async function* part(): AsyncGenerator<Buffer> {
+      while (left > 0) {
+        if (self.buf.length === 0) {
+          const r = await self.it.next();
+          if (r.done) throw corrupt(id, 'truncated payload');
+          self.buf = r.value;
+        }
+        const take = self.buf.subarray(0, Math.min(left, self.buf.length));
+        self.buf = self.buf.subarray(take.length);
+        left -= take.length;
+        hash.update(take);
+        yield take;
+      }
+    }
+    await pipeline(Readable.from(part()), createWriteStream(path.join(imageDir, f.name), { mode: 0o600 }));
+    buf = self.buf;
+  }
+  if (buf.length > 0 || !(await it.next()).done) throw corrupt(id, 'trailing bytes after the payload');
+  if (hash.digest('hex') !== meta.payloadSha256) throw corrupt(id, 'payload checksum mismatch');
+  return meta;
+}
