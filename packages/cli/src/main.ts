@@ -273,6 +273,96 @@ program
     }
   });
 
+// ---------- stateful sessions
+for (const [name, what] of [
+  ['pause', 'freeze a sandbox in memory'],
+  ['resume', 'unfreeze a paused sandbox'],
+  ['hibernate', 'save a sandbox to a snapshot and free its host resources'],
+  ['wake', 'restore a hibernated sandbox'],
+] as const) {
+  program
+    .command(`${name} <id>`)
+    .description(what)
+    .action(async (id: string) => {
+      const sb = await Sandbox.connect(id, connection());
+      const t0 = Date.now();
+      await sb[name]();
+      process.stdout.write(`${sb.id} ${sb.info.state} (${Date.now() - t0} ms)\n`);
+    });
+}
+
+program
+  .command('snapshot <id>')
+  .description('take a snapshot now (the sandbox keeps running)')
+  .option('--name <name>', 'a name for it')
+  .option('--json', 'print JSON')
+  .action(async (id: string, o: { name?: string; json?: boolean }) => {
+    const sb = await Sandbox.connect(id, connection());
+    const s = await sb.snapshot(o.name ? { name: o.name } : {});
+    process.stdout.write(o.json ? JSON.stringify(s, null, 2) + '\n' : `${s.id}\n`);
+    if (!o.json) process.stderr.write(`${(s.sizeBytes / 1048576).toFixed(1)} MiB, ${s.downtimeMs} ms downtime\n`);
+  });
+
+program
+  .command('snapshots <id>')
+  .description("list a sandbox's snapshots")
+  .option('--json', 'print JSON')
+  .action(async (id: string, o: { json?: boolean }) => {
+    const list = await (await Sandbox.connect(id, connection())).snapshots();
+    if (o.json) return void process.stdout.write(JSON.stringify(list, null, 2) + '\n');
+    process.stdout.write(table([['ID', 'CREATED', 'TRIGGER', 'NAME', 'SIZE', 'DOWNTIME', 'PARENT'], ...list.map((s) => [s.id, s.createdAt, s.trigger, s.name ?? '', `${(s.sizeBytes / 1048576).toFixed(1)}M`, `${s.downtimeMs}ms`, s.parentSnapshotId ?? ''])]) + '\n');
+  });
+
+program
+  .command('rollback <id> <snapshot>')
+  .description('roll a sandbox back to one of its snapshots')
+  .action(async (id: string, snapshot: string) => {
+    const sb = await Sandbox.connect(id, connection());
+    await sb.rollback(snapshot);
+    process.stdout.write(`${sb.id} ${sb.info.state} at ${snapshot}\n`);
+  });
+
+program
+  .command('fork <id>')
+  .description('copy a sandbox into N new ones (prints their ids, one a line)')
+  .option('-n, --count <n>', 'how many copies', Number, 1)
+  .option('--from <snapshot>', 'fork this snapshot instead of taking one now')
+  .action(async (id: string, o: { count: number; from?: string }) => {
+    const sb = await Sandbox.connect(id, connection());
+    const copies = await sb.fork({ count: o.count, ...(o.from ? { fromSnapshot: o.from } : {}) });
+    for (const c of copies) process.stdout.write(`${c.id}\n`);
+    if (copies.length < o.count) {
+      process.stderr.write(`space: only ${copies.length} of ${o.count} copies started\n`);
+      process.exitCode = 1;
+    }
+  });
+
+program
+  .command('snapshot-policy <id>')
+  .description('rolling snapshots: --every 10m --keep 6, or --off')
+  .option('--every <duration>', 'interval')
+  .option('--keep <n>', 'how many scheduled snapshots to keep', Number)
+  .option('--off', 'stop rolling snapshots')
+  .action(async (id: string, o: { every?: string; keep?: number; off?: boolean }) => {
+    const sb = await Sandbox.connect(id, connection());
+    if (o.off) await sb.setSnapshotPolicy(null);
+    else {
+      if (!o.every || !o.keep) throw new Error('give --every DURATION and --keep N, or --off');
+      await sb.setSnapshotPolicy({ intervalMs: parseDuration(o.every), keep: o.keep });
+    }
+    process.stdout.write(`${sb.id} ${sb.info.snapshotPolicy ? `every ${sb.info.snapshotPolicy.intervalMs} ms, keep ${sb.info.snapshotPolicy.keep}` : 'no rolling snapshots'}\n`);
+  });
+
+program
+  .command('events <id>')
+  .description("a sandbox's event log")
+  .option('--json', 'print JSON')
+  .action(async (id: string, o: { json?: boolean }) => {
+    const ev = await (await Sandbox.connect(id, connection())).events();
+    if (o.json) return void process.stdout.write(JSON.stringify(ev, null, 2) + '\n');
+    for (const e of ev) process.stdout.write(`${e.at}  ${e.type.padEnd(16)} ${e.message}\n`);
+  });
+
 // ---------- templates
 const tpl = program.command('template').description('templates (minimal, base)');
 tpl

@@ -40,6 +40,11 @@ export interface SandboxServiceOptions {
   workDir: string;
   /** Largest snapshot payload accepted on restore, bytes. @default 32 GiB */
   maxSnapshotBytes?: number;
+  /**
+   * Fault injection for crash tests: the process SIGKILLs itself at these points
+   * (`snapshot:after-checkpoint`, `snapshot:after-blob`). Never set in production.
+   */
+  faults?: string[];
 }
 
 /** What a client asks for when creating a sandbox. */
@@ -141,6 +146,7 @@ export class SandboxService {
   private readonly blobs: BlobStore;
   private readonly workDir: string;
   private readonly maxSnapshotBytes: number;
+  private readonly faults: Set<string>;
 
   constructor(opts: SandboxServiceOptions) {
     this.store = opts.store;
@@ -152,6 +158,14 @@ export class SandboxService {
     this.blobs = opts.blobs;
     this.workDir = opts.workDir;
     this.maxSnapshotBytes = opts.maxSnapshotBytes ?? 32 * 1024 ** 3;
+    this.faults = new Set(opts.faults ?? []);
+  }
+
+  private fault(point: string): void {
+    if (this.faults.has(point)) {
+      this.log.error({ point }, 'fault injected: killing the daemon');
+      process.kill(process.pid, 'SIGKILL');
+    }
   }
 
   /** Prepares the driver, re-adopts sandboxes that still run, marks the rest dead, removes orphans. */
@@ -578,6 +592,7 @@ export class SandboxService {
       this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'agent quiesced');
       await this.driver.checkpoint(sb.id, imageDir);
       this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'checkpointed');
+      this.fault('snapshot:after-checkpoint');
     } catch (err) {
       await fs.rm(imageDir, { recursive: true, force: true });
       const st = await this.driver.status(sb.id).catch(() => ({ running: false }));
@@ -615,6 +630,7 @@ export class SandboxService {
     });
     const blobKey = `snapshots/${sb.tenantId}/${id}`;
     const sizeBytes = await this.blobs.put(blobKey, stream);
+    this.fault('snapshot:after-blob');
     const snapshot: Snapshot = {
       id,
       sandboxId: sb.id,

@@ -157,6 +157,8 @@ export class GvisorDriver implements SandboxDriver {
   async restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void> {
     // In place, the checkpointed container still exists: start a new incarnation beside it.
     const old = existsSync(this.box(spec.id).dir) ? this.rid(spec.id) : undefined;
+    // A running old incarnation (rollback) must not reconnect its agent to the new one's socket.
+    if (old) await tryRun(this.runsc, ['--root', this.stateDir, 'kill', old, 'KILL'], 10_000);
     const rid = old ? `${spec.id}-${Date.now().toString(36)}` : spec.id;
     const b = await this.prepare(spec, rid, signal);
     await this.runDetached(['restore', '--image-path', imageDir, '--detach', '--bundle', b.bundle, rid], b.log);

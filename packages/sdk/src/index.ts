@@ -8,7 +8,7 @@
  * await sb.kill();
  */
 export { Sandbox } from './sandbox.js';
-export type { SandboxCreateOpts, SandboxInfo, SandboxListOpts, SandboxPage, SandboxState, SandboxUsage } from './sandbox.js';
+export type { SandboxCreateOpts, SandboxEvent, SandboxInfo, SandboxListOpts, SandboxPage, SandboxState, SandboxUsage, SnapshotInfo, SnapshotPolicy } from './sandbox.js';
 export { Commands, CommandHandle, outputEvents } from './commands.js';
 export type { CommandResult, CommandRunOpts, OutputEvent, ProcessInfo } from './commands.js';
 export { Files } from './files.js';

@@ -1,6 +1,6 @@
 /** The `Sandbox` facade: create, connect, list, kill; sub-objects for commands, files, PTYs. */
-import type { CreateSandboxOpts, Sandbox as CoreSandbox, SandboxState as CoreSandboxState } from '@space/core';
-import { ApiClient, type ConnectionOpts } from './client.js';
+import type { CreateSandboxOpts, Sandbox as CoreSandbox, SandboxEvent, SandboxState as CoreSandboxState, Snapshot, SnapshotPolicy } from '@space/core';
+import { ApiClient, SpaceError, type ConnectionOpts } from './client.js';
 import { Commands } from './commands.js';
 import { Files } from './files.js';
 import { Pty } from './pty.js';
@@ -24,6 +24,10 @@ export interface SandboxListOpts extends ConnectionOpts {
   /** `nextCursor` of the previous page. */
   cursor?: string;
 }
+
+/** A stored snapshot of a sandbox (memory, processes, filesystem). */
+export type SnapshotInfo = Snapshot;
+export type { SandboxEvent, SnapshotPolicy };
 
 /** One page of sandboxes. */
 export interface SandboxPage {
@@ -119,6 +123,74 @@ export class Sandbox {
   /** True while the sandbox runs. */
   async isRunning(): Promise<boolean> {
     return (await this.refresh()).state === 'running';
+  }
+
+  /** Freezes the sandbox in memory (no CPU, no disk); commands fail until {@link resume}. */
+  async pause(): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/pause`);
+  }
+
+  /** Unfreezes a paused sandbox. */
+  async resume(): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/resume`);
+  }
+
+  /** Saves the whole sandbox to a snapshot and frees its host resources; any command or file call wakes it. */
+  async hibernate(): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/hibernate`, { timeoutMs: 600_000 });
+  }
+
+  /** Restores a hibernated sandbox now (calls on it also wake it on demand). */
+  async wake(): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/wake`, { timeoutMs: 600_000 });
+  }
+
+  /**
+   * Takes a snapshot now; the sandbox keeps running (stopped for the checkpoint's duration,
+   * reported as `downtimeMs`). Fails with `SNAPSHOT_UNSUPPORTED_STATE` when a process holds
+   * sockets this runtime cannot save; the sandbox keeps running then too.
+   */
+  async snapshot(opts: { name?: string } = {}): Promise<SnapshotInfo> {
+    return this.api.json<SnapshotInfo>('POST', `/v1/sandboxes/${this.id}/snapshots`, { json: opts, timeoutMs: 600_000 });
+  }
+
+  /** The sandbox's snapshots, oldest first. */
+  async snapshots(): Promise<SnapshotInfo[]> {
+    return (await this.api.json<{ snapshots: SnapshotInfo[] }>('GET', `/v1/sandboxes/${this.id}/snapshots`)).snapshots;
+  }
+
+  /** Rolls the sandbox back to one of its snapshots, in place (verified before anything changes). */
+  async rollback(snapshotId: string): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/rollback`, { json: { snapshotId }, timeoutMs: 600_000 });
+  }
+
+  /**
+   * Copies this sandbox into `count` independent sandboxes: from a snapshot taken now (this
+   * one keeps running) or from `fromSnapshot`.
+   *
+   * @example
+   * const copies = await sb.fork({ count: 3 });
+   * for (const c of copies) await c.commands.run('echo $SPACE_SANDBOX_ID');
+   */
+  async fork(opts: { count?: number; fromSnapshot?: string } = {}): Promise<Sandbox[]> {
+    const r = await this.api.json<{ results: ({ sandbox: SandboxInfo } | { error: { code: string; message: string } })[] }>('POST', `/v1/sandboxes/${this.id}/fork`, {
+      json: { count: opts.count ?? 1, ...(opts.fromSnapshot ? { snapshotId: opts.fromSnapshot } : {}) },
+      timeoutMs: 600_000,
+    });
+    const ok = r.results.filter((x): x is { sandbox: SandboxInfo } => 'sandbox' in x).map((x) => new Sandbox(this.api, x.sandbox));
+    const failed = r.results.find((x): x is { error: { code: string; message: string } } => 'error' in x);
+    if (failed && ok.length === 0) throw new SpaceError(failed.error.code as never, failed.error.message);
+    return ok;
+  }
+
+  /** Sets rolling snapshots (`null` turns them off): one every `intervalMs`, the newest `keep` kept. */
+  async setSnapshotPolicy(policy: SnapshotPolicy | null): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('PUT', `/v1/sandboxes/${this.id}/snapshot-policy`, { json: policy });
+  }
+
+  /** What happened to the sandbox (snapshots, refusals, recoveries, ...), oldest first. */
+  async events(): Promise<SandboxEvent[]> {
+    return (await this.api.json<{ events: SandboxEvent[] }>('GET', `/v1/sandboxes/${this.id}/events`)).events;
   }
 
   /** Host memory the sandbox costs. */

@@ -73,7 +73,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   });
   const blobs = new LocalBlobStore(path.join(dataDir, 'blobs'));
   await blobs.sweep();
-  const service = new SandboxService({ store, driver, logger, blobs, workDir: path.join(dataDir, 'work'), maxSandboxes: opts.maxSandboxes ?? 64 });
+  const service = new SandboxService({ store, driver, logger, blobs, workDir: path.join(dataDir, 'work'), maxSandboxes: opts.maxSandboxes ?? 64, ...(process.env.SPACE_FAULT_INJECT ? { faults: process.env.SPACE_FAULT_INJECT.split(',') } : {}) });
   const keys = new ApiKeys(store);
   const keyFile = path.join(dataDir, 'admin.key');
   try {
