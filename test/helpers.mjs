@@ -1,6 +1,6 @@
 // Shared test fixtures: a real daemon (real runsc, real SQLite, real sockets) on a loopback
 // port in a fresh data directory, and leak checks. Every sandbox a test makes is killed.
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { startDaemon } from '../packages/server/dist/index.js';
@@ -116,4 +116,25 @@ export function cliRunner(home, extraEnv = {}) {
     new Promise((resolve) => {
       execFile(process.execPath, [CLI, ...args], { env, timeout: 900_000 }, (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr }));
     });
+}
+
+const SPACED = new URL('../packages/server/dist/main.js', import.meta.url).pathname;
+
+/**
+ * Starts `spaced` as its own process (for SIGKILL/restart tests) and waits for its state file.
+ * @returns {Promise<{ child, exited: Promise<{code, sig}>, conn }>}
+ */
+export async function startSpaced(dataDir, env = {}) {
+  const child = spawn(process.execPath, [SPACED, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'warn'], { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, ...env } });
+  const exited = new Promise((r) => child.on('exit', (code, sig) => r({ code, sig })));
+  const state = await eventually(() => {
+    try {
+      const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8'));
+      return st.pid === child.pid ? st : undefined;
+    } catch {
+      return undefined;
+    }
+  });
+  const conn = { apiUrl: state.url, apiKey: readFileSync(state.keyFile, 'utf8').trim() };
+  return { child, exited, conn };
 }

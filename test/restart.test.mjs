@@ -1,29 +1,12 @@
 // The daemon as a separate process: SIGKILL it while sandboxes run, start it again, and
 // nothing is lost — running sandboxes are re-adopted, ones that died meanwhile are marked dead.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { TEMPLATES_DIR, eventually, leftovers } from './helpers.mjs';
-
-const SPACED = new URL('../packages/server/dist/main.js', import.meta.url).pathname;
-
-async function startSpaced(dataDir) {
-  const child = spawn(process.execPath, [SPACED, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'warn'], { stdio: ['ignore', 'ignore', 'inherit'] });
-  const exited = new Promise((r) => child.on('exit', (code, sig) => r({ code, sig })));
-  const state = await eventually(() => {
-    try {
-      const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8'));
-      return st.pid === child.pid ? st : undefined;
-    } catch {
-      return undefined;
-    }
-  });
-  const conn = { apiUrl: state.url, apiKey: readFileSync(state.keyFile, 'utf8').trim() };
-  return { child, exited, conn };
-}
+import { eventually, leftovers, startSpaced } from './helpers.mjs';
 
 describe('daemon restart', () => {
   const dataDir = mkdtempSync('/tmp/spr-');

@@ -332,6 +332,15 @@ export class GvisorDriver implements SandboxDriver {
     await Promise.all([...(this.releasing.get(id) ?? [])]);
     this.releasing.delete(id);
     const rids = new Set([this.rid(id), ...(await this.runtimeIds()).filter((r) => r === id || r.startsWith(`${id}-`))]);
+    // Incarnations whose release a crash interrupted may have left a netns or cgroup without a container.
+    const netns = (await tryRun('ip', ['netns', 'list'], 10_000))?.stdout ?? '';
+    for (const line of netns.split('\n')) {
+      const name = line.split(' ')[0] ?? '';
+      if (name === `${NETNS_PREFIX}${id}` || name.startsWith(`${NETNS_PREFIX}${id}-`)) rids.add(name.slice(NETNS_PREFIX.length));
+    }
+    for (const ctl of ['memory', 'cpu']) {
+      for (const d of await fs.readdir(path.join(CGROUP_ROOT, ctl, CGROUP_PARENT)).catch(() => [] as string[])) if (d === id || d.startsWith(`${id}-`)) rids.add(d);
+    }
     for (const rid of rids) await this.releaseRuntime(rid);
     this.rids.delete(id);
     await fs.rm(this.box(id).dir, { recursive: true, force: true });
