@@ -1,0 +1,144 @@
+#!/usr/bin/env node
+// Stateful-session benchmarks, each beside a bare runsc baseline in the same run:
+// pause/resume, snapshot (latency, downtime, size), hibernate/wake, fork into 1/4/10.
+//   node scripts/bench-sessions.mjs [--iterations 10] [--write]
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { Sandbox } from '../packages/sdk/dist/index.js';
+
+const { values } = parseArgs({ options: { iterations: { type: 'string', default: '10' }, write: { type: 'boolean', default: false } } });
+const N = Number(values.iterations);
+const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/space/templates';
+const q = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
+const now = () => performance.now();
+
+const dataDir = mkdtempSync('/tmp/spbs-');
+const child = spawn(process.execPath, [new URL('../packages/server/dist/main.js', import.meta.url).pathname, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'error'], { stdio: ['ignore', 'ignore', 'inherit'] });
+let state;
+for (let i = 0; i < 600 && !state; i++) {
+  try {
+    const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8'));
+    if (st.pid === child.pid) state = st;
+  } catch {
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+const conn = { apiUrl: state.url, apiKey: readFileSync(state.keyFile, 'utf8').trim() };
+
+// A bare container with the same rootfs and the same node runtime, idle (no agent, no API).
+const bareRoot = path.join(dataDir, 'bare');
+const runtimeDir = path.join(dataDir, 'runtime', readdirSync(path.join(dataDir, 'runtime')).find((d) => !d.includes('.tmp')));
+const R = (...a) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), '--network=none', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
+function bareBundle(name) {
+  const b = path.join(bareRoot, name);
+  mkdirSync(b, { recursive: true });
+  writeFileSync(path.join(b, 'config.json'), JSON.stringify({
+    ociVersion: '1.0.0',
+    process: { user: { uid: 0, gid: 0 }, args: ['/.space/lib/ld-linux-x86-64.so.2', '--library-path', '/.space/lib', '/.space/node', '--single-threaded', '-e', 'setInterval(() => {}, 1000)'], env: ['PATH=/bin'], cwd: '/' },
+    root: { path: path.join(TEMPLATES_DIR, 'minimal', 'rootfs'), readonly: false },
+    hostname: name,
+    mounts: [{ destination: '/proc', type: 'proc', source: 'proc' }, { destination: '/.space', type: 'bind', source: runtimeDir, options: ['rbind', 'ro'] }],
+    linux: { namespaces: [{ type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }], resources: { memory: { limit: 256 * 1048576 } } },
+  }));
+  return b;
+}
+const dirSize = (d) => readdirSync(d).reduce((a, f) => a + statSync(path.join(d, f)).size, 0);
+
+const rows = [];
+const add = (name, ours, baseName, base, target) => rows.push({ name, p50: q(ours, 50), p95: q(ours, 95), baseName, bp50: base ? q(base, 50) : undefined, target });
+
+try {
+  const sb = await Sandbox.create({ ...conn, memoryMb: 256 });
+  await sb.commands.run('true');
+  let b = bareBundle('b0');
+  R('run', '--detach', '--bundle', b, 'b0');
+
+  // pause / resume
+  const pause = [], resume = [], bpause = [], bresume = [];
+  for (let i = 0; i < N; i++) {
+    let t = now(); await sb.pause(); pause.push(now() - t);
+    t = now(); await sb.resume(); resume.push(now() - t);
+    t = now(); R('pause', 'b0'); bpause.push(now() - t);
+    t = now(); R('resume', 'b0'); bresume.push(now() - t);
+  }
+  add('pause (API)', pause, '`runsc pause`', bpause, '—');
+  add('resume (API)', resume, '`runsc resume`', bresume, '—');
+
+  // snapshot (keeps running) vs bare checkpoint + restore
+  const snap = [], down = [], sizes = [], bsnap = [], bsizes = [];
+  for (let i = 0; i < N; i++) {
+    let t = now();
+    const s = await sb.snapshot();
+    snap.push(now() - t);
+    down.push(s.downtimeMs);
+    sizes.push(s.sizeBytes);
+    const img = path.join(bareRoot, `img${i}`);
+    const next = `b${i + 1}`;
+    t = now();
+    R('checkpoint', '--image-path', img, `b${i}`);
+    R('restore', '--image-path', img, '--detach', '--bundle', bareBundle(next), next);
+    bsnap.push(now() - t);
+    bsizes.push(dirSize(img));
+    spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'delete', '--force', `b${i}`], { stdio: 'ignore' });
+  }
+  add('snapshot, sandbox keeps running (API)', snap, 'bare `runsc checkpoint` + `runsc restore`', bsnap, '—');
+  add('  of which downtime', down, undefined, undefined, 'reported per snapshot');
+  const last = `b${N}`;
+
+  // hibernate / wake vs bare checkpoint / restore
+  const hib = [], wake = [], bcp = [], brs = [];
+  let cur = last;
+  for (let i = 0; i < N; i++) {
+    let t = now(); await sb.hibernate(); hib.push(now() - t);
+    t = now(); await sb.wake(); wake.push(now() - t);
+    const img = path.join(bareRoot, `h${i}`);
+    t = now(); R('checkpoint', '--image-path', img, cur); bcp.push(now() - t);
+    spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'delete', '--force', cur], { stdio: 'ignore' });
+    const next = `h${i}`;
+    t = now(); R('restore', '--image-path', img, '--detach', '--bundle', bareBundle(next), next); brs.push(now() - t);
+    cur = next;
+  }
+  add('hibernate (API)', hib, 'bare `runsc checkpoint`', bcp, '≤ 1.2x bare');
+  add('wake (API, until the agent answers)', wake, 'bare `runsc restore`', brs, '≤ 1.2x bare');
+  spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'kill', cur, 'KILL'], { stdio: 'ignore' });
+  spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'delete', '--force', cur], { stdio: 'ignore' });
+
+  // fork into 1, 4, 10: until every copy has answered a command
+  const forks = [];
+  for (const n of [1, 4, 10]) {
+    const t = now();
+    const copies = await sb.fork({ count: n });
+    await Promise.all(copies.map((c) => c.commands.run('true')));
+    forks.push([n, now() - t, copies.length]);
+    for (const c of copies) await c.kill();
+  }
+  await sb.kill();
+
+  const lines = [
+    '| measurement | p50 ms | p95 ms | baseline (same run) | baseline p50 ms | ratio | target |',
+    '|---|---|---|---|---|---|---|',
+    ...rows.map((r) => `| ${r.name} | ${fmt(r.p50)} | ${fmt(r.p95)} | ${r.baseName ?? '—'} | ${r.bp50 !== undefined ? fmt(r.bp50) : '—'} | ${r.bp50 ? `${(r.p50 / r.bp50).toFixed(2)}x` : '—'} | ${r.target} |`),
+    `| snapshot size | ${(q(sizes, 50) / 1048576).toFixed(2)} MiB | | bare checkpoint image | ${(q(bsizes, 50) / 1048576).toFixed(2)} MiB | | — |`,
+    ...forks.map(([n, ms, ok]) => `| fork into ${n} (${ok} answering) | ${fmt(ms)} total | | — | — | ${fmt(ms / n)} ms per copy | — |`),
+  ];
+  const table = lines.join('\n');
+  console.log(table);
+  if (values.write) {
+    const file = new URL('../docs/benchmarks.md', import.meta.url);
+    const doc = readFileSync(file, 'utf8');
+    const block = `<!-- sessions:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-sessions.mjs --write\` (part of \`./space bench\`). The bare baseline is a runsc container with the same rootfs and node runtime, idle, without agent or API.\n\n${table}\n<!-- sessions:end -->`;
+    writeFileSync(file, doc.replace(/<!-- sessions:start -->[\s\S]*<!-- sessions:end -->/, block));
+  }
+} finally {
+  const st = path.join(bareRoot, 'state');
+  for (const id of (spawnSync('runsc', ['--root', st, 'list', '-quiet'], { encoding: 'utf8' }).stdout ?? '').split('\n').filter(Boolean)) {
+    spawnSync('runsc', ['--root', st, 'kill', id, 'KILL'], { stdio: 'ignore' });
+    spawnSync('runsc', ['--root', st, 'delete', '--force', id], { stdio: 'ignore' });
+  }
+  await new Promise((r) => { child.on('exit', r); child.kill('SIGTERM'); });
+  rmSync(dataDir, { recursive: true, force: true });
+}
