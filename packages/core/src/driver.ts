@@ -92,6 +92,12 @@ export interface SandboxDriver {
    * (in place: whatever runtime is left of it is removed first) or a new one (fork).
    */
   restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void>;
+  /**
+   * Releases the host resources of a checkpointed (stopped) sandbox in the background: the
+   * runtime takes seconds to let go of a checkpointed container. {@link destroy} and
+   * {@link restore} wait for or supersede it.
+   */
+  retire(id: string): Promise<void>;
   /** The runtime's version, recorded in snapshots. */
   version(): Promise<string>;
   /** Stops the sandbox and removes every host resource it had. Idempotent. */

@@ -397,7 +397,7 @@ export class SandboxService {
       await fs.rm(imageDir, { recursive: true, force: true });
       const e = this.entry(id);
       clearTimeout(e.policyTimer);
-      await this.driver.destroy(id);
+      await this.driver.retire(id);
       e.quiescing = false;
       await this.event(id, 'hibernated', `hibernated to snapshot ${snapshot.id} in ${Date.now() - t0} ms`);
       return this.store.updateSandbox(id, { state: 'hibernated' });

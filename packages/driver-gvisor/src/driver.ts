@@ -9,7 +9,7 @@ import { existsSync, promises as fs, openSync, closeSync, readFileSync } from 'n
 import net from 'node:net';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
-import { SpaceError, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
+import { SpaceError, randomString, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
 import { AGENT_BUNDLE } from '@space/agent';
 import { run, tryRun } from './exec.js';
@@ -37,6 +37,11 @@ export interface GvisorDriverOptions {
 }
 
 const CGROUP_ROOT = '/sys/fs/cgroup';
+
+/** A new runtime id for an incarnation of sandbox `id`. */
+function newRid(id: string): string {
+  return `${id}-${randomString(8)}`;
+}
 const CGROUP_PARENT = 'space';
 const NETNS_PREFIX = 'space-';
 
@@ -56,6 +61,7 @@ export class GvisorDriver implements SandboxDriver {
   private readonly servers = new Map<string, net.Server>();
   private readonly rids = new Map<string, string>();
   private readonly releasing = new Map<string, Set<Promise<void>>>();
+  private readonly retiring = new Set<string>();
   private runtimeDir = '';
   private readonly runsc: string;
   private readonly stateDir: string;
@@ -114,9 +120,11 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   /**
-   * The runsc container id of a sandbox's current incarnation. A restore in place starts a
-   * new container (`<id>-<suffix>`) instead of waiting ~1.5 s for `runsc delete` of the
-   * checkpointed one, which is removed in the background. Netns and cgroup follow the rid.
+   * The runsc container id of a sandbox's current incarnation, `<id>-<8 random chars>`. A
+   * restore in place starts a new container instead of waiting ~1.5 s for `runsc delete` of
+   * the checkpointed one, which is removed in the background. Every rid has the same length:
+   * runsc accepts a unique prefix as a container id, so one rid must never prefix another.
+   * Netns and cgroup follow the rid.
    */
   private rid(id: string): string {
     let r = this.rids.get(id);
@@ -150,29 +158,44 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   async create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void> {
-    const b = await this.prepare(spec, spec.id, signal);
-    await this.runDetached(['run', '--detach', '--bundle', b.bundle, spec.id], b.log);
+    const rid = newRid(spec.id);
+    const b = await this.prepare(spec, rid, signal);
+    await fs.writeFile(b.ridFile, rid);
+    this.rids.set(spec.id, rid);
+    await this.runDetached(['run', '--detach', '--bundle', b.bundle, rid], b.log);
   }
 
   async restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void> {
     // In place, the checkpointed container still exists: start a new incarnation beside it.
     const old = existsSync(this.box(spec.id).dir) ? this.rid(spec.id) : undefined;
     // A running old incarnation (rollback) must not reconnect its agent to the new one's socket.
-    if (old) await tryRun(this.runsc, ['--root', this.stateDir, 'kill', old, 'KILL'], 10_000);
-    const rid = old ? `${spec.id}-${Date.now().toString(36)}` : spec.id;
+    // (One already being released is stopped; runsc would make us wait for its lock.)
+    if (old && !this.retiring.has(old)) await tryRun(this.runsc, ['--root', this.stateDir, 'kill', old, 'KILL'], 10_000);
+    const rid = newRid(spec.id);
     const b = await this.prepare(spec, rid, signal);
-    await this.runDetached(['restore', '--image-path', imageDir, '--detach', '--bundle', b.bundle, rid], b.log);
     await fs.writeFile(b.ridFile, rid);
     this.rids.set(spec.id, rid);
+    await this.runDetached(['restore', '--image-path', imageDir, '--detach', '--bundle', b.bundle, rid], b.log);
     if (old && old !== rid) this.releaseLater(spec.id, old);
   }
 
   /** Removes an old incarnation in the background; {@link destroy} waits for it. */
   private releaseLater(id: string, rid: string): void {
-    const p = this.releaseRuntime(rid).finally(() => this.releasing.get(id)?.delete(p));
+    if (this.retiring.has(rid)) return;
+    this.retiring.add(rid);
+    const p = this.releaseRuntime(rid).finally(() => {
+      this.releasing.get(id)?.delete(p);
+      this.retiring.delete(rid);
+    });
     let set = this.releasing.get(id);
     if (!set) this.releasing.set(id, (set = new Set()));
     set.add(p);
+  }
+
+  async retire(id: string): Promise<void> {
+    this.servers.get(id)?.close();
+    this.servers.delete(id);
+    this.releaseLater(id, this.rid(id));
   }
 
   async pause(id: string): Promise<void> {
