@@ -186,6 +186,28 @@ describe('stateful sessions', () => {
     await sb.kill();
   });
 
+  it('an idle sandbox hibernates by itself and wakes on the next call; so does one whose timeout says hibernate', async () => {
+    const idle = await fx.create({ idleTimeoutMs: 1500 });
+    await idle.files.write('/tmp/idle', 'zzz');
+    const info = await eventually(async () => {
+      const i = await idle.refresh();
+      return i.state === 'hibernated' ? i : undefined;
+    });
+    assert.equal(info.idleTimeoutMs, 1500);
+    assert.ok((await idle.events()).some((e) => e.type === 'idle'));
+    assert.equal(await idle.files.read('/tmp/idle'), 'zzz', 'woken on demand');
+    assert.equal((await idle.refresh()).state, 'running');
+    await idle.kill();
+
+    const timed = await fx.create({ timeoutMs: 2000, onTimeout: 'hibernate' });
+    await timed.files.write('/tmp/t', 'kept');
+    await eventually(async () => (await timed.refresh()).state === 'hibernated');
+    assert.equal(await timed.files.read('/tmp/t'), 'kept');
+    await timed.kill();
+    const bad = await fetch(`${fx.url}/v1/sandboxes`, { method: 'POST', headers: { authorization: `Bearer ${fx.key}`, 'content-type': 'application/json' }, body: JSON.stringify({ idleTimeoutMs: 5 }) });
+    assert.equal((await bad.json()).error.code, 'INVALID_LIMITS');
+  });
+
   it('killing a sandbox deletes its snapshots', async () => {
     const sb = await fx.create();
     const s = await sb.snapshot();

@@ -153,10 +153,13 @@ program
   .option('--cpu <n>', 'CPU cores', Number)
   .option('--memory <mb>', 'memory limit in MiB', Number)
   .option('--timeout <duration>', 'kill it after this long (0 = never)', '30m')
+  .option('--on-timeout <action>', 'kill or hibernate when the timeout is reached', 'kill')
+  .option('--idle-timeout <duration>', 'hibernate after this long without API calls')
   .option('-e, --env <K=V>', 'environment variable (repeatable)', collectList)
   .option('-l, --label <k=v>', 'label (repeatable)', collectList)
   .option('--json', 'print the sandbox as JSON')
-  .action(async (o: { template: string; cpu?: number; memory?: number; timeout: string; env?: string[]; label?: string[]; json?: boolean }) => {
+  .action(async (o: { template: string; cpu?: number; memory?: number; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; json?: boolean }) => {
+    if (o.onTimeout !== 'kill' && o.onTimeout !== 'hibernate') throw new Error('--on-timeout takes kill or hibernate');
     await waitTemplate(o.template);
     const env = parsePairs(o.env, 'env');
     const metadata = parsePairs(o.label, 'label');
@@ -166,6 +169,8 @@ program
       ...(o.cpu !== undefined ? { cpu: o.cpu } : {}),
       ...(o.memory !== undefined ? { memoryMb: o.memory } : {}),
       timeoutMs: parseDuration(o.timeout),
+      onTimeout: o.onTimeout,
+      ...(o.idleTimeout ? { idleTimeoutMs: parseDuration(o.idleTimeout) } : {}),
       ...(env ? { env } : {}),
       ...(metadata ? { metadata } : {}),
     });

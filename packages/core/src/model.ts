@@ -110,6 +110,8 @@ export interface Sandbox {
   snapshotPolicy?: SnapshotPolicy;
   /** What the timeout does. @default "kill" */
   onTimeout?: 'kill' | 'hibernate';
+  /** Hibernate after this many ms without an API call for the sandbox (its processes may still run). */
+  idleTimeoutMs?: number;
 }
 
 /** Defaults and bounds of sandbox limits. */

@@ -63,6 +63,8 @@ export interface CreateSandboxOpts {
   metadata?: Record<string, string>;
   /** What happens when `timeoutMs` is reached. @default "kill" */
   onTimeout?: 'kill' | 'hibernate';
+  /** Hibernate after this many ms without an API call for the sandbox; 0 or absent = never. */
+  idleTimeoutMs?: number;
 }
 
 /** Filter of {@link SandboxService.list}. */
@@ -112,6 +114,9 @@ interface Live {
   waiters: ((ch: AgentChannel | undefined) => void)[];
   timer?: NodeJS.Timeout;
   policyTimer?: NodeJS.Timeout;
+  idleTimer?: NodeJS.Timeout;
+  /** Last API call for this sandbox (ms since epoch). */
+  lastActive?: number;
   killing?: boolean;
   /** Set while the agent is deliberately disconnected for a checkpoint or restore. */
   quiescing?: boolean;
@@ -212,6 +217,7 @@ export class SandboxService {
     for (const e of this.live.values()) {
       clearTimeout(e.timer);
       clearTimeout(e.policyTimer);
+      clearTimeout(e.idleTimer);
       e.channel?.destroy();
     }
     await this.driver.close();
@@ -230,6 +236,10 @@ export class SandboxService {
     const timeoutMs = range('timeoutMs', opts.timeoutMs);
     const env = checkMap('env', opts.env, LIMITS.envEntries);
     const metadata = checkMap('metadata', opts.metadata, LIMITS.metadataEntries);
+    const idleTimeoutMs = opts.idleTimeoutMs ?? 0;
+    if (!Number.isInteger(idleTimeoutMs) || (idleTimeoutMs !== 0 && (idleTimeoutMs < 1000 || idleTimeoutMs > LIMITS.timeoutMs.max))) {
+      throw new SpaceError('INVALID_LIMITS', `idleTimeoutMs must be 0 (never) or between 1000 and ${LIMITS.timeoutMs.max}; got ${idleTimeoutMs}`, { details: { field: 'idleTimeoutMs' } });
+    }
     const alive = (await this.store.sandboxesInStates(['starting', 'running'])).length;
     if (alive + this.creating >= this.maxSandboxes) {
       throw new SpaceError('CAPACITY_EXHAUSTED', `This node runs its maximum of ${this.maxSandboxes} sandboxes`, { details: { retryAfterS: 5, maxSandboxes: this.maxSandboxes } });
@@ -247,6 +257,7 @@ export class SandboxService {
       env,
       metadata,
       ...(opts.onTimeout === 'hibernate' ? { onTimeout: 'hibernate' as const } : {}),
+      ...(idleTimeoutMs ? { idleTimeoutMs } : {}),
       createdAt: now.toISOString(),
       ...(timeoutMs ? { expiresAt: new Date(now.getTime() + timeoutMs).toISOString() } : {}),
     };
@@ -268,6 +279,7 @@ export class SandboxService {
       }
       const running = await this.store.updateSandbox(sb.id, { state: 'running', startedAt: new Date().toISOString() });
       this.schedule(running, entry);
+      this.schedulePolicy(running);
       this.log.info({ sandboxId: sb.id, tenantId, template }, 'sandbox running');
       return running;
     } finally {
@@ -307,8 +319,26 @@ export class SandboxService {
   private async awake(tenantId: string, id: string, action: SandboxAction): Promise<Sandbox> {
     const sb = await this.get(tenantId, id);
     assertAllowed(sb, action);
+    this.entry(id).lastActive = Date.now();
     if (sb.state === 'hibernated') return this.wake(tenantId, id);
     return sb;
+  }
+
+  /** Hibernates a sandbox once no API call has touched it for `idleTimeoutMs`. */
+  private scheduleIdle(sb: Sandbox): void {
+    const e = this.entry(sb.id);
+    clearTimeout(e.idleTimer);
+    if (!sb.idleTimeoutMs || this.stopping) return;
+    e.lastActive ??= Date.now();
+    const due = e.lastActive + sb.idleTimeoutMs - Date.now();
+    e.idleTimer = setTimeout(async () => {
+      const cur = await this.store.getSandbox(sb.id);
+      if (!cur || cur.state !== 'running') return;
+      if (Date.now() - (e.lastActive ?? 0) < sb.idleTimeoutMs!) return this.scheduleIdle(cur);
+      await this.event(sb.id, 'idle', `no API call for ${sb.idleTimeoutMs} ms: hibernating`);
+      await this.hibernate(cur.tenantId, cur.id).catch((err) => this.log.error({ err, sandboxId: sb.id }, 'idle hibernate failed'));
+    }, Math.max(0, due));
+    e.idleTimer.unref();
   }
 
   /** A unary agent call (stat, list, mkdir, ...). */
@@ -397,6 +427,7 @@ export class SandboxService {
       await fs.rm(imageDir, { recursive: true, force: true });
       const e = this.entry(id);
       clearTimeout(e.policyTimer);
+      clearTimeout(e.idleTimer);
       await this.driver.retire(id);
       e.quiescing = false;
       await this.event(id, 'hibernated', `hibernated to snapshot ${snapshot.id} in ${Date.now() - t0} ms`);
@@ -416,7 +447,8 @@ export class SandboxService {
       const t0 = Date.now();
       await this.restoreFrom(sb, snap, sb);
       await this.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
-      const woke = await this.store.updateSandbox(id, { state: 'running' });
+      // Waking starts the timeout afresh (like creating), or a timeout that hibernated it would fire at once.
+      const woke = await this.store.updateSandbox(id, { state: 'running', ...(sb.timeoutMs ? { expiresAt: new Date(Date.now() + sb.timeoutMs).toISOString() } : {}) });
       this.schedule(woke, this.entry(id));
       this.schedulePolicy(woke);
       return woke;
@@ -490,6 +522,7 @@ export class SandboxService {
           await this.restoreFrom(child, snap, child, imageDir);
           const running = await this.store.updateSandbox(child.id, { state: 'running', startedAt: new Date().toISOString() });
           this.schedule(running, this.entry(child.id));
+          this.schedulePolicy(running);
           await this.event(child.id, 'forked', `forked from ${parent.id} at snapshot ${snap.id}`);
           out.push({ sandbox: running });
         } catch (err) {
@@ -522,6 +555,7 @@ export class SandboxService {
   }
 
   private schedulePolicy(sb: Sandbox): void {
+    this.scheduleIdle(sb);
     const e = this.entry(sb.id);
     clearTimeout(e.policyTimer);
     if (!sb.snapshotPolicy || this.stopping) return;
@@ -808,6 +842,7 @@ export class SandboxService {
     e.killing = true;
     clearTimeout(e.timer);
     clearTimeout(e.policyTimer);
+    clearTimeout(e.idleTimer);
     // Read the end reason before the runtime forgets it (e.g. OOM counters live in the cgroup).
     let finalReason = reason;
     let finalDetail = detail;

@@ -30,6 +30,7 @@ export const SandboxSchema = Type.Object({
   endedAt: Type.Optional(Type.String()),
   expiresAt: Type.Optional(Type.String()),
   onTimeout: Type.Optional(Type.String()),
+  idleTimeoutMs: Type.Optional(Type.Integer()),
   parentId: Type.Optional(Type.String({ description: 'The sandbox this one was forked from' })),
   fromSnapshotId: Type.Optional(Type.String({ description: 'The snapshot it was last restored or forked from' })),
   lastSnapshotId: Type.Optional(Type.String()),
@@ -63,6 +64,7 @@ export const CreateSandboxBody = Type.Object(
     env: Type.Optional(StrMap),
     metadata: Type.Optional(StrMap),
     onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('hibernate')], { description: 'What the timeout does. @default "kill"' })),
+    idleTimeoutMs: Type.Optional(Type.Integer({ description: 'Hibernate after this many ms without an API call for the sandbox; 0 = never. @default 0' })),
   },
   { additionalProperties: false },
 );
