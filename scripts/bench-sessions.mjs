@@ -2,32 +2,22 @@
 // Stateful-session benchmarks, each beside a bare runsc baseline in the same run:
 // pause/resume, snapshot (latency, downtime, size), hibernate/wake, fork into 1/4/10.
 //   node scripts/bench-sessions.mjs [--iterations 10] [--write]
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { Sandbox } from '../packages/sdk/dist/index.js';
+import { TEMPLATES_DIR, startSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '10' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
-const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/space/templates';
 const q = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
 const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
 const now = () => performance.now();
 
 const dataDir = mkdtempSync('/tmp/spbs-');
-const child = spawn(process.execPath, [new URL('../packages/server/dist/main.js', import.meta.url).pathname, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'error'], { stdio: ['ignore', 'ignore', 'inherit'] });
-let state;
-for (let i = 0; i < 600 && !state; i++) {
-  try {
-    const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8'));
-    if (st.pid === child.pid) state = st;
-  } catch {
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-const conn = { apiUrl: state.url, apiKey: readFileSync(state.keyFile, 'utf8').trim() };
+const { child, conn } = await startSpaced(dataDir);
 
 // A bare container with the same rootfs and the same node runtime, idle (no agent, no API).
 const bareRoot = path.join(dataDir, 'bare');

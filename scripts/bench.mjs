@@ -2,17 +2,17 @@
 // SPACE benchmarks: each measurement runs side by side with its baseline in the same process,
 // prints a table, and (with --write) records it in docs/benchmarks.md.
 //   ./space bench [--iterations 30] [--write]
-import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { Sandbox } from '../packages/sdk/dist/index.js';
+import { TEMPLATES_DIR, startSpaced } from '../test/helpers.mjs';
 import { AGENT_ARGV } from '../packages/driver-gvisor/dist/index.js';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
-const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/space/templates';
 
 const q = (xs, p) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -44,19 +44,9 @@ const plus = (a, b) => `+${(a - b).toFixed(2)} ms`;
 
 // The daemon runs as its own process, as in production; this process is only the client.
 const dataDir = mkdtempSync('/tmp/spbench-');
-const child = spawn(process.execPath, [new URL('../packages/server/dist/main.js', import.meta.url).pathname, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'error'], { stdio: ['ignore', 'ignore', 'inherit'] });
-let state;
-for (let i = 0; i < 600 && !state; i++) {
-  try {
-    const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8'));
-    if (st.pid === child.pid) state = st;
-  } catch {
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-if (!state) throw new Error('spaced did not start');
-const daemon = { url: state.url, close: () => new Promise((r) => { child.on('exit', r); child.kill('SIGTERM'); }) };
-const conn = { apiUrl: state.url, apiKey: readFileSync(state.keyFile, 'utf8').trim() };
+const spaced = await startSpaced(dataDir);
+const daemon = { url: spaced.conn.apiUrl, close: () => new Promise((r) => { spaced.child.on('exit', r); spaced.child.kill('SIGTERM'); }) };
+const conn = spaced.conn;
 const runsc = (...a) => execFileSync('runsc', ['--root', path.join(dataDir, 'runsc'), ...a], { stdio: ['ignore', 'pipe', 'pipe'] });
 
 try {
