@@ -71,6 +71,22 @@ describe('sessions across daemon crashes', () => {
     assert.equal(await b.files.read('/tmp/v'), 'v3', 'the restore had completed: nothing was lost');
   });
 
+  it('a checkpoint that fails and kills the sandbox: restored from the last good snapshot, the loss recorded, the daemon goes on', async () => {
+    const sb = await Sandbox.connect(ids[0], d.conn);
+    await sb.files.write('/tmp/v', 'good-state');
+    const good = await sb.snapshot();
+    await sb.files.write('/tmp/v', 'lost-state');
+    await restartWith({ SPACE_FAULT_INJECT: 'snapshot:checkpoint-fails' });
+    const a = await Sandbox.connect(ids[0], d.conn);
+    await assert.rejects(a.snapshot(), (e) => e.code === 'SNAPSHOT_FAILED');
+    assert.equal((await a.refresh()).state, 'running');
+    assert.equal(await a.files.read('/tmp/v'), 'good-state', 'back at the last good snapshot');
+    const ev = await a.events();
+    assert.ok(ev.some((e) => e.type === 'recovered' && e.message.includes(good.id) && /losing the last \d+ s/.test(e.message)));
+    assert.equal((await a.snapshots()).at(-1).id, good.id, 'the failed snapshot is not listed');
+    await restartWith();
+  });
+
   it('a hibernated sandbox wakes after a daemon restart with its memory and files', async () => {
     const sb = await Sandbox.create({ ...d.conn, memoryMb: 256 });
     ids.push(sb.id);

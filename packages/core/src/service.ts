@@ -42,7 +42,8 @@ export interface SandboxServiceOptions {
   maxSnapshotBytes?: number;
   /**
    * Fault injection for crash tests: the process SIGKILLs itself at these points
-   * (`snapshot:after-checkpoint`, `snapshot:after-blob`). Never set in production.
+   * (`snapshot:after-checkpoint`, `snapshot:after-blob`), or a checkpoint fails and takes the
+   * container with it (`snapshot:checkpoint-fails`). Never set in production.
    */
   faults?: string[];
 }
@@ -439,13 +440,11 @@ export class SandboxService {
   wake(tenantId: string, id: string): Promise<Sandbox> {
     return this.withLock(id, async () => {
       const sb = await this.get(tenantId, id);
-      if (sb.state !== 'hibernated') {
-        assertAllowed(sb, 'wake');
-      }
+      assertAllowed(sb, 'wake');
       const snap = sb.lastSnapshotId ? await this.store.getSnapshot(sb.lastSnapshotId) : undefined;
       if (!snap) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot to wake from`);
       const t0 = Date.now();
-      await this.restoreFrom(sb, snap, sb);
+      await this.restoreFrom(snap, sb);
       await this.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
       // Waking starts the timeout afresh (like creating), or a timeout that hibernated it would fire at once.
       const woke = await this.store.updateSandbox(id, { state: 'running', ...(sb.timeoutMs ? { expiresAt: new Date(Date.now() + sb.timeoutMs).toISOString() } : {}) });
@@ -462,7 +461,7 @@ export class SandboxService {
       assertAllowed(sb, 'rollback');
       const snap = await this.store.getSnapshot(String(snapshotId));
       if (!snap || snap.sandboxId !== sb.id) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot ${JSON.stringify(snapshotId)}`, { details: { snapshotId } });
-      await this.restoreFrom(sb, snap, sb);
+      await this.restoreFrom(snap, sb);
       await this.event(id, 'rolled-back', `rolled back to snapshot ${snap.id} (${snap.createdAt})`);
       const r = await this.store.updateSandbox(id, { state: 'running', fromSnapshotId: snap.id });
       this.schedulePolicy(r);
@@ -519,7 +518,7 @@ export class SandboxService {
         };
         await this.store.insertSandbox(child);
         try {
-          await this.restoreFrom(child, snap, child, imageDir);
+          await this.restoreFrom(snap, child, imageDir);
           const running = await this.store.updateSandbox(child.id, { state: 'running', startedAt: new Date().toISOString() });
           this.schedule(running, this.entry(child.id));
           this.schedulePolicy(running);
@@ -624,6 +623,11 @@ export class SandboxService {
       ch.destroy();
       e.channel = undefined;
       this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'agent quiesced');
+      if (this.faults.has('snapshot:checkpoint-fails')) {
+        // What a failed checkpoint does in this runsc: the container is gone.
+        await this.driver.destroy(sb.id);
+        throw new Error('injected checkpoint failure');
+      }
       await this.driver.checkpoint(sb.id, imageDir);
       this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'checkpointed');
       this.fault('snapshot:after-checkpoint');
@@ -705,7 +709,7 @@ export class SandboxService {
   }
 
   /** Verifies `snap`, then replaces whatever runs as `target` with it. */
-  private async restoreFrom(_owner: Sandbox, snap: Snapshot, target: Sandbox, imageDir?: string): Promise<void> {
+  private async restoreFrom(snap: Snapshot, target: Sandbox, imageDir?: string): Promise<void> {
     const dir = imageDir ?? (await this.unpack(snap));
     const e = this.entry(target.id);
     e.quiescing = true;
@@ -732,7 +736,7 @@ export class SandboxService {
       return false;
     }
     try {
-      await this.restoreFrom(sb, snap, sb);
+      await this.restoreFrom(snap, sb);
     } catch (err) {
       await this.event(sb.id, 'recovery-failed', `could not restore snapshot ${snap.id}: ${err instanceof Error ? err.message : String(err)}`);
       await this.terminate(sb.id, 'dead', 'crashed', `${why}; recovery from ${snap.id} failed`);
