@@ -141,6 +141,14 @@ describe('stateful sessions', () => {
       await sb.files.write('/tmp/gen', String(seen));
       return seen >= 5;
     }, { tries: 300, everyMs: 200 });
+    // While a command stream is open, scheduled snapshots wait (they would cut the stream).
+    let out = '';
+    const streaming = sb.commands.run('echo begin; while [ ! -f /tmp/stop ]; do sleep 0.1; done; echo end', { onStdout: (d) => (out += d) });
+    const countBefore = (await sb.snapshots()).length;
+    await eventually(async () => (await sb.events()).some((e) => e.type === 'snapshot-deferred'), { tries: 100, everyMs: 100 });
+    await sb.files.write('/tmp/stop', '1');
+    assert.equal((await streaming).stdout, 'begin\nend\n', 'the stream was not cut');
+    assert.ok((await sb.snapshots()).length <= countBefore + 1);
     await sb.setSnapshotPolicy(null);
     const kept = (await sb.snapshots()).filter((x) => x.trigger === 'schedule');
     assert.equal(kept.length, 3);

@@ -222,6 +222,11 @@ export class AgentChannel extends EventEmitter<AgentChannelEvents> {
     stream.on('close', () => this.destroy());
   }
 
+  /** Calls still open (e.g. command streams a client is reading). */
+  get openCalls(): number {
+    return this.calls.size;
+  }
+
   /** Opens a call. */
   call(req: AgentRequest): AgentCall {
     if (this.closed) {

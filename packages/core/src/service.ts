@@ -196,8 +196,9 @@ export class SandboxService {
         this.log.info({ sandboxId: sb.id }, 're-adopted running sandbox');
         this.schedule(sb, entry);
         this.schedulePolicy(sb);
-      } else if (sb.lastSnapshotId && (await this.recover(sb, 'the sandbox was gone when the daemon started'))) {
-        continue;
+      } else if (sb.lastSnapshotId) {
+        // Restores it from its last snapshot, or marks it dead if that fails.
+        await this.recover(sb, 'the sandbox was gone when the daemon started');
       } else {
         const st = await this.driver.status(sb.id).catch(() => ({ running: false, reason: undefined, detail: undefined }));
         await this.driver.destroy(sb.id).catch((err) => this.log.error({ err, sandboxId: sb.id }, 'cleanup of dead sandbox failed'));
@@ -567,6 +568,12 @@ export class SandboxService {
     await this.withLock(id, async () => {
       const sb = await this.store.getSandbox(id);
       if (!sb?.snapshotPolicy || sb.state !== 'running' || this.stopping) return;
+      // A checkpoint disconnects the agent, which would cut a client's open command stream.
+      const open = this.live.get(id)?.channel?.openCalls ?? 0;
+      if (open > 0) {
+        await this.event(id, 'snapshot-deferred', `scheduled snapshot deferred: ${open} call(s) open; retrying in ${sb.snapshotPolicy.intervalMs} ms`);
+        return;
+      }
       try {
         const { imageDir } = await this.takeSnapshot(sb, 'schedule', undefined, true);
         await fs.rm(imageDir, { recursive: true, force: true });
