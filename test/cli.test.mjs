@@ -75,6 +75,40 @@ describe('space CLI', () => {
     assert.match(after.stderr, /SANDBOX_NOT_RUNNING/);
   });
 
+  it('sessions from the CLI: pause, resume, snapshot, snapshots, fork, rollback, hibernate, wake, snapshot-policy, events', async () => {
+    const id = (await space('create', '--memory', '256')).stdout.trim();
+    ids.push(id);
+    const ok = async (...args) => {
+      const r = await space(...args);
+      assert.equal(r.code, 0, `space ${args.join(' ')}: ${r.stderr}`);
+      return r.stdout;
+    };
+    assert.match(await ok('pause', id), /paused/);
+    assert.match(await ok('resume', id), /running/);
+    await ok('exec', id, '--', 'sh', '-c', 'echo one > /tmp/v');
+    const snap = (await ok('snapshot', id, '--name', 'first')).trim();
+    assert.match(snap, /^sn[a-z0-9]{18}$/);
+    await ok('exec', id, '--', 'sh', '-c', 'echo two > /tmp/v');
+    const list = JSON.parse(await ok('snapshots', id, '--json'));
+    assert.deepEqual(list.map((s) => [s.id, s.name]), [[snap, 'first']]);
+    assert.match(await ok('snapshots', id), new RegExp(`${snap}.*manual.*first`));
+    const forks = (await ok('fork', id, '-n', '2')).trim().split('\n');
+    assert.equal(forks.length, 2);
+    ids.push(...forks);
+    for (const f of forks) assert.equal(await ok('exec', f, '--', 'cat', '/tmp/v'), 'two\n');
+    const fromSnap = (await ok('fork', id, '--from', snap)).trim();
+    ids.push(fromSnap);
+    assert.equal(await ok('exec', fromSnap, '--', 'cat', '/tmp/v'), 'one\n');
+    await ok('rollback', id, snap);
+    assert.equal(await ok('exec', id, '--', 'cat', '/tmp/v'), 'one\n');
+    assert.match(await ok('hibernate', id), /hibernated/);
+    assert.match(await ok('wake', id), /running/);
+    assert.match(await ok('snapshot-policy', id, '--every', '10m', '--keep', '6'), /every 600000 ms, keep 6/);
+    assert.match(await ok('snapshot-policy', id, '--off'), /no rolling snapshots/);
+    assert.match(await ok('events', id), /hibernated to snapshot/);
+    for (const f of [...forks, fromSnap]) await ok('kill', f);
+  });
+
   it('keys create, ls, revoke; a tenant key sees only its own sandboxes', async () => {
     const k = await space('keys', 'create', '--tenant', 'acme', '--name', 'acme-ci', '--json');
     assert.equal(k.code, 0, k.stderr);
