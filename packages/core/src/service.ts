@@ -462,7 +462,16 @@ export class SandboxService {
       assertAllowed(sb, 'rollback');
       const snap = await this.store.getSnapshot(String(snapshotId));
       if (!snap || snap.sandboxId !== sb.id) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot ${JSON.stringify(snapshotId)}`, { details: { snapshotId } });
-      await this.restoreFrom(snap, sb);
+      try {
+        await this.restoreFrom(snap, sb);
+      } catch (err) {
+        // A corrupt snapshot is refused before anything changes; a restore that fails later may have lost the old incarnation.
+        if (err instanceof SpaceError && err.code === 'SNAPSHOT_CORRUPT') throw err;
+        const msg = err instanceof Error ? err.message : String(err);
+        const st = await this.driver.status(id).catch(() => ({ running: false }));
+        if (!st.running) await this.recover(sb, `rollback to ${snap.id} failed: ${msg}`);
+        throw new SpaceError('SNAPSHOT_FAILED', `Rollback of ${id} to ${snap.id} failed: ${msg}`, { cause: err });
+      }
       await this.event(id, 'rolled-back', `rolled back to snapshot ${snap.id} (${snap.createdAt})`);
       const r = await this.store.updateSandbox(id, { state: 'running', fromSnapshotId: snap.id });
       this.schedulePolicy(r);
