@@ -112,6 +112,8 @@ export interface Sandbox {
   onTimeout?: 'kill' | 'hibernate';
   /** Hibernate after this many ms without an API call for the sandbox (its processes may still run). */
   idleTimeoutMs?: number;
+  /** Where creation time went: waiting for a boot slot, the runtime's boot, until the agent answered. */
+  createTimings?: { queueMs: number; bootMs: number; agentMs: number; totalMs: number };
 }
 
 /** Defaults and bounds of sandbox limits. */

@@ -4,6 +4,7 @@
  * sandbox of another tenant is indistinguishable from one that does not exist.
  */
 import { promises as fs } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import path from 'node:path';
 import type { Duplex } from 'node:stream';
 import { PROTOCOL_VERSION, type AgentRequest } from '@space/protocol';
@@ -40,6 +41,10 @@ export interface SandboxServiceOptions {
   workDir: string;
   /** Largest snapshot payload accepted on restore, bytes. @default 32 GiB */
   maxSnapshotBytes?: number;
+  /** Sandboxes booting at once; more creates wait in a queue. @default the number of CPUs (at least 2) */
+  maxConcurrentCreates?: number;
+  /** Creates allowed to wait; beyond it creates get `CAPACITY_EXHAUSTED`. @default 256 */
+  maxQueuedCreates?: number;
   /**
    * Fault injection for crash tests: the process SIGKILLs itself at these points
    * (`snapshot:after-checkpoint`, `snapshot:after-blob`), or a checkpoint fails and takes the
@@ -148,6 +153,11 @@ export class SandboxService {
   private readonly startTimeoutMs: number;
   private readonly reconnectWaitMs: number;
   private creating = 0;
+  private readonly creatingIds = new Set<string>();
+  private readonly createQueue: (() => void)[] = [];
+  private createsRunning = 0;
+  private readonly maxConcurrentCreates: number;
+  private readonly maxQueuedCreates: number;
   private stopping = false;
   private readonly blobs: BlobStore;
   private readonly workDir: string;
@@ -165,6 +175,22 @@ export class SandboxService {
     this.workDir = opts.workDir;
     this.maxSnapshotBytes = opts.maxSnapshotBytes ?? 32 * 1024 ** 3;
     this.faults = new Set(opts.faults ?? []);
+    this.maxConcurrentCreates = opts.maxConcurrentCreates ?? Math.max(2, availableParallelism());
+    this.maxQueuedCreates = opts.maxQueuedCreates ?? 256;
+  }
+
+  /** Waits for one of the `maxConcurrentCreates` boot slots; returns its release. */
+  private async createSlot(): Promise<() => void> {
+    if (this.createsRunning >= this.maxConcurrentCreates) await new Promise<void>((r) => this.createQueue.push(r));
+    else this.createsRunning++;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const next = this.createQueue.shift();
+      if (next) next();
+      else this.createsRunning--;
+    };
   }
 
   private fault(point: string): void {
@@ -242,10 +268,16 @@ export class SandboxService {
     if (!Number.isInteger(idleTimeoutMs) || (idleTimeoutMs !== 0 && (idleTimeoutMs < 1000 || idleTimeoutMs > LIMITS.timeoutMs.max))) {
       throw new SpaceError('INVALID_LIMITS', `idleTimeoutMs must be 0 (never) or between 1000 and ${LIMITS.timeoutMs.max}; got ${idleTimeoutMs}`, { details: { field: 'idleTimeoutMs' } });
     }
-    const alive = (await this.store.sandboxesInStates(['starting', 'running'])).length;
+    const t0 = performance.now();
+    // Count and reserve in one synchronous step, so concurrent creates cannot all pass the check.
+    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).filter((x) => !this.creatingIds.has(x.id)).length;
     if (alive + this.creating >= this.maxSandboxes) {
       throw new SpaceError('CAPACITY_EXHAUSTED', `This node runs its maximum of ${this.maxSandboxes} sandboxes`, { details: { retryAfterS: 5, maxSandboxes: this.maxSandboxes } });
     }
+    if (this.createQueue.length >= this.maxQueuedCreates) {
+      throw new SpaceError('CAPACITY_EXHAUSTED', `${this.createQueue.length} creates are already waiting on this node`, { details: { retryAfterS: 2, queued: this.createQueue.length } });
+    }
+    this.creating++;
     const now = new Date();
     const sb: Sandbox = {
       id: newSandboxId(),
@@ -263,13 +295,19 @@ export class SandboxService {
       createdAt: now.toISOString(),
       ...(timeoutMs ? { expiresAt: new Date(now.getTime() + timeoutMs).toISOString() } : {}),
     };
-    this.creating++;
+    this.creatingIds.add(sb.id);
+    let release: (() => void) | undefined;
     try {
       await this.store.insertSandbox(sb);
       const entry = this.entry(sb.id);
+      // Boots run at most `maxConcurrentCreates` at a time; the rest wait their turn here.
+      release = await this.createSlot();
+      const tQueued = performance.now();
+      let tBooted = tQueued;
       const connected = this.waitAgent(sb.id, this.startTimeoutMs);
       try {
         await this.driver.create({ id: sb.id, template, cpu, memoryMb, env }, signal);
+        tBooted = performance.now();
         const ch = await connected;
         if (!ch) throw new SpaceError('TIMEOUT', `The sandbox agent did not connect within ${this.startTimeoutMs} ms`);
       } catch (err) {
@@ -279,13 +317,17 @@ export class SandboxService {
         if (err instanceof SpaceError) throw err;
         throw new SpaceError('DRIVER_FAILED', `Sandbox failed to start: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
       }
-      const running = await this.store.updateSandbox(sb.id, { state: 'running', startedAt: new Date().toISOString() });
+      const tReady = performance.now();
+      const createTimings = { queueMs: Math.round(tQueued - t0), bootMs: Math.round(tBooted - tQueued), agentMs: Math.round(tReady - tBooted), totalMs: Math.round(tReady - t0) };
+      const running = await this.store.updateSandbox(sb.id, { state: 'running', startedAt: new Date().toISOString(), createTimings });
       this.schedule(running, entry);
       this.schedulePolicy(running);
-      this.log.info({ sandboxId: sb.id, tenantId, template }, 'sandbox running');
+      this.log.info({ sandboxId: sb.id, tenantId, template, ...createTimings }, 'sandbox running');
       return running;
     } finally {
+      release?.();
       this.creating--;
+      this.creatingIds.delete(sb.id);
     }
   }
 
@@ -489,7 +531,7 @@ export class SandboxService {
     if (!Number.isInteger(count) || count < 1 || count > 32) throw new SpaceError('BAD_REQUEST', 'count must be an integer from 1 to 32');
     const parent = await this.get(tenantId, id);
     assertAllowed(parent, 'fork');
-    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).length;
+    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).filter((x) => !this.creatingIds.has(x.id)).length;
     if (alive + this.creating + count > this.maxSandboxes) {
       throw new SpaceError('CAPACITY_EXHAUSTED', `Forking ${count} copies would exceed this node's ${this.maxSandboxes} sandboxes`, { details: { retryAfterS: 5, maxSandboxes: this.maxSandboxes } });
     }

@@ -31,6 +31,7 @@ export const SandboxSchema = Type.Object({
   expiresAt: Type.Optional(Type.String()),
   onTimeout: Type.Optional(Type.String()),
   idleTimeoutMs: Type.Optional(Type.Integer()),
+  createTimings: Type.Optional(Type.Object({ queueMs: Type.Integer(), bootMs: Type.Integer(), agentMs: Type.Integer(), totalMs: Type.Integer() }, { description: 'Where creation time went' })),
   parentId: Type.Optional(Type.String({ description: 'The sandbox this one was forked from' })),
   fromSnapshotId: Type.Optional(Type.String({ description: 'The snapshot it was last restored or forked from' })),
   lastSnapshotId: Type.Optional(Type.String()),
