@@ -156,6 +156,11 @@ async function handle(req: Record<string, unknown>, s: Stream): Promise<void> {
       }
       const p = await procs.start(r, baseEnv);
       s.reply({ pid: p.info.pid });
+      if (r.background) {
+        // Nobody reads a background process's output yet: keep it in its tail buffer for the next attach.
+        s.end({});
+        return;
+      }
       attachStream(p, s);
       return;
     }
