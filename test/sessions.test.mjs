@@ -207,7 +207,7 @@ describe('stateful sessions', () => {
     assert.equal((await idle.refresh()).state, 'running');
     await idle.kill();
 
-    const timed = await fx.create({ timeoutMs: 2000, onTimeout: 'hibernate' });
+    const timed = await fx.create({ timeoutMs: 5000, onTimeout: 'hibernate' });
     await timed.files.write('/tmp/t', 'kept');
     await eventually(async () => (await timed.refresh()).state === 'hibernated');
     assert.equal(await timed.files.read('/tmp/t'), 'kept');
