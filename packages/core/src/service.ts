@@ -207,11 +207,10 @@ export class SandboxService {
     // Scratch images of checkpoints interrupted by a crash are never complete: drop them.
     await fs.rm(this.workDir, { recursive: true, force: true });
     await fs.mkdir(this.workDir, { recursive: true, mode: 0o700 });
-    for (const sb of await this.store.sandboxesInStates(['hibernated'])) this.schedule(sb, this.entry(sb.id));
+    for (const sb of await this.store.sandboxesInStates(['hibernated'])) this.schedule(sb);
     const active = await this.store.sandboxesInStates(['starting', 'running', 'paused']);
     const known = new Set(active.map((s) => s.id));
     for (const sb of active) {
-      const entry = this.entry(sb.id);
       let alive = false;
       try {
         alive = sb.state !== 'starting' && (await this.driver.adopt(sb.id));
@@ -220,8 +219,7 @@ export class SandboxService {
       }
       if (alive) {
         this.log.info({ sandboxId: sb.id }, 're-adopted running sandbox');
-        this.schedule(sb, entry);
-        this.schedulePolicy(sb);
+        this.arm(sb);
       } else if (sb.lastSnapshotId) {
         // Restores it from its last snapshot, or marks it dead if that fails.
         await this.recover(sb, 'the sandbox was gone when the daemon started');
@@ -299,7 +297,6 @@ export class SandboxService {
     let release: (() => void) | undefined;
     try {
       await this.store.insertSandbox(sb);
-      const entry = this.entry(sb.id);
       // Boots run at most `maxConcurrentCreates` at a time; the rest wait their turn here.
       release = await this.createSlot();
       const tQueued = performance.now();
@@ -320,8 +317,7 @@ export class SandboxService {
       const tReady = performance.now();
       const createTimings = { queueMs: Math.round(tQueued - t0), bootMs: Math.round(tBooted - tQueued), agentMs: Math.round(tReady - tBooted), totalMs: Math.round(tReady - t0) };
       const running = await this.store.updateSandbox(sb.id, { state: 'running', startedAt: new Date().toISOString(), createTimings });
-      this.schedule(running, entry);
-      this.schedulePolicy(running);
+      this.arm(running);
       this.log.info({ sandboxId: sb.id, tenantId, template, ...createTimings }, 'sandbox running');
       return running;
     } finally {
@@ -491,8 +487,7 @@ export class SandboxService {
       await this.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
       // Waking starts the timeout afresh (like creating), or a timeout that hibernated it would fire at once.
       const woke = await this.store.updateSandbox(id, { state: 'running', ...(sb.timeoutMs ? { expiresAt: new Date(Date.now() + sb.timeoutMs).toISOString() } : {}) });
-      this.schedule(woke, this.entry(id));
-      this.schedulePolicy(woke);
+      this.arm(woke);
       return woke;
     });
   }
@@ -502,8 +497,7 @@ export class SandboxService {
     return this.withLock(id, async () => {
       const sb = await this.get(tenantId, id);
       assertAllowed(sb, 'rollback');
-      const snap = await this.store.getSnapshot(String(snapshotId));
-      if (!snap || snap.sandboxId !== sb.id) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot ${JSON.stringify(snapshotId)}`, { details: { snapshotId } });
+      const snap = await this.ownSnapshot(sb, snapshotId);
       try {
         await this.restoreFrom(snap, sb);
       } catch (err) {
@@ -538,10 +532,8 @@ export class SandboxService {
     let snap: Snapshot;
     let imageDir: string;
     if (opts.snapshotId) {
-      const s = await this.store.getSnapshot(String(opts.snapshotId));
-      if (!s || s.sandboxId !== parent.id) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot ${JSON.stringify(opts.snapshotId)}`);
-      snap = s;
-      imageDir = await this.unpack(s);
+      snap = await this.ownSnapshot(parent, opts.snapshotId);
+      imageDir = await this.unpack(snap);
     } else {
       if (parent.state === 'hibernated') throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${id} is hibernated: fork one of its snapshots (snapshotId) or wake it first`);
       ({ snapshot: snap, imageDir } = await this.withLock(id, async () => this.takeSnapshot(await this.get(tenantId, id), 'fork', undefined, true)));
@@ -572,8 +564,7 @@ export class SandboxService {
         try {
           await this.restoreFrom(snap, child, imageDir);
           const running = await this.store.updateSandbox(child.id, { state: 'running', startedAt: new Date().toISOString() });
-          this.schedule(running, this.entry(child.id));
-          this.schedulePolicy(running);
+          this.arm(running);
           await this.event(child.id, 'forked', `forked from ${parent.id} at snapshot ${snap.id}`);
           out.push({ sandbox: running });
         } catch (err) {
@@ -637,6 +628,13 @@ export class SandboxService {
     }).catch((err) => this.log.error({ err, sandboxId: id }, 'scheduled snapshot failed'));
     const cur = await this.store.getSandbox(id);
     if (cur && (cur.state === 'running' || cur.state === 'paused')) this.schedulePolicy(cur);
+  }
+
+  /** A snapshot of `sb`; another sandbox's (or tenant's) is as unknown as a missing one. */
+  private async ownSnapshot(sb: Sandbox, snapshotId: string): Promise<Snapshot> {
+    const snap = await this.store.getSnapshot(String(snapshotId));
+    if (!snap || snap.sandboxId !== sb.id) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${sb.id} has no snapshot ${JSON.stringify(snapshotId)}`, { details: { snapshotId } });
+    return snap;
   }
 
   private async deleteSnapshot(sn: Snapshot): Promise<void> {
@@ -803,8 +801,7 @@ export class SandboxService {
     const lostS = Math.round((Date.now() - Date.parse(snap.createdAt)) / 1000);
     await this.event(sb.id, 'recovered', `${why}; restored from snapshot ${snap.id}, losing the last ${lostS} s`);
     const r = await this.store.updateSandbox(sb.id, { state: 'running', fromSnapshotId: snap.id });
-    this.schedule(r, this.entry(sb.id));
-    this.schedulePolicy(r);
+    this.arm(r);
     return true;
   }
 
@@ -883,13 +880,20 @@ export class SandboxService {
     await this.terminate(id, 'dead', st.reason ?? 'crashed', st.detail ?? 'the sandbox stopped unexpectedly');
   }
 
-  private schedule(sb: Sandbox, e: Live): void {
+  /** Arms every timer of a running sandbox: its timeout, rolling snapshots and idle hibernation. */
+  private arm(sb: Sandbox): void {
+    this.schedule(sb);
+    this.schedulePolicy(sb);
+  }
+
+  private schedule(sb: Sandbox): void {
+    const e = this.entry(sb.id);
     clearTimeout(e.timer);
     if (!sb.expiresAt || (sb.onTimeout === 'hibernate' && sb.state === 'hibernated')) return;
     const ms = Math.max(0, Date.parse(sb.expiresAt) - Date.now());
     // setTimeout caps at ~24.8 days; re-arm for longer timeouts.
     e.timer = setTimeout(() => {
-      if (Date.parse(sb.expiresAt!) > Date.now() + 1000) return this.schedule(sb, e);
+      if (Date.parse(sb.expiresAt!) > Date.now() + 1000) return this.schedule(sb);
       const act =
         sb.onTimeout === 'hibernate'
           ? this.store.getSandbox(sb.id).then((cur) => (cur && (cur.state === 'running' || cur.state === 'paused') ? this.hibernate(cur.tenantId, cur.id) : undefined))

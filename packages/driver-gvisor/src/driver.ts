@@ -62,6 +62,7 @@ export class GvisorDriver implements SandboxDriver {
   private readonly rids = new Map<string, string>();
   private readonly releasing = new Map<string, Set<Promise<void>>>();
   private readonly retiring = new Set<string>();
+  private versionP: Promise<string> | undefined;
   private runtimeDir = '';
   private readonly runsc: string;
   private readonly stateDir: string;
@@ -218,9 +219,10 @@ export class GvisorDriver implements SandboxDriver {
     await run(this.runsc, ['--root', this.stateDir, 'checkpoint', '--image-path', imageDir, this.rid(id)], 300_000);
   }
 
-  async version(): Promise<string> {
-    const v = await tryRun(this.runsc, ['--version'], 10_000);
-    return `runsc ${v?.stdout.split('\n')[0]?.replace('runsc version ', '') ?? 'unknown'}`;
+  /** Asked once: every snapshot records it, and the binary does not change under a running daemon. */
+  version(): Promise<string> {
+    this.versionP ??= tryRun(this.runsc, ['--version'], 10_000).then((v) => `runsc ${v?.stdout.split('\n')[0]?.replace('runsc version ', '') ?? 'unknown'}`);
+    return this.versionP;
   }
 
   /** Directories, agent socket, netns and OCI bundle for a sandbox about to be run or restored. */
