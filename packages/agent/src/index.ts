@@ -6,3 +6,6 @@ import { fileURLToPath } from 'node:url';
 
 /** Absolute path of the bundled agent (`dist/agent.cjs`). */
 export const AGENT_BUNDLE = fileURLToPath(new URL('./agent.cjs', import.meta.url));
+
+/** Absolute path of the static helper (`dist/space-helper`): sethostname, and exec without CAP_SYS_ADMIN. */
+export const AGENT_HELPER = fileURLToPath(new URL('./space-helper', import.meta.url));

@@ -17,10 +17,11 @@ import {
   parseJson,
   type ExecRequest,
   type Frame,
+  type IdentityRequest,
 } from '@space/protocol';
 import * as files from './files.js';
 import { snapshotBlockers } from './snapshot.js';
-import { AgentError, ProcessTable, type Proc } from './processes.js';
+import { AgentError, ProcessTable, setHostname, type Proc } from './processes.js';
 import { Stream, type FrameSink } from './streams.js';
 
 /** Which sandbox this agent serves; a fork learns its new id from the daemon. */
@@ -32,6 +33,22 @@ const startedAt = Date.now();
 const baseEnv: Record<string, string> = {};
 for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('SPACE_AGENT') && v !== undefined) baseEnv[k] = v;
 baseEnv.PATH ??= '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+/** The variables of the image's own environment that a new identity keeps (the rest is replaced). */
+const RUNTIME_ENV = ['PATH', 'LANG'];
+
+/** Takes a new identity after a restore into another sandbox: id, hostname, environment. */
+async function takeIdentity(req: IdentityRequest): Promise<void> {
+  if (typeof req.sandboxId !== 'string' || !/^[a-z0-9]{1,64}$/.test(req.sandboxId)) throw new AgentError('BAD_REQUEST', 'sandboxId must be [a-z0-9]{1,64}');
+  if (req.hostname !== undefined && (typeof req.hostname !== 'string' || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(req.hostname))) throw new AgentError('BAD_REQUEST', 'hostname must be [a-z0-9-]{1,63}');
+  if (req.hostname) await setHostname(req.hostname);
+  sandboxId = req.sandboxId;
+  if (req.env && typeof req.env === 'object') {
+    for (const k of Object.keys(baseEnv)) if (!RUNTIME_ENV.includes(k)) delete baseEnv[k];
+    for (const [k, v] of Object.entries(req.env)) if (typeof v === 'string') baseEnv[k] = v;
+  }
+  baseEnv.SPACE_SANDBOX_ID = sandboxId;
+}
 
 let conn: Connection | undefined;
 /**
@@ -192,9 +209,7 @@ async function handle(req: Record<string, unknown>, s: Stream): Promise<void> {
       setImmediate(() => conn?.drop());
       return;
     case 'identity':
-      if (typeof req.sandboxId !== 'string' || !/^[a-z0-9]{1,64}$/.test(req.sandboxId)) throw new AgentError('BAD_REQUEST', 'sandboxId must be [a-z0-9]{1,64}');
-      sandboxId = req.sandboxId;
-      baseEnv.SPACE_SANDBOX_ID = sandboxId;
+      await takeIdentity(req as unknown as IdentityRequest);
       s.end({});
       return;
     case 'snapshot-check':

@@ -3,7 +3,10 @@
  * output routed to at most one attached stream under its flow control. While no stream is
  * attached, a background process's output is kept in a bounded tail buffer.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { accessSync, constants as fsc, existsSync } from 'node:fs';
+import path from 'node:path';
+import { AGENT_RUNTIME_DIR } from '@space/protocol';
 import { createRequire } from 'node:module';
 import { Channel, type ExecRequest, type ProcessInfo } from '@space/protocol';
 import type { Stream } from './streams.js';
@@ -75,16 +78,18 @@ export class Proc {
       running: true,
       exitCode: null,
     };
+    // Root's commands run through the helper, which drops CAP_SYS_ADMIN (only the agent keeps it).
+    const cmd = user.uid === 0 ? rootArgv(argv, (env as Record<string, string | undefined>).PATH) : argv;
     if (req.pty) {
       this.openOutputs = 0;
-      const p = loadPty().spawn(argv[0]!, argv.slice(1), { name: 'xterm-256color', cols: req.pty.cols, rows: req.pty.rows, cwd, env: { TERM: 'xterm-256color', ...env }, uid: user.uid, gid: user.gid, encoding: null });
+      const p = loadPty().spawn(cmd[0]!, cmd.slice(1), { name: 'xterm-256color', cols: req.pty.cols, rows: req.pty.rows, cwd, env: { TERM: 'xterm-256color', ...env }, uid: user.uid, gid: user.gid, encoding: null });
       this.pty = p;
       this.info.pid = p.pid;
       p.onData((d) => this.output(Channel.Pty, typeof d === 'string' ? Buffer.from(d) : d));
       p.onExit(({ exitCode, signal }) => this.exit(signal ? null : exitCode, signal ? `SIG${signal}` : null));
     } else {
       this.openOutputs = 2;
-      const child = spawn(argv[0]!, argv.slice(1), {
+      const child = spawn(cmd[0]!, cmd.slice(1), {
         cwd,
         env,
         uid: user.uid,
@@ -272,4 +277,39 @@ export class ProcessTable {
     const exited = [...this.procs.values()].filter((p) => !p.info.running);
     for (const p of exited.slice(0, Math.max(0, exited.length - KEEP_EXITED))) this.procs.delete(p.info.pid);
   }
+}
+
+/** The static helper in the runtime (absent in runtimes older than it). */
+const HELPER = `${AGENT_RUNTIME_DIR}/space-helper`;
+const hasHelper = existsSync(HELPER);
+
+function isExecutable(p: string): boolean {
+  try {
+    accessSync(p, fsc.X_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * `argv` prefixed with `space-helper exec`. The program is looked up first, so that a missing
+ * one still fails to start (COMMAND_FAILED_TO_START) instead of exiting 127.
+ */
+function rootArgv(argv: string[], pathVar: string | undefined): string[] {
+  if (!hasHelper) return argv;
+  const prog = argv[0]!;
+  const found = prog.includes('/') ? isExecutable(prog) : (pathVar ?? '').split(':').some((d) => d && isExecutable(path.join(d, prog)));
+  if (!found) throw new AgentError('COMMAND_FAILED_TO_START', `Cannot start ${JSON.stringify(prog)}: ENOENT (no such program or cwd)`);
+  return [HELPER, 'exec', ...argv];
+}
+
+/** Sets the sandbox's hostname (the agent holds the capability for it; its children do not). */
+export function setHostname(name: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (!hasHelper) return reject(new AgentError('INTERNAL', 'this sandbox runtime has no space-helper to set the hostname'));
+    execFile(HELPER, ['sethostname', name], { timeout: 5000 }, (err, _out, stderr) =>
+      err ? reject(new AgentError('INTERNAL', `cannot set the hostname: ${stderr.trim() || err.message}`)) : resolve(),
+    );
+  });
 }

@@ -1,6 +1,6 @@
 /**
  * The agent's runtime: the host's node binary, the shared libraries it links, the bundled
- * agent and node-pty's addon, laid out in one directory that every sandbox mounts read-only
+ * agent, its static helper and node-pty's addon, laid out in one directory that every sandbox mounts read-only
  * at /.space. Run through the bundled dynamic loader, it works in any rootfs (even one with
  * only busybox). Built once per (node, agent) pair, atomically.
  */
@@ -52,17 +52,19 @@ async function copyDir(src: string, dst: string, skip: (rel: string) => boolean,
  * Ensures the runtime directory under `baseDir` is current; returns its path.
  *
  * @example
- * const dir = await ensureRuntime('/var/lib/space/runtime', AGENT_BUNDLE);
+ * const dir = await ensureRuntime('/var/lib/space/runtime', AGENT_BUNDLE, AGENT_HELPER);
  */
-export async function ensureRuntime(baseDir: string, agentBundle: string, nodeBinary = process.execPath): Promise<string> {
+export async function ensureRuntime(baseDir: string, agentBundle: string, helper: string, nodeBinary = process.execPath): Promise<string> {
   const nodeStat = await fs.stat(nodeBinary);
   const agent = await fs.readFile(agentBundle);
+  const helperBin = await fs.readFile(helper);
   const require = createRequire(import.meta.url);
   const ptyDir = path.dirname(require.resolve('node-pty/package.json', { paths: [path.dirname(agentBundle)] }));
   const ptyAddon = path.join(ptyDir, 'build', 'Release', 'pty.node');
   const key = createHash('sha256')
     .update(`${nodeBinary}:${nodeStat.size}:${nodeStat.mtimeMs}\0`)
     .update(agent)
+    .update(helperBin)
     .update(existsSync(ptyAddon) ? await fs.readFile(ptyAddon) : Buffer.alloc(0))
     .digest('hex')
     .slice(0, 16);
@@ -76,8 +78,9 @@ export async function ensureRuntime(baseDir: string, agentBundle: string, nodeBi
   const { libs, loader } = await libsOf(nodeBinary);
   for (const lib of [...libs, loader]) await fs.copyFile(lib, path.join(tmp, 'lib', path.basename(lib)));
   await fs.writeFile(path.join(tmp, 'agent.cjs'), agent);
+  await fs.writeFile(path.join(tmp, 'space-helper'), helperBin);
   await copyDir(ptyDir, path.join(tmp, 'node_modules', 'node-pty'), (r) => /^(src|deps|scripts|third_party|typings|binding\.gyp)/.test(r) || (r.startsWith('build') && !r.startsWith(path.join('build', 'Release')) && r !== 'build') || /\.(o|d|mk|a)$/.test(r) || r.includes('obj.target') || r.includes('.deps'));
-  for (const f of ['node', 'agent.cjs']) await fs.chmod(path.join(tmp, f), 0o755);
+  for (const f of ['node', 'agent.cjs', 'space-helper']) await fs.chmod(path.join(tmp, f), 0o755);
   await fs.writeFile(path.join(tmp, '.complete'), new Date().toISOString());
   await fs.chmod(tmp, 0o755);
   try {

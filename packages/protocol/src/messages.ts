@@ -176,10 +176,18 @@ export interface SnapshotCheckRequest {
   op: 'snapshot-check';
 }
 
-/** After a fork: the agent's new sandbox id (it reports it in later hellos). */
+/**
+ * After a restore into a new sandbox (fork, template snapshot, warm pool): the agent's new
+ * identity. It reports `sandboxId` in later hellos, sets the hostname, and gives every process
+ * it starts from then on `env` (replacing the environment the image was taken with).
+ */
 export interface IdentityRequest {
   op: 'identity';
   sandboxId: string;
+  /** UTS hostname to set. */
+  hostname?: string;
+  /** The sandbox's environment (template env merged with the create request's env). */
+  env?: Record<string, string>;
 }
 
 /** Every request the daemon can send. */
