@@ -1,7 +1,7 @@
 // The CLI end to end, as a new user would run it: up, create, exec, cp, ls, inspect, keys,
 // kill, down — through the real binary, its config file and a background daemon.
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { TEMPLATES_DIR, cliRunner, leftovers } from './helpers.mjs';
 
@@ -24,6 +24,35 @@ describe('space CLI', () => {
     assert.deepEqual(leftovers(dataDir, ids), []);
     rmSync(dataDir, { recursive: true, force: true });
     rmSync(home, { recursive: true, force: true });
+  });
+
+  it('template build --dir with a start command shows progress; ls, inspect timings, pool, rm', async () => {
+    const root = mkdtempSync('/tmp/spc-rootfs-');
+    mkdirSync(`${root}/bin`);
+    copyFileSync('/bin/busybox', `${root}/bin/busybox`);
+    for (const a of ['sh', 'cat', 'sleep', 'test', 'echo']) symlinkSync('busybox', `${root}/bin/${a}`);
+    writeFileSync(`${root}/greeting`, 'hi from a directory\n');
+    const b = await space('template', 'build', 'fromdir', '--dir', root, '--start', 'echo up > /tmp/up; sleep 1000', '--ready', 'test -f /tmp/up', '-e', 'GREETING=hello');
+    rmSync(root, { recursive: true, force: true });
+    assert.equal(b.code, 0, b.stderr);
+    assert.equal(b.stdout, 'fromdir ready\n');
+    assert.match(b.stderr, /building fromdir \[#*\.*\]\s+\d+% taking the template snapshot/, 'progress bar with the current step');
+    const ls = await space('template', 'ls');
+    assert.match(ls.stdout, /^fromdir\s+ready\s+rootfs image\s+\d+\.\dM\s+0\/0\s+echo up/m);
+    const c = await space('create', '--template', 'fromdir');
+    assert.equal(c.code, 0, c.stderr);
+    const id = c.stdout.trim();
+    ids.push(id);
+    assert.equal((await space('exec', id, '--', 'sh', '-c', 'cat /greeting /tmp/up; echo $GREETING')).stdout, 'hi from a directory\nup\nhello\n');
+    assert.match((await space('inspect', id)).stdout, /^created\s+\d+ ms from snapshot \(queue \d+ \+ restore \d+ \+ agent \d+ \+ identity \d+ ms\)$/m);
+    const rmBusy = await space('template', 'rm', 'fromdir');
+    assert.equal(rmBusy.code, 1);
+    assert.match(rmBusy.stderr, /TEMPLATE_IN_USE/);
+    assert.equal((await space('template', 'pool', 'fromdir', '1')).code, 0);
+    assert.equal((await space('kill', id)).code, 0);
+    assert.equal((await space('template', 'pool', 'fromdir', '0')).code, 0);
+    const rm = await space('template', 'rm', 'fromdir');
+    assert.equal(rm.code, 0, rm.stderr);
   });
 
   it('the first key is readable only by its owner', () => {

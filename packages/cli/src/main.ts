@@ -9,7 +9,7 @@ import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
-import { ApiClient, Sandbox, SpaceError, type SandboxInfo } from '@space/sdk';
+import { ApiClient, Sandbox, SpaceError, Templates, type BuildProgress, type SandboxInfo, type TemplateInfo } from '@space/sdk';
 import { defaultDataDir, readState } from '@space/server/state';
 import { connection, parseDuration, parsePairs, writeConfig } from './config.js';
 
@@ -31,23 +31,31 @@ async function sleep(ms: number) {
   await new Promise((r) => setTimeout(r, ms));
 }
 
-/** Shows template build progress until it is ready. */
-async function waitTemplate(name: string): Promise<void> {
-  const api = new ApiClient(connection());
+/** A progress bar on stderr (one line on a terminal, a line per step otherwise). */
+function progressBar(label: string): { update: BuildProgress; done(msg: string): void } {
   let last = '';
-  for (;;) {
-    const st = await api.json<{ state: string; progress?: number; message?: string }>('GET', `/v1/templates/${encodeURIComponent(name)}`);
-    if (st.state === 'ready') break;
-    if (st.state === 'failed') throw new SpaceError('TEMPLATE_BUILD_FAILED', st.message ?? 'template build failed');
-    if (st.state === 'missing') await api.json('POST', `/v1/templates/${encodeURIComponent(name)}/build`);
-    const pct = st.progress ?? 0;
-    const bar = '#'.repeat(Math.round(pct / 5)).padEnd(20, '.');
-    const line = `building template ${name} [${bar}] ${String(pct).padStart(3)}% ${st.message ?? ''}`;
-    if (line !== last) process.stderr.write(process.stderr.isTTY ? `\r${line}\x1b[K` : `${line}\n`);
-    last = line;
-    await sleep(500);
-  }
-  if (last && process.stderr.isTTY) process.stderr.write(`\rtemplate ${name} ready\x1b[K\n`);
+  return {
+    update: (pct, step) => {
+      const p = Math.max(0, Math.min(100, Math.round(pct)));
+      const line = `${label} [${'#'.repeat(Math.round(p / 5)).padEnd(20, '.')}] ${String(p).padStart(3)}% ${step}`;
+      if (line === last) return;
+      if (process.stderr.isTTY) process.stderr.write(`\r${line}\x1b[K`);
+      else if (line.replace(/\[.*?%/, '') !== last.replace(/\[.*?%/, '')) process.stderr.write(`${line}\n`);
+      last = line;
+    },
+    done: (msg) => {
+      if (last && process.stderr.isTTY) process.stderr.write(`\r${msg}\x1b[K\n`);
+    },
+  };
+}
+
+/** Makes sure a template is ready (a built-in is built on first use), showing progress. */
+async function ensureTemplate(name: string): Promise<void> {
+  const t = await Templates.get(name, connection());
+  if (t.state === 'ready') return;
+  const bar = progressBar(`preparing template ${name}`);
+  await Templates.prepare(name, { ...connection(), onProgress: bar.update });
+  bar.done(`template ${name} ready`);
 }
 
 // ---------- daemon management
@@ -58,6 +66,7 @@ interface DaemonFlags {
   listen: string;
   templatesDir?: string;
   maxSandboxes?: string;
+  pool?: string;
 }
 
 /** The flags `up` and `daemon` share, passed on to spaced. */
@@ -68,11 +77,12 @@ function daemonCommand(name: string, description: string): Command {
     .option('--data-dir <dir>', 'data directory', defaultDataDir())
     .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7070')
     .option('--templates-dir <dir>', 'template cache directory')
-    .option('--max-sandboxes <n>', 'most sandboxes at once');
+    .option('--max-sandboxes <n>', 'most sandboxes at once')
+    .option('--pool <template=n,...>', 'warm pools of the built-in templates, e.g. minimal=2');
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : [])];
 }
 
 daemonCommand('up', 'start the daemon in the background and print how to reach it')
@@ -160,7 +170,7 @@ program
   .option('--json', 'print the sandbox as JSON')
   .action(async (o: { template: string; cpu?: number; memory?: number; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; json?: boolean }) => {
     if (o.onTimeout !== 'kill' && o.onTimeout !== 'hibernate') throw new Error('--on-timeout takes kill or hibernate');
-    await waitTemplate(o.template);
+    await ensureTemplate(o.template);
     const env = parsePairs(o.env, 'env');
     const metadata = parsePairs(o.label, 'label');
     const sb = await Sandbox.create({
@@ -202,7 +212,13 @@ program
     const usage = sb.info.state === 'running' ? await sb.usage() : undefined;
     const out: SandboxInfo & { usage?: unknown } = { ...sb.info, ...(usage ? { usage } : {}) };
     if (o.json) return void process.stdout.write(JSON.stringify(out, null, 2) + '\n');
-    for (const [k, v] of Object.entries(out)) process.stdout.write(`${k.padEnd(12)} ${typeof v === 'object' ? JSON.stringify(v) : String(v)}\n`);
+    for (const [k, v] of Object.entries(out)) {
+      if (k === 'createTimings' && v) {
+        const t = v as NonNullable<SandboxInfo['createTimings']>;
+        const parts = [`queue ${t.queueMs}`, t.restoreMs !== undefined ? `restore ${t.restoreMs}` : '', t.bootMs !== undefined ? `boot ${t.bootMs}` : '', `agent ${t.agentMs}`, `identity ${t.identityMs}`].filter(Boolean);
+        process.stdout.write(`${'created'.padEnd(12)} ${t.totalMs} ms from ${t.source} (${parts.join(' + ')} ms)\n`);
+      } else process.stdout.write(`${k.padEnd(12)} ${typeof v === 'object' ? JSON.stringify(v) : String(v)}\n`);
+    }
   });
 
 program
@@ -369,21 +385,67 @@ program
   });
 
 // ---------- templates
-const tpl = program.command('template').description('templates (minimal, base)');
+const tpl = program.command('template').description('templates: build from Debian packages, an image tarball or a directory; warm pools');
 tpl
   .command('ls')
+  .description('list templates (built-ins and yours)')
   .option('--json', 'print JSON')
   .action(async (o: { json?: boolean }) => {
-    const r = await new ApiClient(connection()).json<{ templates: { name: string; state: string; progress?: number; message?: string }[] }>('GET', '/v1/templates');
-    if (o.json) return void process.stdout.write(JSON.stringify(r.templates, null, 2) + '\n');
-    process.stdout.write(table([['NAME', 'STATE', 'DETAIL'], ...r.templates.map((t) => [t.name, t.state, t.state === 'building' ? `${t.progress ?? 0}% ${t.message ?? ''}` : (t.message ?? '')])]) + '\n');
+    const ts = await Templates.list(connection());
+    if (o.json) return void process.stdout.write(JSON.stringify(ts, null, 2) + '\n');
+    const src = (t: TemplateInfo) => (t.source.type === 'debian' ? `debian: ${t.source.packages.join(' ')}` : t.source.type === 'upload' ? `${t.source.format} image` : 'built-in');
+    const mb = (n: number | undefined) => (n === undefined ? '-' : `${(n / 1048576).toFixed(1)}M`);
+    process.stdout.write(table([['NAME', 'STATE', 'SOURCE', 'SNAPSHOT', 'POOL', 'START'], ...ts.map((t) => [t.name, t.state, src(t).slice(0, 40), t.image ? mb(t.image.sizeBytes) : '-', `${t.pool.ready}/${t.pool.size}`, t.start?.cmd.slice(0, 30) ?? ''])]) + '\n');
   });
 tpl
   .command('build <name>')
-  .description('build a template now (shows progress)')
+  .description('build a template (or make a built-in ready) and take its snapshot, showing progress')
+  .option('-p, --packages <list>', 'Debian packages, comma-separated (e.g. jq,ripgrep)')
+  .option('--image <file>', 'an OCI layout tarball, `docker save` output or rootfs tarball')
+  .option('--dir <dir>', 'a local directory to use as the root file system')
+  .option('--start <cmd>', 'command started before the snapshot (e.g. a server)')
+  .option('--ready <cmd>', 'command that exits 0 once the start command is ready')
+  .option('--ready-timeout <duration>', 'how long to wait for --ready', '60s')
+  .option('-e, --env <K=V>', 'environment variable of every sandbox (repeatable)', collectList)
+  .option('--pool <n>', 'warm pool size', Number)
+  .option('--json', 'print the template as JSON')
+  .action(async (name: string, o: { packages?: string; image?: string; dir?: string; start?: string; ready?: string; readyTimeout: string; env?: string[]; pool?: number; json?: boolean }) => {
+    const bar = progressBar(`building ${name}`);
+    let t: TemplateInfo;
+    if (!o.packages && !o.image && !o.dir) {
+      if (o.start || o.env || o.pool !== undefined) throw new SpaceError('BAD_REQUEST', 'Give --packages, --image or --dir to build a new template');
+      t = await Templates.prepare(name, { ...connection(), onProgress: bar.update });
+    } else {
+      if (o.ready && !o.start) throw new SpaceError('BAD_REQUEST', '--ready needs --start');
+      const env = parsePairs(o.env, 'env');
+      t = await Templates.build({
+        ...connection(),
+        name,
+        ...(o.packages ? { packages: o.packages.split(',').map((p) => p.trim()).filter(Boolean) } : {}),
+        ...(o.image ? { image: o.image } : {}),
+        ...(o.dir ? { dir: o.dir } : {}),
+        ...(o.start ? { start: { cmd: o.start, ...(o.ready ? { readyCmd: o.ready } : {}), readyTimeoutMs: parseDuration(o.readyTimeout) } } : {}),
+        ...(env ? { env } : {}),
+        ...(o.pool !== undefined ? { poolSize: o.pool } : {}),
+        onProgress: bar.update,
+      });
+    }
+    bar.done(`template ${name} ready`);
+    process.stdout.write(o.json ? JSON.stringify(t, null, 2) + '\n' : `${name} ready\n`);
+  });
+tpl
+  .command('rm <name>')
+  .description('remove one of your templates (refused while sandboxes use it)')
   .action(async (name: string) => {
-    await waitTemplate(name);
-    process.stdout.write(`${name} ready\n`);
+    await Templates.remove(name, connection());
+    process.stdout.write(`${name} removed\n`);
+  });
+tpl
+  .command('pool <name> <size>')
+  .description('set how many sandboxes of the template are kept restored and ready')
+  .action(async (name: string, size: string) => {
+    const t = await Templates.setPool(name, Number(size), connection());
+    process.stdout.write(`${name}: pool of ${t.pool.size} (${t.pool.ready} ready now)\n`);
   });
 
 // ---------- keys

@@ -9,8 +9,10 @@ import type { EndReason } from './model.js';
 /** What a driver needs to boot one sandbox. */
 export interface DriverCreateSpec {
   id: string;
-  /** Template name; the driver resolves it to a root file system. */
+  /** Template name (for logs). */
   template: string;
+  /** The template's root file system on the host (shared, read-only lower layer). */
+  rootfs: string;
   cpu: number;
   memoryMb: number;
   /** Environment for the agent, applied to every process it starts. */
@@ -53,7 +55,7 @@ export interface DriverEvents {
  * @example
  * const driver: SandboxDriver = new GvisorDriver({ dataDir });
  * driver.bind({ agentConnected: (id, s) => service.onAgent(id, s) });
- * await driver.create({ id, template: 'minimal', cpu: 1, memoryMb: 256, env: {} });
+ * await driver.create({ id, template: 'minimal', rootfs: '/var/lib/space/templates/minimal/rootfs', cpu: 1, memoryMb: 256, env: {} });
  */
 export interface SandboxDriver {
   readonly name: string;
@@ -61,10 +63,8 @@ export interface SandboxDriver {
   bind(events: DriverEvents): void;
   /** Checks the host (binaries, cgroups, namespaces) without changing it. */
   doctor(): Promise<DriverReport>;
-  /** Prepares the driver (runtime files, templates that need no download). */
+  /** Prepares the driver (runtime files). */
   init(): Promise<void>;
-  /** Templates this driver can boot now. */
-  templates(): Promise<string[]>;
   /** Boots a sandbox. Resolves once the runtime has started it; the agent connects via {@link DriverEvents}. */
   create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void>;
   /** After a daemon restart: reattach to a sandbox still running (true), or report it gone (false). */
@@ -98,7 +98,10 @@ export interface SandboxDriver {
    * {@link restore} wait for or supersede it.
    */
   retire(id: string): Promise<void>;
-  /** The runtime's version, recorded in snapshots. */
+  /**
+   * The runtime's version, recorded in snapshots; it also names everything inside a
+   * checkpoint (runtime and agent), so that a template snapshot is retaken when it changes.
+   */
   version(): Promise<string>;
   /** Stops the sandbox and removes every host resource it had. Idempotent. */
   destroy(id: string): Promise<void>;

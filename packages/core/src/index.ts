@@ -6,7 +6,9 @@
 export { ERRORS, SpaceError, isErrorCode, toSpaceError } from './errors.js';
 export type { ErrorBody, ErrorCode, ErrorSpec, SpaceErrorOptions } from './errors.js';
 export { ALLOWED, LIMITS, SANDBOX_ID_RE, TERMINAL_STATES, assertAllowed, newSandboxId, randomString } from './model.js';
-export type { EndReason, Sandbox, SandboxAction, SandboxEvent, SandboxState, Snapshot, SnapshotPolicy, SnapshotTrigger } from './model.js';
+export type { CreateTimings, EndReason, Sandbox, SandboxAction, SandboxEvent, SandboxState, Snapshot, SnapshotPolicy, SnapshotTrigger, Template, TemplateImage, TemplateSource, TemplateStart } from './model.js';
+export { TEMPLATE_NAME_RE } from './model.js';
+export type { Progress, RootfsBuild, RootfsBuilder, RootfsSource } from './rootfs.js';
 export { newSnapshotId } from './model.js';
 export type { BlobInfo, BlobStore } from './blobs.js';
 export { SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, packSnapshot, readSnapshot } from './snapshot-format.js';
@@ -15,7 +17,12 @@ export type { DriverCreateSpec, DriverEvents, DriverReport, RuntimeStatus, Sandb
 export type { ApiKeyRecord, MetadataStore, SandboxPage, SandboxQuery } from './store.js';
 export { AgentCall, AgentChannel } from './agent-channel.js';
 export type { OutputChunk } from './agent-channel.js';
-export { SandboxService, checkPath } from './service.js';
+export { SandboxService } from './service.js';
+export { checkPath } from './validate.js';
+export { TemplateService } from './templates.js';
+export type { TemplateBuildRequest, TemplateServiceOptions, TemplateUpload } from './templates.js';
+export { WarmPool } from './pool.js';
+export type { PoolHooks, PoolStatus } from './pool.js';
 export type { CreateSandboxOpts, ForkResult, ListSandboxesOpts, Logger, SandboxServiceOptions } from './service.js';
 export { ApiKeys, publicKey } from './auth.js';
 export type { CreatedApiKey, Principal } from './auth.js';

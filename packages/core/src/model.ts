@@ -112,9 +112,81 @@ export interface Sandbox {
   onTimeout?: 'kill' | 'hibernate';
   /** Hibernate after this many ms without an API call for the sandbox (its processes may still run). */
   idleTimeoutMs?: number;
-  /** Where creation time went: waiting for a boot slot, the runtime's boot, until the agent answered. */
-  createTimings?: { queueMs: number; bootMs: number; agentMs: number; totalMs: number };
+  /** Where creation time went. */
+  createTimings?: CreateTimings;
 }
+
+/**
+ * Where a sandbox's creation time went, ms. `source` says how it started: taken from a warm
+ * `pool`, restored from its template's `snapshot`, or a cold `boot`.
+ */
+export interface CreateTimings {
+  source: 'pool' | 'snapshot' | 'boot';
+  /** Waiting for a free start slot. */
+  queueMs: number;
+  /** The runtime's restore of the template snapshot (source `snapshot`). */
+  restoreMs?: number;
+  /** The runtime's boot (source `boot`). */
+  bootMs?: number;
+  /** From the runtime's start to the agent's first contact. */
+  agentMs: number;
+  /** Giving the sandbox its own id, hostname and environment. */
+  identityMs: number;
+  totalMs: number;
+}
+
+/** Where a template's root file system comes from. */
+export type TemplateSource =
+  | { type: 'builtin' }
+  | { type: 'debian'; packages: string[] }
+  | { type: 'upload'; format: 'oci' | 'docker' | 'rootfs'; sha256: string; sizeBytes: number };
+
+/** A command the template starts before its snapshot, and how to tell it is ready. */
+export interface TemplateStart {
+  /** Shell command line, run in the background as the default user. */
+  cmd: string;
+  /** Shell command that exits 0 once the start command is ready; retried every 200 ms. */
+  readyCmd?: string;
+  /** How long to wait for readiness. @default 60000 */
+  readyTimeoutMs: number;
+}
+
+/** The snapshot of a template's booted (and started) sandbox, restored by every create. */
+export interface TemplateImage {
+  /** Directory name under the daemon's template-images directory. */
+  key: string;
+  /** The sandbox id the image was taken from (its agent reports that id until told otherwise). */
+  sourceId: string;
+  sizeBytes: number;
+  /** Boot + start + checkpoint, ms. */
+  captureMs: number;
+  createdAt: string;
+}
+
+/**
+ * A template: a root file system, optional start command and environment, its snapshot and
+ * warm pool. Built-in templates (`minimal`, `base`) have tenantId "" and every tenant sees them.
+ */
+export interface Template {
+  name: string;
+  /** The owner; "" for built-ins. */
+  tenantId: string;
+  state: 'building' | 'ready';
+  source: TemplateSource;
+  /** Content key: where its root file system is cached (same inputs, same key). */
+  key: string;
+  start?: TemplateStart;
+  env: Record<string, string>;
+  /** Sandboxes kept restored and ready for this template. */
+  poolSize: number;
+  createdAt: string;
+  readyAt?: string;
+  rootfsBytes?: number;
+  image?: TemplateImage;
+}
+
+/** Template names: lowercase letters, digits, `.`, `_`, `-`. */
+export const TEMPLATE_NAME_RE = /^[a-z0-9][a-z0-9._-]{0,62}$/;
 
 /** Defaults and bounds of sandbox limits. */
 export const LIMITS = {

@@ -4,16 +4,20 @@
  * sandbox of another tenant is indistinguishable from one that does not exist.
  */
 import { promises as fs } from 'node:fs';
-import { availableParallelism } from 'node:os';
+import { availableParallelism, totalmem } from 'node:os';
 import path from 'node:path';
 import type { Duplex } from 'node:stream';
 import { PROTOCOL_VERSION, type AgentRequest } from '@space/protocol';
 import { AgentChannel, type AgentCall } from './agent-channel.js';
-import type { SandboxDriver } from './driver.js';
+import type { DriverCreateSpec, SandboxDriver } from './driver.js';
 import { SpaceError } from './errors.js';
 import type { BlobStore } from './blobs.js';
-import { LIMITS, TERMINAL_STATES, assertAllowed, newSandboxId, newSnapshotId, type EndReason, type Sandbox, type SandboxAction, type SandboxEvent, type Snapshot, type SnapshotPolicy, type SnapshotTrigger } from './model.js';
+import { LIMITS, TERMINAL_STATES, assertAllowed, newSandboxId, newSnapshotId, type CreateTimings, type EndReason, type Sandbox, type SandboxAction, type SandboxEvent, type Snapshot, type SnapshotPolicy, type SnapshotTrigger, type Template, type TemplateImage, type TemplateStart } from './model.js';
+import { POOL_MEMORY_MB, WarmPool } from './pool.js';
+import type { Progress, RootfsBuilder } from './rootfs.js';
+import { TemplateService } from './templates.js';
 import { packSnapshot, readSnapshot } from './snapshot-format.js';
+import { checkMap, range } from './validate.js';
 import type { MetadataStore, SandboxPage } from './store.js';
 
 /** Structured logger (pino-compatible subset). */
@@ -37,6 +41,21 @@ export interface SandboxServiceOptions {
   reconnectWaitMs?: number;
   /** Where snapshots are stored. */
   blobs: BlobStore;
+  /** Template root file systems. */
+  rootfs: RootfsBuilder;
+  /** Where template images (checkpoints of booted templates) live. */
+  imagesDir: string;
+  /** Where template uploads wait for their build. */
+  uploadsDir: string;
+  /** Warm pool sizes of the built-in templates, e.g. `{ minimal: 2 }`. */
+  builtinPools?: Record<string, number>;
+  /**
+   * Sum of the memory limits of the node's sandboxes (pooled ones included), MiB. Limits are
+   * ceilings that sandboxes seldom reach, so the default overcommits: twice the host's memory.
+   */
+  maxMemoryMb?: number;
+  /** Pools shrink while the host has less memory available than this, MiB. @default 10% of the host's memory */
+  poolMinAvailableMb?: number;
   /** Scratch directory for checkpoint images (removed after use). */
   workDir: string;
   /** Largest snapshot payload accepted on restore, bytes. @default 32 GiB */
@@ -81,40 +100,6 @@ export interface ListSandboxesOpts {
   cursor?: string;
 }
 
-const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]{0,255}$/;
-const LABEL_KEY = /^[A-Za-z0-9_.\-/]{1,128}$/;
-
-function checkMap(kind: 'env' | 'metadata', m: Record<string, string> | undefined, max: number): Record<string, string> {
-  const out: Record<string, string> = {};
-  if (!m) return out;
-  const entries = Object.entries(m);
-  if (entries.length > max) throw new SpaceError('BAD_REQUEST', `At most ${max} ${kind} entries are allowed (got ${entries.length})`);
-  for (const [k, v] of entries) {
-    if (!(kind === 'env' ? ENV_KEY : LABEL_KEY).test(k)) throw new SpaceError('BAD_REQUEST', `Invalid ${kind} key ${JSON.stringify(k)}`);
-    if (typeof v !== 'string' || v.length > 32768 || v.includes('\0')) throw new SpaceError('BAD_REQUEST', `Invalid ${kind} value for ${k}: a string up to 32 KiB without NUL bytes is required`);
-    out[k] = v;
-  }
-  return out;
-}
-
-function range(name: 'cpu' | 'memoryMb' | 'timeoutMs', v: number | undefined): number {
-  const l = LIMITS[name];
-  if (v === undefined) return l.default;
-  if (name === 'timeoutMs' && v === 0) return 0;
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < l.min || v > l.max) {
-    throw new SpaceError('INVALID_LIMITS', `${name} must be between ${l.min} and ${l.max}${name === 'timeoutMs' ? ' (or 0 for no timeout)' : ''}; got ${v}`, { details: { field: name, min: l.min, max: l.max } });
-  }
-  return name === 'cpu' ? v : Math.floor(v);
-}
-
-/** Validates a path sent by a client. */
-export function checkPath(p: unknown, field = 'path'): string {
-  if (typeof p !== 'string' || p.length === 0 || p.length > 4096 || p.includes('\0')) {
-    throw new SpaceError('INVALID_PATH', `${field} must be a non-empty path of at most 4096 bytes without NUL bytes`);
-  }
-  return p;
-}
-
 interface Live {
   channel?: AgentChannel;
   waiters: ((ch: AgentChannel | undefined) => void)[];
@@ -126,8 +111,12 @@ interface Live {
   killing?: boolean;
   /** Set while the agent is deliberately disconnected for a checkpoint or restore. */
   quiescing?: boolean;
-  /** While restoring a snapshot of another sandbox (fork): that sandbox's id, which the agent still reports. */
+  /** While restoring a snapshot of another sandbox (fork, template): that sandbox's id, which the agent still reports. */
   restoringFrom?: string;
+  /** The identity the agent of a restored copy is given when it connects. */
+  identity?: { hostname: string; env?: Record<string, string> };
+  /** How long giving it that identity took, ms. */
+  identityMs?: number;
   /** Serialises lifecycle actions on this sandbox. */
   lock: Promise<unknown>;
 }
@@ -153,6 +142,7 @@ export class SandboxService {
   private readonly startTimeoutMs: number;
   private readonly reconnectWaitMs: number;
   private creating = 0;
+  private creatingMb = 0;
   private readonly creatingIds = new Set<string>();
   private readonly createQueue: (() => void)[] = [];
   private createsRunning = 0;
@@ -163,6 +153,14 @@ export class SandboxService {
   private readonly workDir: string;
   private readonly maxSnapshotBytes: number;
   private readonly faults: Set<string>;
+  private readonly maxMemoryMb: number;
+  private readonly poolMinAvailableMb: number;
+  /** Clean-ups running in the background (awaited by {@link shutdown}). */
+  private readonly background = new Set<Promise<unknown>>();
+  /** Templates: registry, builds and their images. */
+  readonly templates: TemplateService;
+  /** Warm pools of restored, unassigned sandboxes. */
+  readonly pool: WarmPool;
 
   constructor(opts: SandboxServiceOptions) {
     this.store = opts.store;
@@ -177,6 +175,72 @@ export class SandboxService {
     this.faults = new Set(opts.faults ?? []);
     this.maxConcurrentCreates = opts.maxConcurrentCreates ?? Math.max(2, availableParallelism());
     this.maxQueuedCreates = opts.maxQueuedCreates ?? 256;
+    const totalMb = Math.floor(totalmem() / 1048576);
+    this.maxMemoryMb = opts.maxMemoryMb ?? totalMb * 2;
+    this.poolMinAvailableMb = opts.poolMinAvailableMb ?? Math.floor(totalMb / 10);
+    this.templates = new TemplateService({
+      store: this.store,
+      rootfs: opts.rootfs,
+      imagesDir: opts.imagesDir,
+      uploadsDir: opts.uploadsDir,
+      ...(opts.builtinPools ? { builtinPools: opts.builtinPools } : {}),
+      capture: (t, rootfs, key, progress, signal) => this.captureTemplate(t, rootfs, key, progress, signal),
+      inUse: async (tenantId, name) => (await this.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated'])).filter((x) => x.tenantId === tenantId && x.template === name).length,
+      driverVersion: () => this.driver.version(),
+    });
+    this.templates.onChange = (t) => this.preparePool(t);
+    this.pool = new WarmPool(
+      {
+        fill: (t) => this.fillPool(t),
+        discard: (id) => this.discardPooled(id),
+        hasRoom: (mb) => this.hasRoom(1, mb),
+        underPressure: () => this.underPressure(),
+        alive: (id) => !!this.live.get(id)?.channel && !this.live.get(id)!.channel!.closed,
+      },
+      this.log,
+    );
+  }
+
+  /** Runs a clean-up in the background; {@link shutdown} waits for it. */
+  private inBackground(p: Promise<unknown>): void {
+    const q = p.catch((err) => this.log.warn({ err }, 'background clean-up failed')).finally(() => this.background.delete(q));
+    this.background.add(q);
+  }
+
+  /** Sandboxes counted against the node's limits: alive in the store, being created, pooled. */
+  private async load(): Promise<{ count: number; memoryMb: number }> {
+    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).filter((x) => !this.creatingIds.has(x.id));
+    return { count: alive.length + this.creating + this.pool.count() + this.pool.pending(), memoryMb: alive.reduce((n, x) => n + x.memoryMb, 0) + this.creatingMb + this.pool.memoryMb() };
+  }
+
+  private async hasRoom(count: number, memoryMb: number): Promise<boolean> {
+    const l = await this.load();
+    return l.count + count <= this.maxSandboxes && l.memoryMb + memoryMb <= this.maxMemoryMb;
+  }
+
+  /**
+   * Admission: `count` more sandboxes of `memoryMb` each fit the node, after evicting pooled
+   * sandboxes if need be; otherwise `CAPACITY_EXHAUSTED`. Callers reserve synchronously after it.
+   */
+  private async admit(count: number, memoryMb: number): Promise<void> {
+    const l = await this.load();
+    let over = l.count + count - this.maxSandboxes;
+    let overMb = l.memoryMb + count * memoryMb - this.maxMemoryMb;
+    while ((over > 0 || overMb > 0) && this.pool.evictOne()) {
+      over--;
+      overMb -= POOL_MEMORY_MB;
+    }
+    if (over > 0) throw new SpaceError('CAPACITY_EXHAUSTED', `This node runs its maximum of ${this.maxSandboxes} sandboxes`, { details: { retryAfterS: 5, maxSandboxes: this.maxSandboxes } });
+    if (overMb > 0) throw new SpaceError('CAPACITY_EXHAUSTED', `The node's sandboxes already reserve ${l.memoryMb} of ${this.maxMemoryMb} MiB`, { details: { retryAfterS: 5, maxMemoryMb: this.maxMemoryMb } });
+    if (this.createQueue.length >= this.maxQueuedCreates) {
+      throw new SpaceError('CAPACITY_EXHAUSTED', `${this.createQueue.length} creates are already waiting on this node`, { details: { retryAfterS: 2, queued: this.createQueue.length } });
+    }
+  }
+
+  private async underPressure(): Promise<boolean> {
+    const info = await fs.readFile('/proc/meminfo', 'utf8').catch(() => '');
+    const m = /MemAvailable:\s+(\d+) kB/.exec(info);
+    return !!m && Number(m[1]) / 1024 < this.poolMinAvailableMb;
   }
 
   /** Waits for one of the `maxConcurrentCreates` boot slots; returns its release. */
@@ -204,6 +268,9 @@ export class SandboxService {
   async start(): Promise<void> {
     this.driver.bind({ agentConnected: (id, s) => this.onAgent(id, s) });
     await this.driver.init();
+    await this.templates.start();
+    // `minimal` needs no download: have it ready (its image follows in the background).
+    await this.templates.rootfsOf(await this.templates.resolve('', 'minimal'));
     // Scratch images of checkpoints interrupted by a crash are never complete: drop them.
     await fs.rm(this.workDir, { recursive: true, force: true });
     await fs.mkdir(this.workDir, { recursive: true, mode: 0o700 });
@@ -235,28 +302,45 @@ export class SandboxService {
         await this.driver.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'orphan removal failed'));
       }
     }
+    for (const t of await this.templates.all()) if (t.poolSize > 0 || (t.tenantId === '' && t.name === 'minimal')) this.preparePool(t);
+  }
+
+  /**
+   * Sizes the template's pool (a refill takes the image first if it has none) and, for a
+   * template without a pool, has its image taken in the background for the next create.
+   */
+  private preparePool(t: Template): void {
+    if (this.stopping || t.state !== 'ready') return;
+    this.pool.configure(t);
+    if (t.poolSize > 0 || !this.templates.rootfsReady(t)) return;
+    void (async () => {
+      if (!(await this.templates.usableImage(t))) await this.templates.captureImage(t);
+    })().catch((err) => this.log.warn({ err, template: t.name }, 'taking the template snapshot failed'));
   }
 
   /** Stops accepting work and detaches from sandboxes; they keep running and are re-adopted on the next start. */
   async shutdown(): Promise<void> {
     this.stopping = true;
+    // Pooled sandboxes belong to no one: remove them rather than leave them to the next start.
+    await this.pool.stop();
     for (const e of this.live.values()) {
       clearTimeout(e.timer);
       clearTimeout(e.policyTimer);
       clearTimeout(e.idleTimer);
       e.channel?.destroy();
     }
+    await Promise.all([...this.background]);
     await this.driver.close();
   }
 
-  /** Creates and boots a sandbox; resolves when its agent answers. */
+  /**
+   * Creates a sandbox; resolves when its agent answers. It is taken from the template's warm
+   * pool if one is ready (and the request has the pool's size), restored from the template's
+   * image otherwise, or booted when the template has no image yet.
+   */
   async create(tenantId: string, opts: CreateSandboxOpts, signal?: AbortSignal): Promise<Sandbox> {
     if (this.stopping) throw new SpaceError('DAEMON_SHUTTING_DOWN');
-    const template = opts.template ?? 'minimal';
-    const templates = await this.driver.templates();
-    if (!templates.includes(template)) {
-      throw new SpaceError('TEMPLATE_NOT_FOUND', `No template ${JSON.stringify(template)}; available: ${templates.join(', ')}`, { details: { template, available: templates } });
-    }
+    const t = await this.templates.resolve(tenantId, opts.template ?? 'minimal');
     const cpu = range('cpu', opts.cpu);
     const memoryMb = range('memoryMb', opts.memoryMb);
     const timeoutMs = range('timeoutMs', opts.timeoutMs);
@@ -267,20 +351,31 @@ export class SandboxService {
       throw new SpaceError('INVALID_LIMITS', `idleTimeoutMs must be 0 (never) or between 1000 and ${LIMITS.timeoutMs.max}; got ${idleTimeoutMs}`, { details: { field: 'idleTimeoutMs' } });
     }
     const t0 = performance.now();
-    // Count and reserve in one synchronous step, so concurrent creates cannot all pass the check.
-    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).filter((x) => !this.creatingIds.has(x.id)).length;
-    if (alive + this.creating >= this.maxSandboxes) {
-      throw new SpaceError('CAPACITY_EXHAUSTED', `This node runs its maximum of ${this.maxSandboxes} sandboxes`, { details: { retryAfterS: 5, maxSandboxes: this.maxSandboxes } });
+    const fullEnv = { ...t.env, ...env };
+    // A pooled sandbox already counts against the node: taking one needs no admission.
+    const poolable = cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB;
+    let pooled = poolable ? this.pool.take(t) : undefined;
+    let identityMs = 0;
+    if (pooled && Object.keys(env).length) {
+      const tI = performance.now();
+      try {
+        await this.live.get(pooled)!.channel!.unary({ op: 'identity', sandboxId: pooled, env: fullEnv }, 10_000);
+        identityMs = Math.round(performance.now() - tI);
+      } catch (err) {
+        this.log.warn({ err, sandboxId: pooled }, 'pooled sandbox refused its identity; restoring instead');
+        this.inBackground(this.discardPooled(pooled));
+        pooled = undefined;
+      }
     }
-    if (this.createQueue.length >= this.maxQueuedCreates) {
-      throw new SpaceError('CAPACITY_EXHAUSTED', `${this.createQueue.length} creates are already waiting on this node`, { details: { retryAfterS: 2, queued: this.createQueue.length } });
-    }
+    if (!pooled) await this.admit(1, memoryMb);
+    // Reserve in the same synchronous step as the check, so concurrent creates cannot all pass it.
     this.creating++;
+    this.creatingMb += memoryMb;
     const now = new Date();
     const sb: Sandbox = {
-      id: newSandboxId(),
+      id: pooled ?? newSandboxId(),
       tenantId,
-      template,
+      template: t.name,
       driver: this.driver.name,
       state: 'starting',
       cpu,
@@ -297,33 +392,189 @@ export class SandboxService {
     let release: (() => void) | undefined;
     try {
       await this.store.insertSandbox(sb);
-      // Boots run at most `maxConcurrentCreates` at a time; the rest wait their turn here.
-      release = await this.createSlot();
-      const tQueued = performance.now();
-      let tBooted = tQueued;
-      const connected = this.waitAgent(sb.id, this.startTimeoutMs);
-      try {
-        await this.driver.create({ id: sb.id, template, cpu, memoryMb, env }, signal);
-        tBooted = performance.now();
-        const ch = await connected;
-        if (!ch) throw new SpaceError('TIMEOUT', `The sandbox agent did not connect within ${this.startTimeoutMs} ms`);
-      } catch (err) {
-        this.log.error({ err, sandboxId: sb.id }, 'sandbox failed to start');
-        await this.driver.destroy(sb.id).catch(() => {});
-        await this.end(sb.id, 'dead', 'start-failed', err instanceof Error ? err.message : String(err));
-        if (err instanceof SpaceError) throw err;
-        throw new SpaceError('DRIVER_FAILED', `Sandbox failed to start: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+      let timings: CreateTimings;
+      if (pooled) {
+        timings = { source: 'pool', queueMs: 0, agentMs: 0, identityMs, totalMs: Math.round(performance.now() - t0) };
+      } else {
+        // Starts run at most `maxConcurrentCreates` at a time; the rest wait their turn here.
+        release = await this.createSlot();
+        const queueMs = Math.round(performance.now() - t0);
+        try {
+          timings = { queueMs, ...(await this.startSandbox(t, sb, fullEnv, signal)), totalMs: 0 };
+        } catch (err) {
+          this.log.error({ err, sandboxId: sb.id }, 'sandbox failed to start');
+          await this.driver.destroy(sb.id).catch(() => {});
+          await this.end(sb.id, 'dead', 'start-failed', err instanceof Error ? err.message : String(err));
+          this.live.delete(sb.id);
+          if (err instanceof SpaceError) throw err;
+          throw new SpaceError('DRIVER_FAILED', `Sandbox failed to start: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+        }
+        timings.totalMs = Math.round(performance.now() - t0);
       }
-      const tReady = performance.now();
-      const createTimings = { queueMs: Math.round(tQueued - t0), bootMs: Math.round(tBooted - tQueued), agentMs: Math.round(tReady - tBooted), totalMs: Math.round(tReady - t0) };
-      const running = await this.store.updateSandbox(sb.id, { state: 'running', startedAt: new Date().toISOString(), createTimings });
+      const running = await this.store.updateSandbox(sb.id, { state: 'running', startedAt: new Date().toISOString(), createTimings: timings });
       this.arm(running);
-      this.log.info({ sandboxId: sb.id, tenantId, template, ...createTimings }, 'sandbox running');
+      this.log.info({ sandboxId: sb.id, tenantId, template: t.name, ...timings }, 'sandbox running');
       return running;
     } finally {
       release?.();
       this.creating--;
+      this.creatingMb -= memoryMb;
       this.creatingIds.delete(sb.id);
+    }
+  }
+
+  /**
+   * Starts `sb` from its template: restores the template's image when it has a current one
+   * (falling back to a boot if the restore fails), boots otherwise and has the image taken in
+   * the background for the next create.
+   */
+  private async startSandbox(t: Template, sb: Sandbox, env: Record<string, string>, signal?: AbortSignal): Promise<Omit<CreateTimings, 'queueMs' | 'totalMs'>> {
+    let image = await this.templates.usableImage(t);
+    // A start command must have run: without a current image, take one first.
+    if (!image && t.start) image = (await this.templates.captureImage(t)).image;
+    const rootfs = await this.templates.rootfsOf(t);
+    const spec = { id: sb.id, template: t.name, rootfs, cpu: sb.cpu, memoryMb: sb.memoryMb, env };
+    if (image) {
+      try {
+        return await this.restoreTemplate(image, spec, signal);
+      } catch (err) {
+        if (t.start) throw err;
+        this.log.warn({ err, sandboxId: sb.id, template: t.name }, 'restoring the template image failed; booting instead');
+        await this.driver.destroy(sb.id).catch(() => {});
+      }
+    } else if (!this.stopping) this.preparePool(t);
+    const connected = this.waitAgent(sb.id, this.startTimeoutMs);
+    const tA = performance.now();
+    await this.driver.create(spec, signal);
+    const tB = performance.now();
+    if (!(await connected)) throw new SpaceError('TIMEOUT', `The sandbox agent did not connect within ${this.startTimeoutMs} ms`);
+    return { source: 'boot', bootMs: Math.round(tB - tA), agentMs: Math.round(performance.now() - tB), identityMs: 0 };
+  }
+
+  /** Restores a new sandbox from a template image and gives its agent the sandbox's identity. */
+  private async restoreTemplate(image: TemplateImage, spec: DriverCreateSpec, signal?: AbortSignal): Promise<Omit<CreateTimings, 'queueMs' | 'totalMs'>> {
+    const e = this.entry(spec.id);
+    e.restoringFrom = image.sourceId;
+    e.identity = { hostname: spec.id, env: spec.env };
+    e.identityMs = 0;
+    try {
+      const connected = this.waitAgent(spec.id, this.startTimeoutMs);
+      const tA = performance.now();
+      await this.driver.restore(spec, this.templates.imageDir(image), signal);
+      const tB = performance.now();
+      if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${spec.id} did not connect within ${this.startTimeoutMs} ms after restoring the template image`);
+      const identityMs = e.identityMs ?? 0;
+      return { source: 'snapshot', restoreMs: Math.round(tB - tA), agentMs: Math.round(performance.now() - tB - identityMs), identityMs };
+    } finally {
+      e.restoringFrom = undefined;
+      e.identity = undefined;
+    }
+  }
+
+  /** Restores one unassigned sandbox for a template's warm pool. */
+  private async fillPool(t: Template): Promise<string> {
+    const cur = (await this.templates.usableImage(t)) ? t : await this.templates.captureImage(t);
+    const id = newSandboxId();
+    const release = await this.createSlot();
+    try {
+      await this.restoreTemplate(cur.image!, { id, template: t.name, rootfs: await this.templates.rootfsOf(t), cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env });
+      return id;
+    } catch (err) {
+      await this.discardPooled(id);
+      throw err;
+    } finally {
+      release();
+    }
+  }
+
+  private async discardPooled(id: string): Promise<void> {
+    const e = this.live.get(id);
+    if (e) e.killing = true;
+    e?.channel?.destroy();
+    this.live.delete(id);
+    await this.driver.destroy(id);
+  }
+
+  /**
+   * Boots a template once, runs its start command until ready, and checkpoints it into the
+   * image `key`. The sandbox is removed afterwards; a failure leaves no image.
+   */
+  private async captureTemplate(t: Template, rootfs: string, key: string, progress: Progress, signal?: AbortSignal): Promise<TemplateImage> {
+    const id = newSandboxId();
+    const dir = this.templates.imageDir({ key } as TemplateImage);
+    const tmp = `${dir}.tmp-${id}`;
+    const t0 = performance.now();
+    const release = await this.createSlot();
+    try {
+      progress(0, 'booting the template');
+      const connected = this.waitAgent(id, this.startTimeoutMs);
+      await this.driver.create({ id, template: t.name, rootfs, cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env }, signal);
+      const ch = await connected;
+      if (!ch) throw new SpaceError('TIMEOUT', `The template's agent did not connect within ${this.startTimeoutMs} ms`);
+      if (t.start) await this.startAndWait(ch, t.start, progress, signal);
+      progress(80, 'taking the template snapshot');
+      await this.checkpointQuiesced(id, ch, tmp, `template ${t.name}`);
+      await fs.writeFile(path.join(tmp, '.space-complete'), new Date().toISOString());
+      await fs.rm(dir, { recursive: true, force: true });
+      await fs.rename(tmp, dir);
+      progress(100, 'template snapshot taken');
+      let sizeBytes = 0;
+      for (const f of await fs.readdir(dir)) sizeBytes += (await fs.stat(path.join(dir, f))).size;
+      return { key, sourceId: id, sizeBytes, captureMs: Math.round(performance.now() - t0), createdAt: new Date().toISOString() };
+    } finally {
+      release();
+      await fs.rm(tmp, { recursive: true, force: true });
+      this.live.get(id)?.channel?.destroy();
+      this.live.delete(id);
+      // runsc takes a second or two to let go of a checkpointed container.
+      this.inBackground(this.driver.destroy(id));
+    }
+  }
+
+  /** Runs a template's start command in the background and waits for its ready command to succeed. */
+  private async startAndWait(ch: AgentChannel, start: TemplateStart, progress: Progress, signal?: AbortSignal): Promise<void> {
+    progress(30, `starting: ${start.cmd.slice(0, 60)}`);
+    const call = ch.call({ op: 'exec', shell: start.cmd, background: true });
+    const { pid } = (await call.reply) as { pid: number };
+    call.cancel('background');
+    if (!start.readyCmd) return;
+    progress(40, `waiting for: ${start.readyCmd.slice(0, 60)}`);
+    const deadline = Date.now() + start.readyTimeoutMs;
+    for (;;) {
+      signal?.throwIfAborted();
+      const ready = await this.runToExit(ch, start.readyCmd, Math.min(10_000, start.readyTimeoutMs));
+      if (ready.exitCode === 0) return;
+      const procs = ((await ch.unary({ op: 'ps' })).processes ?? []) as { pid: number; running: boolean; exitCode: number | null }[];
+      const p = procs.find((x) => x.pid === pid);
+      if (!p || !p.running) {
+        const out = await this.outputOf(ch, pid);
+        throw new SpaceError('TEMPLATE_START_FAILED', `The start command exited (code ${p?.exitCode ?? '?'}) before "${start.readyCmd}" succeeded${out ? `; its last output: ${out}` : ''}`, { details: { step: 'start' } });
+      }
+      if (Date.now() >= deadline) throw new SpaceError('TEMPLATE_START_TIMEOUT', `"${start.readyCmd}" did not succeed within ${start.readyTimeoutMs} ms of starting "${start.cmd}" (last exit code ${ready.exitCode}${ready.output ? `, output: ${ready.output}` : ''})`, { details: { step: 'ready' } });
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+
+  /** Runs a shell command to completion; its exit code and the end of its output. */
+  private async runToExit(ch: AgentChannel, shell: string, timeoutMs: number): Promise<{ exitCode: number | null; output: string }> {
+    const call = ch.call({ op: 'exec', shell, timeoutMs });
+    await call.reply;
+    let output = '';
+    for await (const c of call.output()) output = (output + c.data.toString()).slice(-500);
+    const done = await call.done;
+    return { exitCode: typeof done.exitCode === 'number' ? done.exitCode : null, output: output.trim() };
+  }
+
+  /** The kept output of a finished background process. */
+  private async outputOf(ch: AgentChannel, pid: number): Promise<string> {
+    try {
+      const call = ch.call({ op: 'attach', pid });
+      await call.reply;
+      let out = '';
+      for await (const c of call.output()) out = (out + c.data.toString()).slice(-500);
+      return out.trim();
+    } catch {
+      return '';
     }
   }
 
@@ -525,10 +776,7 @@ export class SandboxService {
     if (!Number.isInteger(count) || count < 1 || count > 32) throw new SpaceError('BAD_REQUEST', 'count must be an integer from 1 to 32');
     const parent = await this.get(tenantId, id);
     assertAllowed(parent, 'fork');
-    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).filter((x) => !this.creatingIds.has(x.id)).length;
-    if (alive + this.creating + count > this.maxSandboxes) {
-      throw new SpaceError('CAPACITY_EXHAUSTED', `Forking ${count} copies would exceed this node's ${this.maxSandboxes} sandboxes`, { details: { retryAfterS: 5, maxSandboxes: this.maxSandboxes } });
-    }
+    await this.admit(count, parent.memoryMb);
     let snap: Snapshot;
     let imageDir: string;
     if (opts.snapshotId) {
@@ -539,6 +787,7 @@ export class SandboxService {
       ({ snapshot: snap, imageDir } = await this.withLock(id, async () => this.takeSnapshot(await this.get(tenantId, id), 'fork', undefined, true)));
     }
     this.creating += count;
+    this.creatingMb += count * parent.memoryMb;
     try {
       const out: ForkResult[] = [];
       for (let i = 0; i < count; i++) {
@@ -578,6 +827,7 @@ export class SandboxService {
       return out;
     } finally {
       this.creating -= count;
+      this.creatingMb -= count * parent.memoryMb;
       await fs.rm(imageDir, { recursive: true, force: true });
     }
   }
@@ -643,8 +893,47 @@ export class SandboxService {
     await this.blobs.delete(sn.blobKey);
   }
 
-  private spec(sb: Sandbox) {
-    return { id: sb.id, template: sb.template, cpu: sb.cpu, memoryMb: sb.memoryMb, env: sb.env };
+  private async spec(sb: Sandbox): Promise<DriverCreateSpec> {
+    const t = await this.templates.resolve(sb.tenantId, sb.template);
+    return { id: sb.id, template: sb.template, rootfs: await this.templates.rootfsOf(t), cpu: sb.cpu, memoryMb: sb.memoryMb, env: { ...t.env, ...sb.env } };
+  }
+
+  /** Refuses (SNAPSHOT_UNSUPPORTED_STATE, naming the process) what this runtime cannot checkpoint; changes nothing. */
+  private async assertSnapshottable(ch: AgentChannel, what: string): Promise<void> {
+    const check = await ch.unary({ op: 'snapshot-check' }, 30_000);
+    const blockers = (Array.isArray(check.blockers) ? check.blockers : []).slice(0, 20) as { pid?: unknown; command?: unknown; socket?: unknown; reason?: unknown }[];
+    if (!blockers.length) return;
+    const b = blockers[0]!;
+    throw new SpaceError('SNAPSHOT_UNSUPPORTED_STATE', `Cannot snapshot ${what}: process ${String(b.pid)} (${String(b.command).slice(0, 100)}) holds a ${String(b.socket).slice(0, 100)}: ${String(b.reason).slice(0, 200)}. The sandbox keeps running.`, {
+      details: { blockers: blockers.map((x) => ({ pid: Number(x.pid), command: String(x.command).slice(0, 200), socket: String(x.socket).slice(0, 200), reason: String(x.reason).slice(0, 200) })) },
+    });
+  }
+
+  /**
+   * Disconnects the agent for good (a unix socket to the host cannot be checkpointed) and
+   * checkpoints the sandbox into `imageDir`. Leaves `quiescing` set: the caller restores or retires.
+   */
+  private async quiesceAndCheckpoint(id: string, ch: AgentChannel, imageDir: string): Promise<void> {
+    const e = this.entry(id);
+    e.quiescing = true;
+    await this.driver.detachAgent(id);
+    const closed = new Promise<void>((r) => (ch.closed ? r() : ch.once('close', () => r())));
+    await ch.unary({ op: 'quiesce' }, 10_000);
+    await Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))]);
+    ch.destroy();
+    e.channel = undefined;
+    if (this.faults.has('snapshot:checkpoint-fails')) {
+      // What a failed checkpoint does in this runsc: the container is gone.
+      await this.driver.destroy(id);
+      throw new Error('injected checkpoint failure');
+    }
+    await this.driver.checkpoint(id, imageDir);
+  }
+
+  /** Checks, quiesces and checkpoints a sandbox nobody else uses (a template being captured). */
+  private async checkpointQuiesced(id: string, ch: AgentChannel, imageDir: string, what: string): Promise<void> {
+    await this.assertSnapshottable(ch, what);
+    await this.quiesceAndCheckpoint(id, ch, imageDir);
   }
 
   /**
@@ -656,35 +945,18 @@ export class SandboxService {
     const wasPaused = sb.state === 'paused';
     if (wasPaused) await this.driver.resume(sb.id);
     const ch = await this.channel(sb.id);
-    this.log.debug({ sandboxId: sb.id }, 'snapshot: checking sockets');
-    const check = await ch.unary({ op: 'snapshot-check' }, 30_000);
-    const blockers = (Array.isArray(check.blockers) ? check.blockers : []).slice(0, 20) as { pid?: unknown; command?: unknown; socket?: unknown; reason?: unknown }[];
-    if (blockers.length) {
+    try {
+      await this.assertSnapshottable(ch, `sandbox ${sb.id}`);
+    } catch (err) {
       if (wasPaused) await this.driver.pause(sb.id);
-      const b = blockers[0]!;
-      throw new SpaceError('SNAPSHOT_UNSUPPORTED_STATE', `Cannot snapshot sandbox ${sb.id}: process ${String(b.pid)} (${String(b.command).slice(0, 100)}) holds a ${String(b.socket).slice(0, 100)}: ${String(b.reason).slice(0, 200)}. The sandbox keeps running.`, {
-        details: { blockers: blockers.map((x) => ({ pid: Number(x.pid), command: String(x.command).slice(0, 200), socket: String(x.socket).slice(0, 200), reason: String(x.reason).slice(0, 200) })) },
-      });
+      throw err;
     }
     const id = newSnapshotId();
     const imageDir = path.join(this.workDir, id);
     const e = this.entry(sb.id);
     const t0 = performance.now();
-    e.quiescing = true;
     try {
-      await this.driver.detachAgent(sb.id);
-      const closed = new Promise<void>((r) => (ch.closed ? r() : ch.once('close', () => r())));
-      await ch.unary({ op: 'quiesce' }, 10_000);
-      await Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))]);
-      ch.destroy();
-      e.channel = undefined;
-      this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'agent quiesced');
-      if (this.faults.has('snapshot:checkpoint-fails')) {
-        // What a failed checkpoint does in this runsc: the container is gone.
-        await this.driver.destroy(sb.id);
-        throw new Error('injected checkpoint failure');
-      }
-      await this.driver.checkpoint(sb.id, imageDir);
+      await this.quiesceAndCheckpoint(sb.id, ch, imageDir);
       this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'checkpointed');
       this.fault('snapshot:after-checkpoint');
     } catch (err) {
@@ -748,7 +1020,7 @@ export class SandboxService {
   /** Restores `target` from an image directory and waits for its agent. */
   private async bootFromImage(target: Sandbox, imageDir: string): Promise<void> {
     const connected = this.waitAgent(target.id, this.startTimeoutMs);
-    await this.driver.restore(this.spec(target), imageDir);
+    await this.driver.restore(await this.spec(target), imageDir);
     if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${target.id} did not reconnect within ${this.startTimeoutMs} ms after the restore`);
   }
 
@@ -769,7 +1041,10 @@ export class SandboxService {
     const dir = imageDir ?? (await this.unpack(snap));
     const e = this.entry(target.id);
     e.quiescing = true;
-    if (snap.sandboxId !== target.id) e.restoringFrom = snap.sandboxId;
+    if (snap.sandboxId !== target.id) {
+      e.restoringFrom = snap.sandboxId;
+      e.identity = { hostname: target.id };
+    }
     try {
       e.channel?.destroy();
       e.channel = undefined;
@@ -777,6 +1052,7 @@ export class SandboxService {
     } finally {
       e.quiescing = false;
       e.restoringFrom = undefined;
+      e.identity = undefined;
       if (!imageDir) await fs.rm(dir, { recursive: true, force: true });
     }
   }
@@ -860,7 +1136,12 @@ export class SandboxService {
         ch.on('close', () => void this.onAgentClose(id, ch));
       };
       if (ev.sandboxId === id) return accept();
-      ch.unary({ op: 'identity', sandboxId: id }, 10_000).then(accept, (err) => {
+      const t0 = performance.now();
+      const ident = e.identity;
+      ch.unary({ op: 'identity', sandboxId: id, ...(ident?.hostname ? { hostname: ident.hostname } : {}), ...(ident?.env ? { env: ident.env } : {}) }, 10_000).then(() => {
+        e.identityMs = Math.round(performance.now() - t0);
+        accept();
+      }, (err) => {
         this.log.warn({ err, sandboxId: id }, 'agent did not take its new identity');
         ch.destroy();
       });

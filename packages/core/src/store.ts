@@ -2,7 +2,7 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
-import type { Sandbox, SandboxEvent, SandboxState, Snapshot } from './model.js';
+import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from './model.js';
 
 /** A stored API key (never the key itself, only its hash). */
 export interface ApiKeyRecord {
@@ -57,6 +57,13 @@ export interface MetadataStore {
   insertEvent(e: SandboxEvent): Promise<void>;
   /** A sandbox's events, oldest first (the newest `limit`). */
   listEvents(sandboxId: string, limit: number): Promise<SandboxEvent[]>;
+
+  /** Inserts or replaces the template (tenantId, name). */
+  putTemplate(t: Template): Promise<void>;
+  getTemplate(tenantId: string, name: string): Promise<Template | undefined>;
+  /** Every template (all tenants and built-ins), by name. */
+  listTemplates(): Promise<Template[]>;
+  deleteTemplate(tenantId: string, name: string): Promise<void>;
 
   insertApiKey(k: ApiKeyRecord): Promise<void>;
   findApiKeyByHash(hash: string): Promise<ApiKeyRecord | undefined>;

@@ -11,17 +11,14 @@ import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { SpaceError, randomString, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
-import { AGENT_BUNDLE } from '@space/agent';
+import { AGENT_BUNDLE, AGENT_HELPER } from '@space/agent';
 import { run, tryRun } from './exec.js';
 import { AGENT_ARGV, ensureRuntime } from './runtime.js';
-import { Templates } from './templates.js';
 
 /** Options of {@link GvisorDriver}. */
 export interface GvisorDriverOptions {
   /** Directory for runsc state, bundles and sockets (the daemon's data directory). */
   dataDir: string;
-  /** Where template root file systems are cached. @default `${dataDir}/templates` */
-  templatesDir?: string;
   /** The runsc binary. @default "runsc" */
   runsc?: string;
   /** gVisor platform. @default "ptrace" (no KVM needed) */
@@ -32,8 +29,6 @@ export interface GvisorDriverOptions {
    * the sandbox's memory limit: one process per 4 MiB, between 32 and 1024.
    */
   maxProcesses?: number;
-  /** Debian mirror for building the `base` template. */
-  debianMirror?: string;
 }
 
 const CGROUP_ROOT = '/sys/fs/cgroup';
@@ -45,8 +40,13 @@ function newRid(id: string): string {
 const CGROUP_PARENT = 'space';
 const NETNS_PREFIX = 'space-';
 
-/** Capabilities of the agent (the non-root user's processes get none). Docker's default set. */
-const CAPS = ['CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FOWNER', 'CAP_FSETID', 'CAP_KILL', 'CAP_SETGID', 'CAP_SETUID', 'CAP_SETPCAP', 'CAP_NET_BIND_SERVICE', 'CAP_SYS_CHROOT', 'CAP_AUDIT_WRITE', 'CAP_MKNOD'];
+/**
+ * Capabilities of the agent: Docker's default set plus CAP_SYS_ADMIN, which the agent needs to
+ * set the hostname of a sandbox restored from another's image. Commands run as root go through
+ * the agent's helper, which drops CAP_SYS_ADMIN (even from the bounding set) before exec; the
+ * non-root user's processes get no capabilities at all.
+ */
+const CAPS = ['CAP_SYS_ADMIN', 'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FOWNER', 'CAP_FSETID', 'CAP_KILL', 'CAP_SETGID', 'CAP_SETUID', 'CAP_SETPCAP', 'CAP_NET_BIND_SERVICE', 'CAP_SYS_CHROOT', 'CAP_AUDIT_WRITE', 'CAP_MKNOD'];
 
 /**
  * gVisor driver.
@@ -56,7 +56,6 @@ const CAPS = ['CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FOWNER', 'CAP_FSETID', 'CAP_
  */
 export class GvisorDriver implements SandboxDriver {
   readonly name = 'gvisor';
-  readonly templatesStore: Templates;
   private events?: DriverEvents;
   private readonly servers = new Map<string, net.Server>();
   private readonly rids = new Map<string, string>();
@@ -72,7 +71,6 @@ export class GvisorDriver implements SandboxDriver {
     this.runsc = opts.runsc ?? 'runsc';
     this.stateDir = path.join(opts.dataDir, 'runsc');
     this.boxesDir = path.join(opts.dataDir, 'sandboxes');
-    this.templatesStore = new Templates(opts.templatesDir ?? path.join(opts.dataDir, 'templates'), opts.debianMirror ? { mirror: opts.debianMirror } : {});
   }
 
   bind(events: DriverEvents): void {
@@ -86,12 +84,7 @@ export class GvisorDriver implements SandboxDriver {
   async init(): Promise<void> {
     await fs.mkdir(this.stateDir, { recursive: true, mode: 0o700 });
     await fs.mkdir(this.boxesDir, { recursive: true, mode: 0o700 });
-    this.runtimeDir = await ensureRuntime(path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE);
-    await this.templatesStore.ensure('minimal');
-  }
-
-  async templates(): Promise<string[]> {
-    return ['minimal', 'base'];
+    this.runtimeDir = await ensureRuntime(path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, AGENT_HELPER);
   }
 
   async doctor(): Promise<DriverReport> {
@@ -221,14 +214,14 @@ export class GvisorDriver implements SandboxDriver {
 
   /** Asked once: every snapshot records it, and the binary does not change under a running daemon. */
   version(): Promise<string> {
-    this.versionP ??= tryRun(this.runsc, ['--version'], 10_000).then((v) => `runsc ${v?.stdout.split('\n')[0]?.replace('runsc version ', '') ?? 'unknown'}`);
+    this.versionP ??= tryRun(this.runsc, ['--version'], 10_000).then((v) => `runsc ${v?.stdout.split('\n')[0]?.replace('runsc version ', '') ?? 'unknown'} runtime ${path.basename(this.runtimeDir)}`);
     return this.versionP;
   }
 
   /** Directories, agent socket, netns and OCI bundle for a sandbox about to be run or restored. */
   private async prepare(spec: DriverCreateSpec, rid: string, signal?: AbortSignal) {
     if (!this.events) throw new Error('bind() first');
-    const rootfs = await this.templatesStore.ensure(spec.template);
+    const rootfs = spec.rootfs;
     const b = { ...this.box(spec.id), netns: `${NETNS_PREFIX}${rid}` };
     await fs.mkdir(b.bundle, { recursive: true, mode: 0o700 });
     await fs.mkdir(b.sock, { recursive: true, mode: 0o700 });

@@ -3,6 +3,4 @@
  */
 export { GvisorDriver } from './driver.js';
 export type { GvisorDriverOptions } from './driver.js';
-export { Templates, BUILTIN_TEMPLATES } from './templates.js';
-export type { TemplateStatus, Progress } from './templates.js';
 export { ensureRuntime, AGENT_ARGV } from './runtime.js';

@@ -15,6 +15,8 @@ export { Files } from './files.js';
 export type { EntryInfo, WriteData } from './files.js';
 export { Pty, PtyHandle } from './pty.js';
 export type { PtyCreateOpts } from './pty.js';
+export { Templates } from './templates.js';
+export type { BuildProgress, TemplateBuildOpts, TemplateInfo } from './templates.js';
 export { ApiClient, SpaceError } from './client.js';
 export type { ConnectionOpts } from './client.js';
 export type { ErrorCode } from '@space/core/errors';

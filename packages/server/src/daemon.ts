@@ -10,6 +10,7 @@ import { ApiKeys, SandboxService, SpaceError } from '@space/core';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { SqliteStore } from '@space/store-sqlite';
 import { LocalBlobStore } from '@space/blob-local';
+import { RootfsStore } from '@space/templates';
 import { buildApp } from './app.js';
 import { defaultDataDir, readState, type DaemonState } from './state.js';
 
@@ -31,6 +32,19 @@ export interface DaemonOptions {
   logLevel?: string;
   /** Debian mirror for the base template. */
   debianMirror?: string;
+  /** Warm pool sizes of the built-in templates, e.g. `{ minimal: 2 }` (tenants size their own). */
+  pools?: Record<string, number>;
+}
+
+/** Parses `NAME=SIZE[,NAME=SIZE]` (the --pool flag and SPACE_POOLS). */
+export function parsePools(s: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const part of s.split(',').map((x) => x.trim()).filter(Boolean)) {
+    const m = /^([a-z0-9][a-z0-9._-]{0,62})=(\d{1,2})$/.exec(part);
+    if (!m) throw new SpaceError('BAD_REQUEST', `Invalid pool ${JSON.stringify(part)}: use TEMPLATE=SIZE, e.g. minimal=2`);
+    out[m[1]!] = Number(m[2]);
+  }
+  return out;
 }
 
 /** Parses `HOST:PORT` (IPv6 as `[::1]:7070`). */
@@ -66,14 +80,24 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
 
   const logger = pino({ level: opts.logLevel ?? process.env.SPACE_LOG_LEVEL ?? 'info', base: { svc: 'spaced' } });
   const store = SqliteStore.open(path.join(dataDir, 'space.db'));
-  const driver = new GvisorDriver({
-    dataDir,
-    ...(opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR ? { templatesDir: opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR! } : {}),
-    ...(opts.debianMirror ? { debianMirror: opts.debianMirror } : {}),
-  });
+  const driver = new GvisorDriver({ dataDir });
+  const rootfs = new RootfsStore(opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR ?? path.join(dataDir, 'templates'), opts.debianMirror ? { mirror: opts.debianMirror } : {});
+  const pools = opts.pools ?? (process.env.SPACE_POOLS ? parsePools(process.env.SPACE_POOLS) : undefined);
   const blobs = new LocalBlobStore(path.join(dataDir, 'blobs'));
   await blobs.sweep();
-  const service = new SandboxService({ store, driver, logger, blobs, workDir: path.join(dataDir, 'work'), maxSandboxes: opts.maxSandboxes ?? 64, ...(process.env.SPACE_FAULT_INJECT ? { faults: process.env.SPACE_FAULT_INJECT.split(',') } : {}) });
+  const service = new SandboxService({
+    store,
+    driver,
+    logger,
+    blobs,
+    rootfs,
+    workDir: path.join(dataDir, 'work'),
+    imagesDir: path.join(dataDir, 'template-images'),
+    uploadsDir: path.join(dataDir, 'uploads'),
+    maxSandboxes: opts.maxSandboxes ?? 64,
+    ...(pools ? { builtinPools: pools } : {}),
+    ...(process.env.SPACE_FAULT_INJECT ? { faults: process.env.SPACE_FAULT_INJECT.split(',') } : {}),
+  });
   const keys = new ApiKeys(store);
   const keyFile = path.join(dataDir, 'admin.key');
   try {

@@ -3,10 +3,10 @@
  * `spaced` — the SPACE daemon, in the foreground. Logs JSON lines to stdout; SIGTERM/SIGINT
  * stop it gracefully (sandboxes keep running and are re-adopted on the next start).
  *
- * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N]
+ * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2]
  */
 import { parseArgs } from 'node:util';
-import { startDaemon } from './daemon.js';
+import { parsePools, startDaemon } from './daemon.js';
 
 const { values } = parseArgs({
   options: {
@@ -17,6 +17,7 @@ const { values } = parseArgs({
     'max-upload-bytes': { type: 'string' },
     'log-level': { type: 'string' },
     'debian-mirror': { type: 'string' },
+    pool: { type: 'string' },
   },
 });
 
@@ -29,6 +30,7 @@ try {
     ...(values['max-upload-bytes'] ? { maxUploadBytes: Number(values['max-upload-bytes']) } : {}),
     ...(values['log-level'] ? { logLevel: values['log-level'] } : {}),
     ...(values['debian-mirror'] ? { debianMirror: values['debian-mirror'] } : {}),
+    ...(values.pool ? { pools: parsePools(values.pool) } : {}),
   });
   const stop = () => void d.close().then(() => process.exit(0), () => process.exit(1));
   process.once('SIGTERM', stop);

@@ -6,7 +6,7 @@
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { type AgentCall, type Sandbox, SpaceError, checkPath, toSpaceError } from '@space/core';
+import { type AgentCall, type Progress, type Sandbox, type Template, SpaceError, checkPath, toSpaceError } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AppDeps } from './app.js';
 import { Type } from 'typebox';
@@ -227,13 +227,80 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   app.delete('/v1/keys/:keyId', { schema: { tags: ['keys'], params: S.KeyParams } }, async (req) => keys.revoke(req.principal, req.params.keyId));
 
   // ---- templates
-  app.get('/v1/templates', { schema: { tags: ['templates'] } }, async () => ({ templates: (await deps.driver.templates()).map((t) => deps.driver.templatesStore.status(t)) }));
-  app.get('/v1/templates/:name', { schema: { tags: ['templates'], params: S.TemplateParams } }, async (req) => deps.driver.templatesStore.status(req.params.name));
-  app.post('/v1/templates/:name/build', { schema: { tags: ['templates'], params: S.TemplateParams } }, async (req, reply) => {
-    const t = deps.driver.templatesStore;
-    t.status(req.params.name);
-    t.ensure(req.params.name).catch((e: unknown) => req.log.error({ err: e, template: req.params.name }, 'template build failed'));
-    return reply.code(202).send(t.status(req.params.name));
+  const tpl = svc.templates;
+  const view = (t: Template) => ({
+    name: t.name,
+    builtin: t.tenantId === '',
+    state: t.state === 'building' ? ('building' as const) : tpl.rootfsReady(t) ? ('ready' as const) : ('missing' as const),
+    source: t.source,
+    ...(t.start ? { start: t.start } : {}),
+    env: t.env,
+    pool: svc.pool.status(t),
+    ...(t.image ? { image: { sizeBytes: t.image.sizeBytes, captureMs: t.image.captureMs, createdAt: t.image.createdAt } } : {}),
+    ...(t.rootfsBytes !== undefined ? { rootfsBytes: t.rootfsBytes } : {}),
+    createdAt: t.createdAt,
+    ...(t.readyAt ? { readyAt: t.readyAt } : {}),
+  });
+  const tOut = { response: { 200: S.TemplateSchema, ...err } };
+  app.get('/v1/templates', { schema: { tags: ['templates'], response: { 200: Type.Object({ templates: Type.Array(S.TemplateSchema) }) } } }, async (req) => ({ templates: (await tpl.list(req.principal.tenantId)).map(view) }));
+  app.get('/v1/templates/:name', { schema: { tags: ['templates'], params: S.TemplateParams, ...tOut } }, async (req) => view(await tpl.resolve(req.principal.tenantId, req.params.name)));
+  app.post('/v1/templates', { schema: { tags: ['templates'], body: S.BuildTemplateBody, description: 'Builds a template. Streams NDJSON: `progress` events, then `done` with the template or `error`.' } }, async (req, reply) =>
+    progressStream(reply, (progress, signal) => tpl.build(req.principal.tenantId, req.body, progress, signal).then(view)),
+  );
+  app.post('/v1/templates/:name/build', { schema: { tags: ['templates'], params: S.TemplateParams, description: 'Makes a template ready (builds a built-in on first use, retakes a stale snapshot). Streams NDJSON like POST /v1/templates.' } }, async (req, reply) =>
+    progressStream(reply, (progress) => tpl.prepare(req.principal.tenantId, req.params.name, progress).then(view)),
+  );
+  app.delete('/v1/templates/:name', { schema: { tags: ['templates'], params: S.TemplateParams } }, async (req, reply) => {
+    await tpl.remove(req.principal.tenantId, req.params.name);
+    return reply.code(204).send();
+  });
+  app.put('/v1/templates/:name/pool', { schema: { tags: ['templates'], params: S.TemplateParams, body: S.PoolBody, ...tOut } }, async (req) => view(await tpl.setPool(req.principal.tenantId, req.params.name, req.body.size, req.principal.admin)));
+  app.post('/v1/template-uploads', { schema: { tags: ['templates'], description: 'Uploads an image tarball (application/octet-stream) for a template build; kept for an hour.', response: { 201: S.UploadSchema, ...err } }, bodyLimit: deps.maxUploadBytes }, async (req, reply) => {
+    const body = req.body as Readable | undefined;
+    if (!body || !(body instanceof Readable)) throw new SpaceError('BAD_REQUEST', 'Send the tarball as the request body with Content-Type: application/octet-stream');
+    return reply.code(201).send(await tpl.saveUpload(req.principal.tenantId, body));
   });
 }
 
+/**
+ * Runs a long operation and streams its progress as NDJSON: `{"type":"progress","percent","step"}`
+ * lines, then `{"type":"done","result"}` or `{"type":"error","code","message"}`. The operation is
+ * aborted if the client goes away.
+ */
+function progressStream(reply: FastifyReply, run: (progress: Progress, signal: AbortSignal) => Promise<unknown>): FastifyReply {
+  const ac = new AbortController();
+  const lines: string[] = [];
+  let wake: (() => void) | undefined;
+  let finished = false;
+  let lastStep = '';
+  const push = (line: object) => {
+    lines.push(JSON.stringify(line) + '\n');
+    wake?.();
+  };
+  void run((percent, step) => {
+    lastStep = step;
+    push({ type: 'progress', percent, step });
+  }, ac.signal).then(
+    (result) => {
+      finished = true;
+      push({ type: 'done', result });
+    },
+    (e: unknown) => {
+      finished = true;
+      const se = toSpaceError(e);
+      push({ type: 'error', code: se.code, message: se.message, step: (se.details?.step as string | undefined) ?? lastStep, ...(se.hint ? { hint: se.hint } : {}) });
+    },
+  );
+  async function* events(): AsyncGenerator<string> {
+    for (;;) {
+      while (lines.length) yield lines.shift()!;
+      if (finished && !lines.length) return;
+      await new Promise<void>((r) => (wake = r));
+      wake = undefined;
+    }
+  }
+  reply.raw.on('close', () => {
+    if (!finished) ac.abort(new SpaceError('BAD_REQUEST', 'the client went away'));
+  });
+  return reply.code(200).header('content-type', 'application/x-ndjson').header('cache-control', 'no-store').send(Readable.from(events(), { objectMode: false }));
+}

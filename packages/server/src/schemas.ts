@@ -31,7 +31,20 @@ export const SandboxSchema = Type.Object({
   expiresAt: Type.Optional(Type.String()),
   onTimeout: Type.Optional(Type.String()),
   idleTimeoutMs: Type.Optional(Type.Integer()),
-  createTimings: Type.Optional(Type.Object({ queueMs: Type.Integer(), bootMs: Type.Integer(), agentMs: Type.Integer(), totalMs: Type.Integer() }, { description: 'Where creation time went' })),
+  createTimings: Type.Optional(
+    Type.Object(
+      {
+        source: Type.Union([Type.Literal('pool'), Type.Literal('snapshot'), Type.Literal('boot')], { description: 'Taken from the warm pool, restored from the template snapshot, or booted' }),
+        queueMs: Type.Integer(),
+        restoreMs: Type.Optional(Type.Integer()),
+        bootMs: Type.Optional(Type.Integer()),
+        agentMs: Type.Integer(),
+        identityMs: Type.Integer(),
+        totalMs: Type.Integer(),
+      },
+      { description: 'Where creation time went' },
+    ),
+  ),
   parentId: Type.Optional(Type.String({ description: 'The sandbox this one was forked from' })),
   fromSnapshotId: Type.Optional(Type.String({ description: 'The snapshot it was last restored or forked from' })),
   lastSnapshotId: Type.Optional(Type.String()),
@@ -117,3 +130,39 @@ export const CreateKeyBody = Type.Object(
 );
 export const KeyParams = Type.Object({ keyId: Type.String({ maxLength: 64 }) });
 export const TemplateParams = Type.Object({ name: Type.String({ maxLength: 128 }) });
+
+export const TemplateSchema = Type.Object({
+  name: Type.String(),
+  builtin: Type.Boolean(),
+  state: Type.Union([Type.Literal('ready'), Type.Literal('building'), Type.Literal('missing')], { description: 'missing: a built-in whose root file system is built on first use' }),
+  source: Type.Record(Type.String(), Type.Unknown(), { description: 'builtin, debian (packages) or upload (format, sha256, sizeBytes)' }),
+  start: Type.Optional(Type.Object({ cmd: Type.String(), readyCmd: Type.Optional(Type.String()), readyTimeoutMs: Type.Integer() })),
+  env: StrMap,
+  pool: Type.Object({ size: Type.Integer(), ready: Type.Integer() }),
+  image: Type.Optional(Type.Object({ sizeBytes: Type.Integer(), captureMs: Type.Integer(), createdAt: Type.String() }, { description: 'The template snapshot creates restore' })),
+  rootfsBytes: Type.Optional(Type.Integer()),
+  createdAt: Type.String(),
+  readyAt: Type.Optional(Type.String()),
+});
+export const BuildTemplateBody = Type.Object(
+  {
+    name: Type.String({ minLength: 1, maxLength: 63, description: 'Lowercase letters, digits, ".", "_", "-"' }),
+    packages: Type.Optional(Type.Array(Type.String({ maxLength: 100 }), { minItems: 1, maxItems: 500, description: 'Debian bookworm packages' })),
+    uploadId: Type.Optional(Type.String({ maxLength: 64, description: 'From POST /v1/template-uploads: an OCI layout, docker save or rootfs tarball' })),
+    start: Type.Optional(
+      Type.Object(
+        {
+          cmd: Type.String({ minLength: 1, maxLength: 8192, description: 'Started in the background before the snapshot' }),
+          readyCmd: Type.Optional(Type.String({ minLength: 1, maxLength: 8192, description: 'Exits 0 once ready; retried every 200 ms' })),
+          readyTimeoutMs: Type.Optional(Type.Integer({ minimum: 100, maximum: 600000, default: 60000 })),
+        },
+        { additionalProperties: false },
+      ),
+    ),
+    env: Type.Optional(StrMap),
+    poolSize: Type.Optional(Type.Integer({ minimum: 0, maximum: 64, description: 'Warm pool size. @default 0' })),
+  },
+  { additionalProperties: false },
+);
+export const PoolBody = Type.Object({ size: Type.Integer({ minimum: 0, maximum: 64 }) }, { additionalProperties: false });
+export const UploadSchema = Type.Object({ uploadId: Type.String(), sizeBytes: Type.Integer(), sha256: Type.String(), createdAt: Type.String() });

@@ -4,7 +4,7 @@
  */
 import Database from 'better-sqlite3';
 import { Kysely, SqliteDialect, sql, type Generated } from 'kysely';
-import type { ApiKeyRecord, MetadataStore, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot } from '@space/core';
+import type { ApiKeyRecord, MetadataStore, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template } from '@space/core';
 import { SpaceError } from '@space/core';
 
 interface SandboxTable {
@@ -44,7 +44,13 @@ interface EventTable {
   type: string;
   message: string;
 }
+interface TemplateTable {
+  tenant_id: string;
+  name: string;
+  doc: string;
+}
 interface Schema {
+  templates: TemplateTable;
   sandboxes: SandboxTable;
   sandbox_labels: SandboxLabelTable;
   api_keys: ApiKeyTable;
@@ -91,6 +97,11 @@ const MIGRATIONS: string[] = [
      type TEXT NOT NULL,
      message TEXT NOT NULL);
    CREATE INDEX sandbox_events_sandbox ON sandbox_events(sandbox_id, seq);`,
+  `CREATE TABLE templates (
+     tenant_id TEXT NOT NULL,
+     name TEXT NOT NULL,
+     doc TEXT NOT NULL,
+     PRIMARY KEY (tenant_id, name));`,
 ];
 
 function toKey(r: ApiKeyTable): ApiKeyRecord {
@@ -213,6 +224,29 @@ export class SqliteStore implements MetadataStore {
   async listEvents(sandboxId: string, limit: number): Promise<SandboxEvent[]> {
     const rows = await this.db.selectFrom('sandbox_events').selectAll().where('sandbox_id', '=', sandboxId).orderBy('seq', 'desc').limit(limit).execute();
     return rows.reverse().map((r) => ({ sandboxId: r.sandbox_id, at: r.at, type: r.type, message: r.message }));
+  }
+
+  async putTemplate(t: Template): Promise<void> {
+    const doc = JSON.stringify(t);
+    await this.db
+      .insertInto('templates')
+      .values({ tenant_id: t.tenantId, name: t.name, doc })
+      .onConflict((oc) => oc.columns(['tenant_id', 'name']).doUpdateSet({ doc }))
+      .execute();
+  }
+
+  async getTemplate(tenantId: string, name: string): Promise<Template | undefined> {
+    const r = await this.db.selectFrom('templates').select('doc').where('tenant_id', '=', tenantId).where('name', '=', name).executeTakeFirst();
+    return r ? (JSON.parse(r.doc) as Template) : undefined;
+  }
+
+  async listTemplates(): Promise<Template[]> {
+    const rows = await this.db.selectFrom('templates').select('doc').orderBy('name').orderBy('tenant_id').execute();
+    return rows.map((r) => JSON.parse(r.doc) as Template);
+  }
+
+  async deleteTemplate(tenantId: string, name: string): Promise<void> {
+    await this.db.deleteFrom('templates').where('tenant_id', '=', tenantId).where('name', '=', name).execute();
   }
 
   async insertApiKey(k: ApiKeyRecord): Promise<void> {

@@ -1,33 +1,24 @@
 /**
- * Root file systems for sandboxes. `minimal` is busybox from Debian's busybox-static and
- * builds in milliseconds with no download; `base` is a Debian bookworm (bash, coreutils,
- * python3, git, curl, ca-certificates) made with mmdebstrap, built once and cached. A template
- * becomes visible only when complete (built in a temporary directory, then renamed).
+ * Template root file systems on disk, by content key. Built-ins: `minimal` is busybox from
+ * Debian's busybox-static (milliseconds, no download); `base` is Debian bookworm with bash,
+ * coreutils, python3, git and curl, made by mmdebstrap. Custom templates come from a list of
+ * Debian packages or from an uploaded image (see image.ts). Every build happens in a temporary
+ * directory that is renamed into place when complete, so a crash or failure leaves nothing.
  */
-import { spawn } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
-import { SpaceError } from '@space/core';
-import { run } from './exec.js';
+import { promisify } from 'node:util';
+import { SpaceError, type Progress, type RootfsBuild, type RootfsBuilder, type RootfsSource } from '@space/core';
+import { importImage } from './image.js';
 
-/** Build state of one template. */
-export interface TemplateStatus {
-  name: string;
-  state: 'ready' | 'building' | 'missing' | 'failed';
-  /** 0–100 while building. */
-  progress?: number;
-  /** Current build step, or the failure. */
-  message?: string;
-  rootfs?: string;
-}
+const exec = promisify(execFile);
 
-/** Progress callback of a build. */
-export type Progress = (percent: number, step: string) => void;
-
-/** Templates this driver knows how to build. */
+/** Templates every node has. */
 export const BUILTIN_TEMPLATES = ['minimal', 'base'] as const;
 
 const BASE_PACKAGES = ['bash', 'coreutils', 'python3', 'git', 'curl', 'ca-certificates', 'procps'];
+const USER_HOOK = '--customize-hook=chroot "$1" sh -c "id -u user >/dev/null 2>&1 || useradd --create-home --uid 1000 --user-group --shell /bin/bash user"';
 
 const PASSWD = 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n';
 const GROUP = 'root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n';
@@ -45,103 +36,127 @@ const MMDEBSTRAP_STEPS: [RegExp, number, string][] = [
   [/success/, 99, 'finishing'],
 ];
 
+/** Debian package names (policy §5.6.1). */
+const PACKAGE_RE = /^[a-z0-9][a-z0-9+.-]{1,99}$/;
+
+/** Options of {@link RootfsStore}. */
+export interface RootfsStoreOptions {
+  /** Debian mirror for mmdebstrap. */
+  mirror?: string;
+  /** Longest a build may take. @default 15 min */
+  buildTimeoutMs?: number;
+}
+
 /**
- * Builds and finds template root file systems under one directory.
+ * Root file systems cached under one directory: `<dir>/<key>/rootfs`.
  *
  * @example
- * const t = new Templates('/var/lib/space/templates');
- * const rootfs = await t.ensure('minimal');
+ * const store = new RootfsStore('/var/lib/space/templates');
+ * await store.build('minimal', { type: 'builtin', name: 'minimal' });
+ * store.path('minimal'); // '/var/lib/space/templates/minimal/rootfs'
  */
-export class Templates {
-  private readonly building = new Map<string, { promise: Promise<string>; progress: number; step: string }>();
-  private readonly failed = new Map<string, string>();
+export class RootfsStore implements RootfsBuilder {
+  readonly builtins = BUILTIN_TEMPLATES;
+  private readonly building = new Map<string, { promise: Promise<RootfsBuild>; listeners: Set<Progress>; last: [number, string] }>();
 
   constructor(
     readonly dir: string,
-    private readonly opts: { mirror?: string; buildTimeoutMs?: number } = {},
+    private readonly opts: RootfsStoreOptions = {},
   ) {}
 
-  rootfs(name: string): string {
-    return path.join(this.dir, name, 'rootfs');
+  builtinKey(name: string): string {
+    return name;
   }
 
-  isReady(name: string): boolean {
-    return existsSync(path.join(this.dir, name, '.complete'));
+  path(key: string): string {
+    return path.join(this.dir, key, 'rootfs');
   }
 
-  status(name: string): TemplateStatus {
-    if (!(BUILTIN_TEMPLATES as readonly string[]).includes(name)) throw new SpaceError('TEMPLATE_NOT_FOUND', `No template ${JSON.stringify(name)}; available: ${BUILTIN_TEMPLATES.join(', ')}`);
-    if (this.isReady(name)) return { name, state: 'ready', rootfs: this.rootfs(name) };
-    const b = this.building.get(name);
-    if (b) return { name, state: 'building', progress: b.progress, message: b.step };
-    const f = this.failed.get(name);
-    if (f) return { name, state: 'failed', message: f };
-    return { name, state: 'missing' };
+  has(key: string): boolean {
+    return existsSync(path.join(this.dir, key, '.complete'));
   }
 
-  /** Returns the template's rootfs, building it first if needed (one build at a time per name). */
-  ensure(name: string, onProgress?: Progress): Promise<string> {
-    if (this.isReady(name)) return Promise.resolve(this.rootfs(name));
-    this.status(name); // validates the name
-    let b = this.building.get(name);
+  async remove(key: string): Promise<void> {
+    await fs.rm(path.join(this.dir, key), { recursive: true, force: true });
+  }
+
+  build(key: string, source: RootfsSource, progress?: Progress, signal?: AbortSignal): Promise<RootfsBuild> {
+    if (!/^[a-z0-9][a-z0-9._-]{0,127}$/.test(key)) throw new SpaceError('BAD_REQUEST', `Invalid template key ${JSON.stringify(key)}`);
+    let b = this.building.get(key);
     if (!b) {
-      const entry = { progress: 0, step: 'starting', promise: Promise.resolve('') };
+      if (this.has(key)) return this.readBuild(key);
+      const entry = { listeners: new Set<Progress>(), last: [0, 'starting'] as [number, string], promise: Promise.resolve({} as RootfsBuild) };
       const report: Progress = (p, s) => {
-        entry.progress = p;
-        entry.step = s;
+        entry.last = [p, s];
+        for (const l of entry.listeners) l(p, s);
       };
-      entry.promise = this.build(name, report).then(
-        (r) => {
-          this.building.delete(name);
-          this.failed.delete(name);
-          return r;
-        },
-        (err: unknown) => {
-          this.building.delete(name);
-          this.failed.set(name, err instanceof Error ? err.message : String(err));
-          throw err;
-        },
-      );
-      this.building.set(name, entry);
+      entry.promise = this.buildNow(key, source, report, signal).finally(() => this.building.delete(key));
+      this.building.set(key, entry);
       b = entry;
     }
-    if (onProgress) {
+    if (progress) {
       const entry = b;
-      const t = setInterval(() => onProgress(entry.progress, entry.step), 500);
-      void entry.promise.finally(() => clearInterval(t)).catch(() => {});
+      entry.listeners.add(progress);
+      progress(...entry.last);
+      void entry.promise.finally(() => entry.listeners.delete(progress)).catch(() => {});
     }
     return b.promise;
   }
 
-  private async build(name: string, progress: Progress): Promise<string> {
-    const final = path.join(this.dir, name);
+  private async readBuild(key: string): Promise<RootfsBuild> {
+    try {
+      return JSON.parse(await fs.readFile(path.join(this.dir, key, 'build.json'), 'utf8')) as RootfsBuild;
+    } catch {
+      return { sizeBytes: 0, env: {} };
+    }
+  }
+
+  private async buildNow(key: string, source: RootfsSource, progress: Progress, signal?: AbortSignal): Promise<RootfsBuild> {
+    const final = path.join(this.dir, key);
     const tmp = `${final}.tmp-${process.pid}-${Date.now()}`;
     await fs.mkdir(this.dir, { recursive: true });
     await fs.rm(final, { recursive: true, force: true });
+    const root = path.join(tmp, 'rootfs');
     try {
-      await fs.mkdir(tmp, { recursive: true });
-      if (name === 'minimal') await this.buildMinimal(path.join(tmp, 'rootfs'));
-      else await this.buildBase(path.join(tmp, 'rootfs'), progress);
+      await fs.mkdir(root, { recursive: true, mode: 0o755 });
+      let result: RootfsBuild = { sizeBytes: 0, env: {} };
+      if (source.type === 'builtin') {
+        if (source.name === 'minimal') await this.buildMinimal(root);
+        else if (source.name === 'base') await this.debootstrap(root, BASE_PACKAGES, progress, signal);
+        else throw new SpaceError('TEMPLATE_NOT_FOUND', `No built-in template ${JSON.stringify(source.name)}`);
+      } else if (source.type === 'debian') {
+        const bad = source.packages.filter((p) => !PACKAGE_RE.test(p));
+        if (bad.length || !source.packages.length) throw new SpaceError('BAD_REQUEST', `Invalid Debian package names: ${bad.join(', ') || '(none given)'}`);
+        await this.debootstrap(root, source.packages, progress, signal);
+      } else {
+        const imported = await importImage(source.file, root, path.join(tmp, 'work'), progress, signal);
+        result = { ...result, env: imported.env, format: imported.format };
+        await fs.rm(path.join(tmp, 'work'), { recursive: true, force: true });
+      }
+      progress(95, 'preparing the root file system');
+      await prepareRootfs(root);
+      result.sizeBytes = await duBytes(root);
+      await fs.writeFile(path.join(tmp, 'build.json'), JSON.stringify(result));
       await fs.writeFile(path.join(tmp, '.complete'), new Date().toISOString());
       await fs.rename(tmp, final);
-      progress(100, 'ready');
-      return this.rootfs(name);
+      progress(100, 'root file system ready');
+      return result;
     } catch (err) {
       await fs.rm(tmp, { recursive: true, force: true });
       if (err instanceof SpaceError) throw err;
-      throw new SpaceError('TEMPLATE_BUILD_FAILED', `Template ${name} failed to build: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+      throw new SpaceError('TEMPLATE_BUILD_FAILED', `Template build failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }
   }
 
   private async buildMinimal(root: string): Promise<void> {
     const busybox = ['/bin/busybox', '/usr/bin/busybox'].find((p) => existsSync(p));
     if (!busybox) throw new SpaceError('TEMPLATE_BUILD_FAILED', 'busybox is not installed', { details: { hint: 'apt-get install busybox-static' } });
-    const { stdout: info } = await run('file', ['-L', busybox]).catch(() => ({ stdout: 'statically linked' }));
+    const { stdout: info } = await exec('file', ['-L', busybox]).catch(() => ({ stdout: 'statically linked' }));
     if (!/static/.test(info)) throw new SpaceError('TEMPLATE_BUILD_FAILED', `${busybox} is not statically linked; install Debian's busybox-static`);
-    for (const d of ['bin', 'sbin', 'usr/bin', 'usr/sbin', 'etc', 'tmp', 'root', 'home/user', 'proc', 'sys', 'dev', 'run', 'var/tmp']) await fs.mkdir(path.join(root, d), { recursive: true });
+    for (const d of ['bin', 'sbin', 'usr/bin', 'usr/sbin', 'etc', 'tmp', 'root', 'home/user', 'var/tmp']) await fs.mkdir(path.join(root, d), { recursive: true });
     await fs.copyFile(busybox, path.join(root, 'bin/busybox'));
     await fs.chmod(path.join(root, 'bin/busybox'), 0o755);
-    const { stdout } = await run(busybox, ['--list-full']);
+    const { stdout } = await exec(busybox, ['--list-full']);
     for (const applet of stdout.split('\n').map((s) => s.trim()).filter(Boolean)) {
       if (applet === 'bin/busybox' || applet.includes('..')) continue;
       const target = path.join(root, applet);
@@ -150,25 +165,15 @@ export class Templates {
     }
     await fs.writeFile(path.join(root, 'etc/passwd'), PASSWD);
     await fs.writeFile(path.join(root, 'etc/group'), GROUP);
-    await fs.writeFile(path.join(root, 'etc/hosts'), '127.0.0.1 localhost\n::1 localhost\n');
-    await fs.chmod(path.join(root, 'tmp'), 0o1777);
-    await fs.chmod(path.join(root, 'var/tmp'), 0o1777);
     await fs.chmod(path.join(root, 'root'), 0o700);
-    await fs.chown(path.join(root, 'home/user'), 1000, 1000);
   }
 
-  private buildBase(root: string, progress: Progress): Promise<void> {
-    const args = [
-      '--variant=minbase',
-      `--include=${BASE_PACKAGES.join(',')}`,
-      '--customize-hook=chroot "$1" useradd --create-home --uid 1000 --user-group --shell /bin/bash user',
-      'bookworm',
-      root,
-      ...(this.opts.mirror ? [this.opts.mirror] : []),
-    ];
+  private debootstrap(root: string, packages: string[], progress: Progress, signal?: AbortSignal): Promise<void> {
+    const args = ['--variant=minbase', `--include=${packages.join(',')}`, USER_HOOK, 'bookworm', root, ...(this.opts.mirror ? [this.opts.mirror] : [])];
     return new Promise((resolve, reject) => {
       const child = spawn('mmdebstrap', args, { stdio: ['ignore', 'pipe', 'pipe'] });
       const tail: string[] = [];
+      let step = 'starting mmdebstrap';
       let buf = '';
       const onData = (d: Buffer) => {
         buf += d.toString();
@@ -177,22 +182,65 @@ export class Templates {
           const line = buf.slice(0, i);
           buf = buf.slice(i + 1);
           tail.push(line);
-          if (tail.length > 20) tail.shift();
-          for (const [re, pct, step] of MMDEBSTRAP_STEPS) if (re.test(line)) progress(pct, step);
+          if (tail.length > 30) tail.shift();
+          for (const [re, pct, s] of MMDEBSTRAP_STEPS) if (re.test(line)) progress(pct * 0.9, (step = s));
         }
       };
       child.stdout.on('data', onData);
       child.stderr.on('data', onData);
-      const timer = setTimeout(() => child.kill('SIGKILL'), this.opts.buildTimeoutMs ?? 15 * 60_000);
+      const kill = () => child.kill('SIGKILL');
+      signal?.addEventListener('abort', kill, { once: true });
+      const timer = setTimeout(kill, this.opts.buildTimeoutMs ?? 15 * 60_000);
       child.on('error', (err) => {
         clearTimeout(timer);
         reject(new SpaceError('TEMPLATE_BUILD_FAILED', `Cannot run mmdebstrap (${(err as NodeJS.ErrnoException).code}); install it: apt-get install mmdebstrap`, { cause: err }));
       });
       child.on('exit', (code, sig) => {
         clearTimeout(timer);
-        if (code === 0) resolve();
-        else reject(new SpaceError('TEMPLATE_BUILD_FAILED', `mmdebstrap failed (${sig ?? `exit ${code}`}) at step "${tail.filter((l) => /^[IE]:/.test(l)).pop() ?? '?'}": ${tail.slice(-3).join(' | ')}`));
+        signal?.removeEventListener('abort', kill);
+        if (code === 0) return resolve();
+        // apt's "E: Unable to locate package X" is the usual reason: say it plainly.
+        const missing = tail.map((l) => /Unable to locate package (\S+)/.exec(l)?.[1]).filter(Boolean);
+        const errors = tail.filter((l) => /^E:/.test(l)).slice(-3);
+        const why = missing.length ? `no Debian package named ${missing.join(', ')} in bookworm` : errors.join(' | ') || tail.slice(-3).join(' | ');
+        reject(new SpaceError('TEMPLATE_BUILD_FAILED', `mmdebstrap failed (${signal?.aborted ? 'cancelled' : (sig ?? `exit ${code}`)}) at step "${step}": ${why}`, { details: { step, missingPackages: missing } }));
       });
     });
   }
+}
+
+/**
+ * What every sandbox needs of its root file system, whatever it was made from: the mount
+ * points, a world-writable /tmp, and the default user (uid 1000) with a home directory.
+ */
+async function prepareRootfs(root: string): Promise<void> {
+  for (const d of ['proc', 'sys', 'dev', 'run', 'tmp', 'var/tmp', 'etc', 'root']) await fs.mkdir(path.join(root, d), { recursive: true });
+  await fs.chmod(path.join(root, 'tmp'), 0o1777);
+  await fs.chmod(path.join(root, 'var/tmp'), 0o1777);
+  const passwdFile = path.join(root, 'etc/passwd');
+  const passwd = await fs.readFile(passwdFile, 'utf8').catch(() => '');
+  const users = new Set(passwd.split('\n').map((l) => l.split(':')[0]));
+  const uids = new Set(passwd.split('\n').map((l) => l.split(':')[2]));
+  let add = '';
+  if (!users.has('root')) add += 'root:x:0:0:root:/root:/bin/sh\n';
+  if (!users.has('user') && !uids.has('1000')) add += 'user:x:1000:1000:user:/home/user:/bin/sh\n';
+  if (add) await fs.writeFile(passwdFile, (passwd && !passwd.endsWith('\n') ? passwd + '\n' : passwd) + add);
+  const groupFile = path.join(root, 'etc/group');
+  const group = await fs.readFile(groupFile, 'utf8').catch(() => '');
+  const groups = new Set(group.split('\n').map((l) => l.split(':')[0]));
+  let addG = '';
+  if (!groups.has('root')) addG += 'root:x:0:\n';
+  if (!groups.has('user')) addG += 'user:x:1000:\n';
+  if (addG) await fs.writeFile(groupFile, (group && !group.endsWith('\n') ? group + '\n' : group) + addG);
+  if (!existsSync(path.join(root, 'etc/hosts'))) await fs.writeFile(path.join(root, 'etc/hosts'), '127.0.0.1 localhost\n::1 localhost\n');
+  const home = path.join(root, 'home/user');
+  if (!existsSync(home)) {
+    await fs.mkdir(home, { recursive: true });
+    await fs.chown(home, 1000, 1000);
+  }
+}
+
+async function duBytes(dir: string): Promise<number> {
+  const { stdout } = await exec('du', ['-sb', dir], { maxBuffer: 1 << 20 });
+  return Number(stdout.split('\t')[0]) || 0;
 }

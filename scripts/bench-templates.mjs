@@ -1,0 +1,157 @@
+#!/usr/bin/env node
+// Fast-start benchmarks, each beside its baseline in the same run:
+//   - create + first command from a warm pool (target p50 ≤ 60 ms);
+//   - the same restored from the template snapshot (no pool) vs a bare `runsc restore` +
+//     `runsc exec` of the same image (target ≤ 1.2x);
+//   - 20 concurrent creates vs 20 sequential: throughput (target ≥ 1.3x) and p95 latency;
+//   - host memory per pooled sandbox.
+//   node scripts/bench-templates.mjs [--iterations 30] [--write]
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
+import { eventually, startSpaced } from '../test/helpers.mjs';
+
+const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
+const N = Number(values.iterations);
+const q = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
+const now = () => performance.now();
+
+const dataDir = mkdtempSync('/tmp/spbt-');
+const { child, conn } = await startSpaced(dataDir);
+const bareRoot = path.join(dataDir, 'bare');
+const R = (...a) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), '--network=none', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
+
+/** Host memory of the sandboxes under the `space` cgroup: RSS of their processes and cgroup usage. */
+function spaceMemory() {
+  const base = '/sys/fs/cgroup/memory/space';
+  let rss = 0;
+  let cg = 0;
+  for (const d of existsSync(base) ? readdirSync(base) : []) {
+    const dir = path.join(base, d);
+    if (!existsSync(path.join(dir, 'cgroup.procs'))) continue;
+    cg += Number(readFileSync(path.join(dir, 'memory.usage_in_bytes'), 'utf8'));
+    for (const pid of readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean)) {
+      const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+      if (m) rss += Number(m[1]) * 1024;
+    }
+  }
+  return { rss, cg };
+}
+
+const rows = [];
+const add = (name, xs, baseName, base, target) => rows.push({ name, p50: q(xs, 50), p95: q(xs, 95), baseName, bp50: base ? q(base, 50) : undefined, target });
+const ttfc = async (opts = {}) => {
+  const t = now();
+  const sb = await Sandbox.create({ ...conn, ...opts });
+  await sb.commands.run('true');
+  return { ms: now() - t, sb };
+};
+
+try {
+  // The template snapshot of `minimal` (taken at start-up; make sure it is there).
+  await Templates.prepare('minimal', conn);
+  const imageDir = path.join(dataDir, 'template-images', readdirSync(path.join(dataDir, 'template-images')).find((d) => d.startsWith('minimal-') && !d.includes('.tmp')));
+  const warm = await ttfc();
+  const bundleConfig = JSON.parse(readFileSync(path.join(dataDir, 'sandboxes', warm.sb.id, 'bundle', 'config.json'), 'utf8'));
+  await warm.sb.kill();
+
+  // 1. Restore from the template snapshot (no pool) vs bare runsc restore + exec of the same image.
+  const restore = [];
+  const parts = { restoreMs: [], agentMs: [], identityMs: [] };
+  for (let i = 0; i < N; i++) {
+    const r = await ttfc();
+    restore.push(r.ms);
+    for (const k of Object.keys(parts)) parts[k].push(r.sb.info.createTimings[k]);
+    await r.sb.kill();
+  }
+  const bare = [];
+  for (let i = 0; i < N; i++) {
+    const b = path.join(bareRoot, `b${i}`);
+    const sock = path.join(bareRoot, `sock${i}`);
+    mkdirSync(b, { recursive: true });
+    mkdirSync(sock, { recursive: true });
+    const cfg = structuredClone(bundleConfig);
+    cfg.mounts = cfg.mounts.map((m) => (m.destination === '/run/space' ? { ...m, source: sock } : m));
+    cfg.linux.namespaces = cfg.linux.namespaces.map((n) => (n.type === 'network' ? { type: 'network' } : n));
+    delete cfg.linux.cgroupsPath;
+    writeFileSync(path.join(b, 'config.json'), JSON.stringify(cfg));
+    const t = now();
+    R('restore', '--image-path', imageDir, '--detach', '--bundle', b, `bare${i}`);
+    R('exec', `bare${i}`, '/bin/true');
+    bare.push(now() - t);
+    R('kill', `bare${i}`, 'KILL');
+    R('delete', '--force', `bare${i}`);
+  }
+  add('create + `true`, restored from the template snapshot (SDK)', restore, 'bare `runsc restore` + `runsc exec` of the same image', bare, '≤ 1.2x bare');
+  add('  of which the runtime\'s restore', parts.restoreMs, undefined, undefined, '—');
+  add('  of which the agent\'s reconnect', parts.agentMs, undefined, undefined, '—');
+  add('  of which identity (id, hostname, env)', parts.identityMs, undefined, undefined, '—');
+
+  // 2. Warm pool: wait (untimed) until the pool is full, then create + `true`.
+  const POOL = 3;
+  await Templates.setPool('minimal', POOL, conn);
+  const pooled = [];
+  let misses = 0;
+  for (let i = 0; i < N; i++) {
+    await eventually(async () => (await Templates.get('minimal', conn)).pool.ready === POOL, { tries: 600, everyMs: 50 });
+    const r = await ttfc({ env: { RUN: String(i) } });
+    if (r.sb.info.createTimings.source !== 'pool') misses++;
+    pooled.push(r.ms);
+    await r.sb.kill();
+  }
+  add(`create + \`true\` from a warm pool (SDK; ${misses} of ${N} missed the pool)`, pooled, 'restored from the template snapshot (above)', restore, 'p50 ≤ 60 ms');
+
+  // 3. Memory per pooled sandbox (nothing else runs now).
+  await eventually(async () => (await Templates.get('minimal', conn)).pool.ready === POOL, { tries: 600, everyMs: 50 });
+  const withPool = spaceMemory();
+  await Templates.setPool('minimal', 0, conn);
+  await eventually(() => spaceMemory().rss < withPool.rss / POOL, { tries: 600, everyMs: 50 });
+  await new Promise((r) => setTimeout(r, 2000));
+  const empty = spaceMemory();
+  const perRss = (withPool.rss - empty.rss) / POOL;
+  const perCg = (withPool.cg - empty.cg) / POOL;
+
+  // 4. 20 creates at once vs one after another (no pool: every one is a restore).
+  const C = 20;
+  let t = now();
+  const seq = [];
+  for (let i = 0; i < C; i++) seq.push(await ttfc());
+  const seqTotal = now() - t;
+  for (const r of seq) await r.sb.kill();
+  t = now();
+  const conc = await Promise.all(Array.from({ length: C }, () => ttfc()));
+  const concTotal = now() - t;
+  for (const r of conc) await r.sb.kill();
+  add(`${C} concurrent creates + \`true\`, latency of each`, conc.map((r) => r.ms), `${C} sequential, latency of each`, seq.map((r) => r.ms), 'p95 reported');
+
+  const lines = [
+    '| measurement | p50 ms | p95 ms | baseline (same run) | baseline p50 ms | ratio | target |',
+    '|---|---|---|---|---|---|---|',
+    ...rows.map((r) => `| ${r.name} | ${fmt(r.p50)} | ${fmt(r.p95)} | ${r.baseName ?? '—'} | ${r.bp50 !== undefined ? fmt(r.bp50) : '—'} | ${r.bp50 ? `${(r.p50 / r.bp50).toFixed(2)}x` : '—'} | ${r.target} |`),
+    `| ${C} creates: total time | ${fmt(concTotal)} concurrent | | ${C} sequential | ${fmt(seqTotal)} | throughput ${(seqTotal / concTotal).toFixed(2)}x | ≥ 1.3x |`,
+    `| host memory per pooled sandbox (idle, running) | ${(perRss / 1048576).toFixed(1)} MiB RSS | | its cgroup's usage | ${(perCg / 1048576).toFixed(1)} MiB | | reported |`,
+  ];
+  const table = lines.join('\n');
+  console.log(table);
+  if (values.write) {
+    const file = new URL('../docs/benchmarks.md', import.meta.url);
+    const doc = readFileSync(file, 'utf8');
+    const block = `<!-- templates:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-templates.mjs --write\` (part of \`./space bench\`). The bare baseline restores the very image creates restore, with the same bundle (minus the daemon's socket, netns and cgroup), and runs \`/bin/true\` with \`runsc exec\`.\n\n${table}\n<!-- templates:end -->`;
+    writeFileSync(file, doc.includes('<!-- templates:start -->') ? doc.replace(/<!-- templates:start -->[\s\S]*<!-- templates:end -->/, block) : `${doc.trimEnd()}\n\n## Fast start: template snapshots, warm pools, concurrent creates\n\n${block}\n`);
+  }
+} finally {
+  const st = path.join(bareRoot, 'state');
+  for (const id of (spawnSync('runsc', ['--root', st, 'list', '-quiet'], { encoding: 'utf8' }).stdout ?? '').split('\n').filter(Boolean)) {
+    spawnSync('runsc', ['--root', st, 'kill', id, 'KILL'], { stdio: 'ignore' });
+    spawnSync('runsc', ['--root', st, 'delete', '--force', id], { stdio: 'ignore' });
+  }
+  await new Promise((r) => {
+    child.on('exit', r);
+    child.kill('SIGTERM');
+  });
+  rmSync(dataDir, { recursive: true, force: true });
+}
