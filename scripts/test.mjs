@@ -1,10 +1,29 @@
 #!/usr/bin/env node
 // Runs the whole suite with node's test runner, one file at a time (sandboxes are heavy on
 // 2 cores). Pass test files to run only those: ./space test test/api.test.mjs
+// Afterwards, every network namespace and cgroup a sandbox had must be gone: anything new
+// under `space-*` netns or the `space` cgroups fails the run, whichever test leaked it.
 import { spawnSync } from 'node:child_process';
-import { readdirSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 
 const files = readdirSync(new URL('../test/', import.meta.url)).filter((f) => f.endsWith('.test.mjs')).sort().map((f) => `test/${f}`);
 const only = process.argv.slice(2);
+
+/** Host resources of sandboxes: `space-*` network namespaces and `space/*` cgroups. */
+function sandboxResources() {
+  const netns = (spawnSync('ip', ['netns', 'list'], { encoding: 'utf8' }).stdout ?? '').split('\n').map((l) => l.split(' ')[0]).filter((n) => n?.startsWith('space-')).map((n) => `netns ${n}`);
+  const cgroups = ['memory', 'cpu'].flatMap((c) => {
+    const d = `/sys/fs/cgroup/${c}/space`;
+    return existsSync(d) ? readdirSync(d, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => `cgroup ${c}/space/${e.name}`) : [];
+  });
+  return new Set([...netns, ...cgroups]);
+}
+
+const before = sandboxResources();
 const r = spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-timeout=900000', ...(only.length ? only : files)], { stdio: 'inherit' });
+const leaked = [...sandboxResources()].filter((x) => !before.has(x));
+if (leaked.length) {
+  console.error(`\nLEAK: the suite left these sandbox resources behind:\n  ${leaked.join('\n  ')}`);
+  process.exit(1);
+}
 process.exit(r.status ?? 1);

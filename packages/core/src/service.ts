@@ -157,6 +157,10 @@ export class SandboxService {
   private readonly poolMinAvailableMb: number;
   /** Clean-ups running in the background (awaited by {@link shutdown}). */
   private readonly background = new Set<Promise<unknown>>();
+  /** Template captures and pool refills in flight: they own sandboxes nobody else knows of. */
+  private readonly transient = new Set<Promise<unknown>>();
+  /** Aborted by {@link shutdown}: stops captures and refills. */
+  private readonly stopAc = new AbortController();
   /** Templates: registry, builds and their images. */
   readonly templates: TemplateService;
   /** Warm pools of restored, unassigned sandboxes. */
@@ -192,13 +196,24 @@ export class SandboxService {
     this.pool = new WarmPool(
       {
         fill: (t) => this.fillPool(t),
-        discard: (id) => this.discardPooled(id),
+        discard: (id) => {
+          const p = this.discardPooled(id);
+          this.inBackground(p);
+          return p;
+        },
         hasRoom: (mb) => this.hasRoom(1, mb),
         underPressure: () => this.underPressure(),
         alive: (id) => !!this.live.get(id)?.channel && !this.live.get(id)!.channel!.closed,
       },
       this.log,
     );
+  }
+
+  /** Tracks work that owns sandboxes outside the database; {@link shutdown} waits for it. */
+  private transientWork<T>(p: Promise<T>): Promise<T> {
+    this.transient.add(p);
+    void p.finally(() => this.transient.delete(p)).catch(() => {});
+    return p;
   }
 
   /** Runs a clean-up in the background; {@link shutdown} waits for it. */
@@ -321,8 +336,11 @@ export class SandboxService {
   /** Stops accepting work and detaches from sandboxes; they keep running and are re-adopted on the next start. */
   async shutdown(): Promise<void> {
     this.stopping = true;
-    // Pooled sandboxes belong to no one: remove them rather than leave them to the next start.
+    // Pooled sandboxes and template captures belong to no one: remove them rather than leave
+    // them to the next start (which may never come for this data directory).
+    this.stopAc.abort(new SpaceError('DAEMON_SHUTTING_DOWN'));
     await this.pool.stop();
+    await Promise.allSettled([...this.transient]);
     for (const e of this.live.values()) {
       clearTimeout(e.timer);
       clearTimeout(e.policyTimer);
@@ -472,12 +490,18 @@ export class SandboxService {
   }
 
   /** Restores one unassigned sandbox for a template's warm pool. */
-  private async fillPool(t: Template): Promise<string> {
+  private fillPool(t: Template): Promise<string> {
+    return this.transientWork(this.fillPoolNow(t));
+  }
+
+  private async fillPoolNow(t: Template): Promise<string> {
+    if (this.stopping) throw new SpaceError('DAEMON_SHUTTING_DOWN');
     const cur = (await this.templates.usableImage(t)) ? t : await this.templates.captureImage(t);
     const id = newSandboxId();
     const release = await this.createSlot();
     try {
-      await this.restoreTemplate(cur.image!, { id, template: t.name, rootfs: await this.templates.rootfsOf(t), cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env });
+      await this.restoreTemplate(cur.image!, { id, template: t.name, rootfs: await this.templates.rootfsOf(t), cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env }, this.stopAc.signal);
+      this.stopAc.signal.throwIfAborted();
       return id;
     } catch (err) {
       await this.discardPooled(id);
@@ -499,7 +523,12 @@ export class SandboxService {
    * Boots a template once, runs its start command until ready, and checkpoints it into the
    * image `key`. The sandbox is removed afterwards; a failure leaves no image.
    */
-  private async captureTemplate(t: Template, rootfs: string, key: string, progress: Progress, signal?: AbortSignal): Promise<TemplateImage> {
+  private captureTemplate(t: Template, rootfs: string, key: string, progress: Progress, signal?: AbortSignal): Promise<TemplateImage> {
+    if (this.stopping) return Promise.reject(new SpaceError('DAEMON_SHUTTING_DOWN'));
+    return this.transientWork(this.captureTemplateNow(t, rootfs, key, progress, signal ? AbortSignal.any([signal, this.stopAc.signal]) : this.stopAc.signal));
+  }
+
+  private async captureTemplateNow(t: Template, rootfs: string, key: string, progress: Progress, signal: AbortSignal): Promise<TemplateImage> {
     const id = newSandboxId();
     const dir = this.templates.imageDir({ key } as TemplateImage);
     const tmp = `${dir}.tmp-${id}`;
@@ -512,6 +541,7 @@ export class SandboxService {
       const ch = await connected;
       if (!ch) throw new SpaceError('TIMEOUT', `The template's agent did not connect within ${this.startTimeoutMs} ms`);
       if (t.start) await this.startAndWait(ch, t.start, progress, signal);
+      signal.throwIfAborted();
       progress(80, 'taking the template snapshot');
       await this.checkpointQuiesced(id, ch, tmp, `template ${t.name}`);
       await fs.writeFile(path.join(tmp, '.space-complete'), new Date().toISOString());

@@ -76,7 +76,7 @@ const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
  */
 export class TemplateService {
   private readonly building = new Set<string>();
-  private readonly builtinBuilds = new Map<string, Promise<string>>();
+  private readonly captures = new Map<string, Promise<Template>>();
   /** Called when a template's pool size or image changes. */
   onChange: (t: Template) => void = () => {};
 
@@ -162,23 +162,29 @@ export class TemplateService {
    */
   captureImage(t: Template, progress: Progress = () => {}): Promise<Template> {
     const ref = `${t.tenantId}/${t.name}`;
-    let p = this.builtinBuilds.get(ref) as Promise<unknown> | undefined;
+    let p = this.captures.get(ref);
     if (!p) {
       p = (async () => {
+        // It may have been removed since the caller looked it up.
+        if (!(await this.opts.store.getTemplate(t.tenantId, t.name))) throw new SpaceError('TEMPLATE_NOT_FOUND', `Template ${t.name} was removed`);
         const rootfs = await this.rootfsOf(t, progress);
         const key = await this.imageKey(t);
         const old = t.image;
         const image = await this.opts.capture(t, rootfs, key, progress);
-        const cur = (await this.opts.store.getTemplate(t.tenantId, t.name)) ?? t;
+        const cur = await this.opts.store.getTemplate(t.tenantId, t.name);
+        if (!cur) {
+          await fs.rm(this.imageDir(image), { recursive: true, force: true });
+          throw new SpaceError('TEMPLATE_NOT_FOUND', `Template ${t.name} was removed while its snapshot was taken`);
+        }
         const next = { ...cur, image };
         await this.opts.store.putTemplate(next);
         if (old && old.key !== image.key) await fs.rm(this.imageDir(old), { recursive: true, force: true });
         this.onChange(next);
         return next;
-      })().finally(() => this.builtinBuilds.delete(ref));
-      this.builtinBuilds.set(ref, p as Promise<string>);
+      })().finally(() => this.captures.delete(ref));
+      this.captures.set(ref, p);
     }
-    return p as Promise<Template>;
+    return p;
   }
 
   /**
