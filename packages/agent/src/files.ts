@@ -3,7 +3,7 @@
  * relative. Writes land in a temporary file renamed into place on success, so a failed
  * upload never leaves a truncated file behind. New files belong to the requesting user.
  */
-import { constants, promises as fs } from 'node:fs';
+import { constants, promises as fs, watch, type FSWatcher } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { Channel, INITIAL_WINDOW, type EntryInfo, type EntryType } from '@space/protocol';
@@ -213,3 +213,40 @@ export async function writeFrom(p: string, stream: Stream, mode: number | undefi
 }
 
 export { DEFAULT_USER };
+
+/**
+ * Streams changes under `dir` as JSON lines until the stream closes. A rename shows as the
+ * removal of the old name and the creation of the new one (inotify's rename events carry
+ * no pairing here).
+ */
+export async function watchTo(dir: string, recursive: boolean, stream: Stream): Promise<void> {
+  const top = await stat(dir);
+  if (top.type !== 'dir') throw new AgentError('NOT_A_DIRECTORY', `${dir} is not a directory`);
+  let watcher: FSWatcher;
+  try {
+    watcher = watch(dir, { recursive, persistent: false });
+  } catch (err) {
+    throw fsError(err, dir);
+  }
+  stream.reply({});
+  const emit = (name: string, type: 'create' | 'write' | 'remove') => stream.send(Channel.Stdout, Buffer.from(JSON.stringify({ name, type }) + '\n'));
+  watcher.on('change', (eventType, filename) => {
+    if (!filename) return;
+    const name = filename.toString();
+    // The agent's own temporary files of an atomic write (see writeFrom) are not news.
+    if (/^\..+\.space-[0-9a-f]{12}$/.test(path.basename(name))) return;
+    if (eventType === 'change') return void emit(name, 'write');
+    fs.lstat(path.join(dir, name)).then(
+      () => emit(name, 'create'),
+      () => emit(name, 'remove'),
+    );
+  });
+  watcher.on('error', (err) => stream.fail('INTERNAL', `watching ${dir} failed: ${err.message}`));
+  await new Promise<void>((resolve) => {
+    watcher.on('close', resolve);
+    stream.on('close', () => {
+      watcher.close();
+      resolve();
+    });
+  });
+}

@@ -239,6 +239,9 @@ async function handle(req: Record<string, unknown>, s: Stream): Promise<void> {
     case 'read':
       await files.readTo(files.resolvePath(req.path), s);
       return;
+    case 'watch':
+      await files.watchTo(files.resolvePath(req.path), req.recursive === true, s);
+      return;
     case 'write':
       await files.writeFrom(files.resolvePath(req.path), s, typeof req.mode === 'number' ? req.mode & 0o7777 : undefined, req.user as string | undefined);
       return;

@@ -43,14 +43,14 @@ export function publicKey(r: ApiKeyRecord): Omit<ApiKeyRecord, 'hash'> {
 export class ApiKeys {
   constructor(private readonly store: MetadataStore) {}
 
-  /** Creates a key. `prefix` shapes it (`space_` by default; E2B clients want `e2b_` + hex). */
-  async create(opts: { tenantId: string; name?: string; admin?: boolean }): Promise<CreatedApiKey> {
+  /** Creates a key. `format` shapes it: `space_…` by default; `e2b` gives `e2b_` + 40 hex digits, the shape E2B's SDKs accept. */
+  async create(opts: { tenantId: string; name?: string; admin?: boolean; format?: 'space' | 'e2b' }): Promise<CreatedApiKey> {
     if (!TENANT_RE.test(opts.tenantId)) {
       throw new SpaceError('BAD_REQUEST', `Invalid tenant ${JSON.stringify(opts.tenantId)}: use 1–63 lowercase letters, digits, "_" or "-"`);
     }
     const name = opts.name ?? 'key';
     if (name.length > 128) throw new SpaceError('BAD_REQUEST', 'Key name must be at most 128 characters');
-    const key = 'space_' + randomBytes(24).toString('base64url');
+    const key = opts.format === 'e2b' ? 'e2b_' + randomBytes(20).toString('hex') : 'space_' + randomBytes(24).toString('base64url');
     const record: ApiKeyRecord = {
       id: 'key' + randomString(12),
       tenantId: opts.tenantId,

@@ -33,6 +33,8 @@ export interface SandboxUsage {
   rssBytes: number;
   /** Memory charged to the sandbox's cgroup, bytes, when known. */
   cgroupBytes?: number;
+  /** CPU time used since it started, ns, when known. */
+  cpuNs?: number;
 }
 
 /** What `space doctor` reports for a driver. */

@@ -119,6 +119,8 @@ interface Live {
   identityMs?: number;
   /** Serialises lifecycle actions on this sandbox. */
   lock: Promise<unknown>;
+  /** Set while a checkpoint is under way: new calls wait for it (see withChannel). */
+  gate?: Promise<void>;
 }
 
 /** Result of one copy of a fork. */
@@ -289,9 +291,10 @@ export class SandboxService {
     // Scratch images of checkpoints interrupted by a crash are never complete: drop them.
     await fs.rm(this.workDir, { recursive: true, force: true });
     await fs.mkdir(this.workDir, { recursive: true, mode: 0o700 });
-    for (const sb of await this.store.sandboxesInStates(['hibernated'])) this.schedule(sb);
+    const hibernated = await this.store.sandboxesInStates(['hibernated']);
+    for (const sb of hibernated) this.schedule(sb);
     const active = await this.store.sandboxesInStates(['starting', 'running', 'paused']);
-    const known = new Set(active.map((s) => s.id));
+    const known = new Set([...active, ...hibernated].map((s) => s.id));
     for (const sb of active) {
       let alive = false;
       try {
@@ -608,6 +611,21 @@ export class SandboxService {
     }
   }
 
+  /**
+   * Sets a new timeout, counted from now (`0` = none). A hibernated sandbox keeps it for when
+   * it wakes.
+   */
+  setTimeout(tenantId: string, id: string, timeoutMs: number): Promise<Sandbox> {
+    const ms = range('timeoutMs', timeoutMs);
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      if (TERMINAL_STATES.includes(sb.state)) assertAllowed(sb, 'exec');
+      const updated = await this.store.updateSandbox(id, { timeoutMs: ms, expiresAt: ms ? new Date(Date.now() + ms).toISOString() : undefined });
+      this.schedule(updated);
+      return updated;
+    });
+  }
+
   /** Gets a tenant's sandbox. */
   async get(tenantId: string, id: string): Promise<Sandbox> {
     const sb = typeof id === 'string' && id.length < 64 ? await this.store.getSandbox(id) : undefined;
@@ -632,8 +650,36 @@ export class SandboxService {
   /** Opens a call to the sandbox's agent after checking tenancy and state. */
   async call(tenantId: string, id: string, action: SandboxAction, req: AgentRequest): Promise<AgentCall> {
     const sb = await this.awake(tenantId, id, action);
-    const ch = await this.channel(sb.id);
-    return ch.call(req);
+    return this.withChannel(sb.id, (ch) => ch.call(req));
+  }
+
+  /**
+   * Runs `use` on the sandbox's agent channel once no checkpoint is under way, in the same
+   * tick as that check: a call can never slip in between a snapshot's "no open calls" check
+   * and its quiesce (which would cut it).
+   */
+  private async withChannel<T>(id: string, use: (ch: AgentChannel) => T): Promise<T> {
+    for (;;) {
+      const gate = this.live.get(id)?.gate;
+      if (gate) {
+        await gate;
+        continue;
+      }
+      const ch = await this.channel(id);
+      if (!this.live.get(id)?.gate) return use(ch);
+    }
+  }
+
+  /** Holds new calls to a sandbox until the returned release is called (during a checkpoint). */
+  private closeGate(id: string): () => void {
+    const e = this.entry(id);
+    if (e.gate) return () => {};
+    let open!: () => void;
+    e.gate = new Promise<void>((r) => (open = r));
+    return () => {
+      e.gate = undefined;
+      open();
+    };
   }
 
   /** Checks the action against the state; a hibernated sandbox is woken first (on demand). */
@@ -665,7 +711,7 @@ export class SandboxService {
   /** A unary agent call (stat, list, mkdir, ...). */
   async unary(tenantId: string, id: string, action: SandboxAction, req: AgentRequest, timeoutMs = 30_000): Promise<Record<string, unknown>> {
     const sb = await this.awake(tenantId, id, action);
-    return (await this.channel(sb.id)).unary(req, timeoutMs);
+    return this.withChannel(sb.id, (ch) => ch.unary(req, timeoutMs));
   }
 
   /** Host resources of a sandbox. */
@@ -896,12 +942,15 @@ export class SandboxService {
         await this.event(id, 'snapshot-deferred', `scheduled snapshot deferred: ${open} call(s) open; retrying in ${sb.snapshotPolicy.intervalMs} ms`);
         return;
       }
+      const release = this.closeGate(id);
       try {
         const { imageDir } = await this.takeSnapshot(sb, 'schedule', undefined, true);
         await fs.rm(imageDir, { recursive: true, force: true });
       } catch (err) {
         const e = err instanceof SpaceError ? err : undefined;
         await this.event(id, 'snapshot-refused', `scheduled snapshot not taken: ${e?.code ?? 'ERROR'}: ${err instanceof Error ? err.message : String(err)}; retrying in ${sb.snapshotPolicy.intervalMs} ms`);
+      } finally {
+        release();
       }
       const scheduled = (await this.store.listSnapshots(id)).filter((s) => s.trigger === 'schedule');
       for (const old of scheduled.slice(0, Math.max(0, scheduled.length - sb.snapshotPolicy.keep))) await this.deleteSnapshot(old);
@@ -975,6 +1024,15 @@ export class SandboxService {
     const wasPaused = sb.state === 'paused';
     if (wasPaused) await this.driver.resume(sb.id);
     const ch = await this.channel(sb.id);
+    const release = this.closeGate(sb.id);
+    try {
+      return await this.takeSnapshotGated(sb, ch, trigger, name, keepRunning, wasPaused);
+    } finally {
+      release();
+    }
+  }
+
+  private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean): Promise<{ snapshot: Snapshot; imageDir: string }> {
     try {
       await this.assertSnapshottable(ch, `sandbox ${sb.id}`);
     } catch (err) {

@@ -341,7 +341,8 @@ export class GvisorDriver implements SandboxDriver {
       if (m) rss += Number(m[1]) * 1024;
     }
     const cg = Number((await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid, 'memory.usage_in_bytes'), 'utf8').catch(() => '0')).trim());
-    return { rssBytes: rss, cgroupBytes: cg };
+    const cpu = Number((await fs.readFile(path.join(CGROUP_ROOT, 'cpuacct', CGROUP_PARENT, rid, 'cpuacct.usage'), 'utf8').catch(() => '')).trim());
+    return { rssBytes: rss, cgroupBytes: cg, ...(Number.isFinite(cpu) && cpu > 0 ? { cpuNs: cpu } : {}) };
   }
 
   async destroy(id: string): Promise<void> {
@@ -385,8 +386,13 @@ export class GvisorDriver implements SandboxDriver {
     }
   }
 
+  /**
+   * Sandboxes this driver holds anything of: runsc containers, and sandbox directories (made
+   * before a container exists, so a crash between the two still leaves a trace to clean).
+   */
   async list(): Promise<string[]> {
-    return [...new Set((await this.runtimeIds()).map((r) => r.split('-')[0]!))];
+    const dirs = await fs.readdir(this.boxesDir).catch(() => [] as string[]);
+    return [...new Set([...(await this.runtimeIds()).map((r) => r.split('-')[0]!), ...dirs.filter((d) => /^sb[a-z0-9]+$/.test(d))])];
   }
 
   async close(): Promise<void> {

@@ -149,6 +149,16 @@ export interface ReadFileRequest {
   op: 'read';
   path: string;
 }
+/**
+ * Watch a directory: reply `{}`, then one JSON line per change on DATA(Stdout) —
+ * `{"name": <path relative to the directory>, "type": "create"|"write"|"remove"}` — until the
+ * daemon cancels the call or the directory goes away.
+ */
+export interface WatchRequest {
+  op: 'watch';
+  path: string;
+  recursive?: boolean;
+}
 /** Write a file: the daemon sends DATA(File) frames under the agent's credit, then End `{}`. */
 export interface WriteFileRequest {
   op: 'write';
@@ -209,7 +219,8 @@ export type AgentRequest =
   | HealthRequest
   | QuiesceRequest
   | SnapshotCheckRequest
-  | IdentityRequest;
+  | IdentityRequest
+  | WatchRequest;
 
 /** Error shape carried in Reply/End frames. `code` is one of the daemon's error codes. */
 export interface WireError {

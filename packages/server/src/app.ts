@@ -26,6 +26,8 @@ export interface AppDeps {
   maxUploadBytes: number;
   /** A pino logger instance, or false for none. */
   logger: false | FastifyBaseLogger;
+  /** URL of the E2B-compatible listener, if it runs. */
+  e2bUrl?: string;
 }
 
 const PUBLIC = new Set(['/v1/health', '/v1/version', '/openapi.json']);

@@ -11,6 +11,7 @@ import { GvisorDriver } from '@space/driver-gvisor';
 import { SqliteStore } from '@space/store-sqlite';
 import { LocalBlobStore } from '@space/blob-local';
 import { RootfsStore } from '@space/templates';
+import { AccessTokens, buildE2bApp } from '@space/e2b';
 import { buildApp } from './app.js';
 import { defaultDataDir, readState, type DaemonState } from './state.js';
 
@@ -32,6 +33,11 @@ export interface DaemonOptions {
   logLevel?: string;
   /** Debian mirror for the base template. */
   debianMirror?: string;
+  /**
+   * `HOST:PORT` of the E2B-compatible API, or "off". @default the main port + 1 on the same
+   * host (port 0 when the main port is 0)
+   */
+  e2bListen?: string;
   /** Warm pool sizes of the built-in templates, e.g. `{ minimal: 2 }` (tenants size their own). */
   pools?: Record<string, number>;
 }
@@ -112,24 +118,40 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     throw err;
   }
 
-  const app = await buildApp({ service, keys, driver, maxUploadBytes: opts.maxUploadBytes ?? 4 * 1024 ** 3, logger });
+  const maxUploadBytes = opts.maxUploadBytes ?? 4 * 1024 ** 3;
+  const hostUrl = (h: string, p: number) => `http://${h.includes(':') ? `[${h}]` : h}:${p}`;
+  // The E2B-compatible API on its own listener (see @space/e2b for why).
+  const e2bListen = opts.e2bListen ?? process.env.SPACE_E2B_LISTEN ?? (port === 0 ? `${host.includes(':') ? `[${host}]` : host}:0` : `${host.includes(':') ? `[${host}]` : host}:${port + 1}`);
+  let e2b: Awaited<ReturnType<typeof buildE2bApp>> | undefined;
+  let e2bUrl: string | undefined;
+  if (e2bListen !== 'off') {
+    const l = parseListen(e2bListen);
+    e2b = await buildE2bApp({ service, keys, tokens: AccessTokens.fromFile(path.join(dataDir, 'e2b.secret')), maxUploadBytes, logger: logger.child({ api: 'e2b' }) });
+    await e2b.listen({ host: l.host, port: l.port });
+    const a = e2b.server.address();
+    e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);
+  }
+  const app = await buildApp({ service, keys, driver, maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
-  const url = `http://${host.includes(':') ? `[${host}]` : host}:${actualPort}`;
-  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString() };
+  const url = hostUrl(host, actualPort);
+  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), ...(e2bUrl ? { e2bUrl } : {}) };
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await fs.rename(`${stateFile}.tmp`, stateFile);
-  logger.info({ url, dataDir }, 'spaced listening');
+  logger.info({ url, dataDir, e2bUrl }, 'spaced listening');
 
   let closing: Promise<void> | undefined;
   const close = () =>
     (closing ??= (async () => {
       logger.info('shutting down');
-      const force = setTimeout(() => app.server.closeAllConnections(), 10_000);
+      const force = setTimeout(() => {
+        app.server.closeAllConnections();
+        e2b?.server.closeAllConnections();
+      }, 10_000);
       force.unref();
-      await app.close();
+      await Promise.all([app.close(), e2b?.close()]);
       clearTimeout(force);
       await service.shutdown();
       await store.close();

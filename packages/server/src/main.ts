@@ -3,7 +3,7 @@
  * `spaced` — the SPACE daemon, in the foreground. Logs JSON lines to stdout; SIGTERM/SIGINT
  * stop it gracefully (sandboxes keep running and are re-adopted on the next start).
  *
- * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2]
+ * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off]
  */
 import { parseArgs } from 'node:util';
 import { parsePools, startDaemon } from './daemon.js';
@@ -18,6 +18,7 @@ const { values } = parseArgs({
     'log-level': { type: 'string' },
     'debian-mirror': { type: 'string' },
     pool: { type: 'string' },
+    'e2b-listen': { type: 'string' },
   },
 });
 
@@ -31,6 +32,7 @@ try {
     ...(values['log-level'] ? { logLevel: values['log-level'] } : {}),
     ...(values['debian-mirror'] ? { debianMirror: values['debian-mirror'] } : {}),
     ...(values.pool ? { pools: parsePools(values.pool) } : {}),
+    ...(values['e2b-listen'] ? { e2bListen: values['e2b-listen'] } : {}),
   });
   const stop = () => void d.close().then(() => process.exit(0), () => process.exit(1));
   process.once('SIGTERM', stop);

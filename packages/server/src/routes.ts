@@ -59,6 +59,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
 
   app.get('/v1/health', { schema: { tags: ['system'], security: [] } }, async () => ({ status: 'ok' }));
   app.get('/v1/version', { schema: { tags: ['system'], security: [] } }, async () => ({ version: VERSION, api: 'v1', drivers: [deps.driver.name] }));
+  app.get('/v1/e2b', { schema: { tags: ['system'], description: 'Where the E2B-compatible API listens (null when it is off): set E2B_API_URL and E2B_SANDBOX_URL to it.' } }, async () => ({ url: deps.e2bUrl ?? null }));
   app.get('/v1/doctor', { schema: { tags: ['system'] } }, async () => ({ drivers: [await deps.driver.doctor(), { driver: 'microvm', available: false, checks: [{ name: 'implemented', ok: false, detail: 'the microVM driver is not built yet' }] }] }));
 
   // ---- sandboxes
@@ -221,7 +222,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   app.post('/v1/keys', { schema: { tags: ['keys'], body: S.CreateKeyBody } }, async (req, reply) => {
     const tenant = req.body.tenant ?? req.principal.tenantId;
     if ((tenant !== req.principal.tenantId || req.body.admin) && !req.principal.admin) throw new SpaceError('FORBIDDEN', 'Only an admin key may create admin keys or keys of another tenant');
-    const created = await keys.create({ tenantId: tenant, ...(req.body.name ? { name: req.body.name } : {}), admin: !!req.body.admin });
+    const created = await keys.create({ tenantId: tenant, ...(req.body.name ? { name: req.body.name } : {}), admin: !!req.body.admin, ...(req.body.format ? { format: req.body.format } : {}) });
     return reply.code(201).send(created);
   });
   app.delete('/v1/keys/:keyId', { schema: { tags: ['keys'], params: S.KeyParams } }, async (req) => keys.revoke(req.principal, req.params.keyId));

@@ -125,6 +125,7 @@ export const CreateKeyBody = Type.Object(
     name: Type.Optional(Type.String({ maxLength: 128 })),
     tenant: Type.Optional(Type.String({ maxLength: 63, description: 'Another tenant (admin keys only). @default the caller\'s tenant' })),
     admin: Type.Optional(Type.Boolean()),
+    format: Type.Optional(Type.Union([Type.Literal('space'), Type.Literal('e2b')], { description: 'e2b: `e2b_` + 40 hex digits, for E2B SDKs. @default "space"' })),
   },
   { additionalProperties: false },
 );

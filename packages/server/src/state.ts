@@ -13,6 +13,8 @@ export interface DaemonState {
   dataDir: string;
   keyFile: string;
   startedAt: string;
+  /** The E2B-compatible API, when it runs. */
+  e2bUrl?: string;
 }
 
 /**

@@ -1,0 +1,99 @@
+/**
+ * The E2B-compatible listener: one address serves both what `E2B_API_URL` and what
+ * `E2B_SANDBOX_URL` point at (they share no path: in-sandbox requests carry
+ * `E2b-Sandbox-Id`). A listener of its own, because the SDK builds some in-sandbox URLs from
+ * the origin alone, so the API cannot live under a path prefix of SPACE's own.
+ */
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply } from 'fastify';
+import multipart from '@fastify/multipart';
+import { fastifyConnectPlugin } from '@connectrpc/connect-fastify';
+import { SpaceError, type ApiKeys, type SandboxService } from '@space/core';
+import { AccessTokens } from './access.js';
+import { registerControl } from './control.js';
+import { envdCaller, envdRoutes, readFile, writeFile } from './envd.js';
+
+/** Deps of {@link buildE2bApp}. */
+export interface E2bAppDeps {
+  service: SandboxService;
+  keys: ApiKeys;
+  tokens: AccessTokens;
+  /** Largest file upload, bytes. */
+  maxUploadBytes: number;
+  logger: false | FastifyBaseLogger;
+}
+
+/** E2B's error shape: `{ code: <HTTP status>, message }`. */
+function sendE2bError(reply: FastifyReply, err: unknown): FastifyReply {
+  const fe = err as { statusCode?: number; message?: string };
+  let status: number;
+  let message: string;
+  if (err instanceof SpaceError) {
+    status = err.status;
+    message = `${err.code}: ${err.message}`;
+  } else if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) {
+    status = fe.statusCode;
+    message = fe.message ?? 'bad request';
+  } else {
+    status = 500;
+    message = 'internal error; see the daemon log';
+    reply.log.error({ err }, 'e2b api error');
+  }
+  if (!reply.request.raw.complete) reply.header('connection', 'close');
+  if (status === 429) reply.header('retry-after', String((err as SpaceError).details?.retryAfterS ?? 5));
+  return reply.code(status).type('application/json').send({ code: status, message });
+}
+
+/**
+ * Builds the E2B-compatible app (not listening).
+ *
+ * @example
+ * const app = await buildE2bApp({ service, keys, tokens: AccessTokens.fromFile(f), maxUploadBytes: 1 << 30, logger: false });
+ * await app.listen({ host: '127.0.0.1', port: 7071 });
+ */
+export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {
+  const app = Fastify({ ...(deps.logger ? { loggerInstance: deps.logger } : { logger: false }), bodyLimit: 1024 * 1024, return503OnClosing: true });
+  app.setErrorHandler((err, _req, reply) => sendE2bError(reply, err));
+  app.setNotFoundHandler((req, reply) => reply.code(404).send({ code: 404, message: `No route ${req.method} ${req.url.split('?')[0]} in SPACE's E2B-compatible API` }));
+  app.addContentTypeParser('application/octet-stream', { bodyLimit: deps.maxUploadBytes }, (_req, payload, done) => done(null, payload));
+  await app.register(multipart, { limits: { fileSize: deps.maxUploadBytes, files: 1000 } });
+
+  registerControl(app, deps);
+
+  // ---- envd over plain HTTP
+  const caller = (headers: Record<string, string | string[] | undefined>) => envdCaller(deps.tokens, { get: (n) => (typeof headers[n] === 'string' ? (headers[n] as string) : null) });
+  app.get('/health', async (req, reply) => {
+    const c = caller(req.headers);
+    const sb = await deps.service.get(c.tenantId, c.sandboxId);
+    // 502 is how E2B says "not running" (the SDK's isRunning() reads it as false).
+    return reply.code(sb.state === 'running' ? 204 : 502).send(sb.state === 'running' ? undefined : { code: 502, message: `sandbox ${sb.id} is ${sb.state}` });
+  });
+  app.get<{ Querystring: { path?: string; username?: string } }>('/files', async (req, reply) => {
+    const c = caller(req.headers);
+    if (!req.query.path) return reply.code(400).send({ code: 400, message: 'path is required' });
+    const stream = await readFile(deps.service, { ...c, user: req.query.username || c.user }, req.query.path);
+    return reply.header('content-type', 'application/octet-stream').send(stream);
+  });
+  app.post<{ Querystring: { path?: string; username?: string } }>('/files', async (req) => {
+    const c = { ...caller(req.headers), ...(req.query.username ? { user: req.query.username } : {}) };
+    if (req.isMultipart()) {
+      const out = [];
+      for await (const part of req.files()) {
+        const target = req.query.path ?? part.filename;
+        if (!target) throw new SpaceError('BAD_REQUEST', 'Each file needs a path (the path query or the part\'s filename)');
+        out.push(await writeFile(deps.service, c, target, part.file));
+      }
+      return out;
+    }
+    if (!req.query.path) throw new SpaceError('BAD_REQUEST', 'path is required');
+    if (req.headers['content-encoding'] && req.headers['content-encoding'] !== 'identity') {
+      const { createGunzip } = await import('node:zlib');
+      if (req.headers['content-encoding'] !== 'gzip') throw new SpaceError('BAD_REQUEST', `Content-Encoding ${req.headers['content-encoding']} is not supported (gzip is)`);
+      return [await writeFile(deps.service, c, req.query.path, (req.body as NodeJS.ReadableStream).pipe(createGunzip()))];
+    }
+    return [await writeFile(deps.service, c, req.query.path, req.body as AsyncIterable<Buffer>)];
+  });
+
+  // ---- envd Connect RPC (process.Process, filesystem.Filesystem)
+  await app.register(fastifyConnectPlugin, { routes: envdRoutes(deps) });
+  return app;
+}

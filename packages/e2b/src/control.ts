@@ -1,0 +1,231 @@
+/**
+ * The E2B control plane (what `E2B_API_URL` points at), as an adapter over SPACE's
+ * `SandboxService`: create, connect/resume, pause, kill, timeout, info, list, metrics,
+ * snapshots and fork. Authenticated with `X-API-KEY` (any SPACE key; `space e2b env` makes an
+ * E2B-shaped one). Errors are E2B's `{ code: <HTTP status>, message }`. Anything the SDK can
+ * ask for that SPACE cannot honour is refused with 400 and says what, never ignored.
+ */
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { SpaceError, type ApiKeys, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
+import type { AccessTokens } from './access.js';
+
+/** The envd version SPACE reports: new enough that the SDK enables every feature it speaks. */
+export const ENVD_VERSION = '0.6.4';
+
+/** E2B's default template is `base`, which SPACE has too (Debian with bash). */
+const DEFAULT_TEMPLATE = 'base';
+
+/** Deps of the control plane. */
+export interface ControlDeps {
+  service: SandboxService;
+  keys: ApiKeys;
+  tokens: AccessTokens;
+}
+
+type Body = Record<string, unknown>;
+
+function unsupported(what: string, why?: string): SpaceError {
+  return new SpaceError('BAD_REQUEST', `${what} is not supported by SPACE's E2B-compatible API${why ? ` (${why})` : ''}`);
+}
+
+/** E2B's `state`: running or paused (SPACE's paused and hibernated). */
+function e2bState(sb: Sandbox): 'running' | 'paused' {
+  return sb.state === 'paused' || sb.state === 'hibernated' ? 'paused' : 'running';
+}
+
+function strMap(v: unknown, what: string): Record<string, string> | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'object' || Array.isArray(v) || Object.values(v).some((x) => typeof x !== 'string')) throw new SpaceError('BAD_REQUEST', `${what} must be an object of strings`);
+  return v as Record<string, string>;
+}
+
+function seconds(v: unknown, what: string): number | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw new SpaceError('BAD_REQUEST', `${what} must be a whole number of seconds`);
+  return v * 1000;
+}
+
+/** Registers the control-plane routes on `app`. */
+export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
+  const { service: svc, tokens } = deps;
+  const tenantOf = async (req: FastifyRequest): Promise<string> => {
+    const key = req.headers['x-api-key'];
+    return (await deps.keys.verify(typeof key === 'string' ? key : undefined)).tenantId;
+  };
+
+  const created = (sb: Sandbox) => ({
+    sandboxID: sb.id,
+    templateID: sb.template,
+    clientID: 'space',
+    envdVersion: ENVD_VERSION,
+    envdAccessToken: tokens.issue(sb.tenantId, sb.id),
+    domain: null,
+  });
+  const listed = (sb: Sandbox) => ({
+    templateID: sb.template,
+    sandboxID: sb.id,
+    clientID: 'space',
+    startedAt: sb.startedAt ?? sb.createdAt,
+    endAt: sb.expiresAt ?? new Date(Date.parse(sb.createdAt) + 100 * 365 * 86_400_000).toISOString(),
+    cpuCount: Math.max(1, Math.round(sb.cpu)),
+    memoryMB: sb.memoryMb,
+    diskSizeMB: 0,
+    metadata: sb.metadata,
+    state: e2bState(sb),
+    envdVersion: ENVD_VERSION,
+  });
+  const detail = (sb: Sandbox) => ({ ...listed(sb), envdAccessToken: tokens.issue(sb.tenantId, sb.id), domain: null });
+
+  // ---- create
+  const create = async (req: FastifyRequest) => {
+    const tenantId = await tenantOf(req);
+    const b = (req.body ?? {}) as Body;
+    for (const k of ['network', 'iam', 'mcp', 'volumeMounts'] as const) if (b[k] !== undefined && b[k] !== null) throw unsupported(`"${k}"`);
+    if (b.allow_internet_access === true) throw unsupported('Internet access from the sandbox', 'SPACE sandboxes have no network of their own');
+    if (b.autoPauseMemory === false) throw unsupported('Pausing without memory (autoPauseMemory: false)');
+    if ((b.autoResume as { enabled?: boolean } | undefined)?.enabled) throw unsupported('Resuming on traffic (autoResume)');
+    if (b.secure === false) throw unsupported('Sandboxes without an access token (secure: false)');
+    const template = b.templateID === undefined ? DEFAULT_TEMPLATE : b.templateID;
+    if (typeof template !== 'string') throw new SpaceError('BAD_REQUEST', 'templateID must be a string');
+    const timeoutMs = seconds(b.timeout, 'timeout') ?? 300_000;
+    const env = strMap(b.envVars, 'envVars');
+    const metadata = strMap(b.metadata, 'metadata');
+    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}) });
+    return created(sb);
+  };
+  app.post('/sandboxes', async (req, reply) => reply.code(201).send(await create(req)));
+  app.post('/v2/sandboxes', async (req, reply) => reply.code(201).send(await create(req)));
+
+  // ---- connect / resume: 200 when it was running, 201 when it had to be resumed
+  const connect = async (req: FastifyRequest<{ Params: { id: string } }>, mustBePaused: boolean) => {
+    const tenantId = await tenantOf(req);
+    const b = (req.body ?? {}) as Body;
+    if (b.memory === false) throw unsupported('Resuming by rebooting (onResume: "reboot")');
+    let sb = await svc.get(tenantId, req.params.id);
+    if (sb.state === 'killed' || sb.state === 'dead') throw new SpaceError('SANDBOX_NOT_FOUND', `Sandbox ${sb.id} has ended`);
+    let resumed = false;
+    if (sb.state === 'hibernated') {
+      sb = await svc.wake(tenantId, sb.id);
+      resumed = true;
+    } else if (sb.state === 'paused') {
+      sb = await svc.resume(tenantId, sb.id);
+      resumed = true;
+    } else if (mustBePaused) throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} is already running`);
+    const timeoutMs = seconds(b.timeout, 'timeout');
+    if (timeoutMs !== undefined) sb = await svc.setTimeout(tenantId, sb.id, timeoutMs);
+    return { resumed, body: created(sb) };
+  };
+  for (const p of ['/sandboxes/:id/connect', '/v2/sandboxes/:id/connect']) {
+    app.post<{ Params: { id: string } }>(p, async (req, reply) => {
+      const r = await connect(req, false);
+      return reply.code(r.resumed ? 201 : 200).send(r.body);
+    });
+  }
+  app.post<{ Params: { id: string } }>('/sandboxes/:id/resume', async (req, reply) => reply.code(201).send((await connect(req, true)).body));
+
+  app.post<{ Params: { id: string } }>('/sandboxes/:id/pause', async (req, reply) => {
+    const tenantId = await tenantOf(req);
+    const sb = await svc.get(tenantId, req.params.id);
+    if (sb.state !== 'running') throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} is not running (${e2bState(sb)})`);
+    await svc.hibernate(tenantId, sb.id);
+    return reply.code(204).send();
+  });
+
+  app.delete<{ Params: { id: string } }>('/sandboxes/:id', async (req, reply) => {
+    const tenantId = await tenantOf(req);
+    const sb = await svc.get(tenantId, req.params.id);
+    if (sb.state === 'killed' || sb.state === 'dead') throw new SpaceError('SANDBOX_NOT_FOUND', `Sandbox ${sb.id} has ended`);
+    await svc.kill(tenantId, sb.id);
+    return reply.code(204).send();
+  });
+
+  app.post<{ Params: { id: string } }>('/sandboxes/:id/timeout', async (req, reply) => {
+    const tenantId = await tenantOf(req);
+    const timeoutMs = seconds(((req.body ?? {}) as Body).timeout, 'timeout');
+    if (timeoutMs === undefined) throw new SpaceError('BAD_REQUEST', 'timeout (seconds) is required');
+    await svc.setTimeout(tenantId, req.params.id, timeoutMs);
+    return reply.code(204).send();
+  });
+
+  app.get<{ Params: { id: string } }>('/sandboxes/:id', async (req) => {
+    const sb = await svc.get(await tenantOf(req), req.params.id);
+    if (sb.state === 'killed' || sb.state === 'dead') throw new SpaceError('SANDBOX_NOT_FOUND', `Sandbox ${sb.id} has ended`);
+    return detail(sb);
+  });
+
+  app.get<{ Params: { id: string } }>('/sandboxes/:id/metrics', async (req) => {
+    const tenantId = await tenantOf(req);
+    const sb = await svc.get(tenantId, req.params.id);
+    if (sb.state !== 'running' && sb.state !== 'paused') return [];
+    const u = await svc.usage(tenantId, sb.id);
+    const now = new Date();
+    const elapsedNs = (now.getTime() - Date.parse(sb.startedAt ?? sb.createdAt)) * 1e6;
+    return [
+      {
+        timestamp: now.toISOString(),
+        timestampUnix: Math.floor(now.getTime() / 1000),
+        cpuCount: Math.max(1, Math.round(sb.cpu)),
+        // Average since the sandbox started (the runtime keeps a cumulative counter).
+        cpuUsedPct: u.cpuNs !== undefined && elapsedNs > 0 ? Math.round((u.cpuNs / elapsedNs / sb.cpu) * 10_000) / 100 : 0,
+        memUsed: u.cgroupBytes ?? u.rssBytes,
+        memTotal: sb.memoryMb * 1048576,
+        diskUsed: 0,
+        diskTotal: 0,
+      },
+    ];
+  });
+
+  // ---- list: metadata filter arrives URL-encoded twice ("k%3Dv" pairs of encoded keys and values)
+  const list = async (req: FastifyRequest<{ Querystring: Record<string, string | undefined> }>, v2: boolean) => {
+    const tenantId = await tenantOf(req);
+    const q = req.query;
+    let metadata: Record<string, string> | undefined;
+    if (q.metadata) {
+      metadata = {};
+      for (const [k, v] of new URLSearchParams(q.metadata)) metadata[decodeURIComponent(k)] = decodeURIComponent(v);
+    }
+    const wanted = (q.state ?? (v2 ? 'running,paused' : 'running')).split(',').map((s) => s.trim());
+    for (const s of wanted) if (s !== 'running' && s !== 'paused') throw new SpaceError('BAD_REQUEST', `state must be running or paused; got ${JSON.stringify(s)}`);
+    const states = [...(wanted.includes('running') ? (['starting', 'running'] as const) : []), ...(wanted.includes('paused') ? (['paused', 'hibernated'] as const) : [])];
+    const limit = q.limit ? Number(q.limit) : 100;
+    if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw new SpaceError('BAD_REQUEST', 'limit must be from 1 to 1000');
+    const page = await svc.list(tenantId, { states: [...states], ...(metadata ? { metadata } : {}), limit, ...(q.nextToken ? { cursor: q.nextToken } : {}) });
+    return page;
+  };
+  app.get<{ Querystring: Record<string, string | undefined> }>('/v2/sandboxes', async (req, reply) => {
+    const page = await list(req, true);
+    if (page.nextCursor) reply.header('x-next-token', page.nextCursor);
+    return page.items.map(listed);
+  });
+  app.get<{ Querystring: Record<string, string | undefined> }>('/sandboxes', async (req) => (await list(req, false)).items.map(listed));
+
+  // ---- snapshots and fork
+  const snap = (s: Snapshot) => ({ snapshotID: s.id, sandboxID: s.sandboxId, names: s.name ? [s.name] : [], createdAt: s.createdAt, sizeBytes: s.sizeBytes });
+  app.post<{ Params: { id: string } }>('/sandboxes/:id/snapshots', async (req, reply) => {
+    const tenantId = await tenantOf(req);
+    const name = ((req.body ?? {}) as Body).name;
+    if (name !== undefined && typeof name !== 'string') throw new SpaceError('BAD_REQUEST', 'name must be a string');
+    return reply.code(201).send(snap(await svc.snapshot(tenantId, req.params.id, name ? { name } : {})));
+  });
+  app.get<{ Querystring: Record<string, string | undefined> }>('/snapshots', async (req) => {
+    const tenantId = await tenantOf(req);
+    const ids = req.query.sandboxID ? [req.query.sandboxID] : (await svc.list(tenantId, { limit: 1000 })).items.map((s) => s.id);
+    const out: ReturnType<typeof snap>[] = [];
+    for (const id of ids) out.push(...(await svc.snapshots(tenantId, id)).map(snap));
+    return out;
+  });
+  app.post<{ Params: { id: string } }>('/sandboxes/:id/fork', async (req) => {
+    const tenantId = await tenantOf(req);
+    const b = (req.body ?? {}) as Body;
+    const count = b.count === undefined ? 1 : b.count;
+    if (typeof count !== 'number') throw new SpaceError('BAD_REQUEST', 'count must be a number');
+    const timeoutMs = seconds(b.timeout, 'timeout');
+    const results = await svc.fork(tenantId, req.params.id, { count });
+    const out = [];
+    for (const r of results) {
+      if ('error' in r) out.push({ error: { code: new SpaceError(r.error.code as never).status, message: r.error.message } });
+      else out.push({ sandbox: created(timeoutMs !== undefined ? await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs) : r.sandbox) });
+    }
+    return out;
+  });
+}

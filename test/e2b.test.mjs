@@ -1,0 +1,185 @@
+// The published `e2b` SDK (pinned in package.json), unchanged, against SPACE's E2B-compatible
+// API: lifecycle, commands, PTY, files, pause/resume, fork, metrics, tenant isolation, and a
+// clear error for what SPACE does not do.
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { CommandExitError, NotFoundError, Sandbox } from 'e2b';
+import { api, startTestDaemon } from './helpers.mjs';
+
+describe('E2B-compatible API (e2b SDK)', () => {
+  let fx;
+  let opts;
+  const made = [];
+  const create = async (o = {}) => {
+    const sb = await Sandbox.create('base', { ...opts, ...o });
+    made.push(sb.sandboxId);
+    fx.track(sb.sandboxId);
+    return sb;
+  };
+  before(async () => {
+    fx = await startTestDaemon();
+    const key = await api(fx, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b' } });
+    assert.match(key.body.key, /^e2b_[0-9a-f]{40}$/);
+    const url = (await api(fx, 'GET', '/v1/e2b')).body.url;
+    opts = { apiKey: key.body.key, apiUrl: url, sandboxUrl: url };
+  });
+  after(async () => assert.deepEqual(await fx.close(), []));
+
+  it('create with metadata and env vars; info; list with filters and pages; kill', async () => {
+    const a = await create({ metadata: { suite: 'e2b', n: '1' }, envs: { FOO: 'bar' } });
+    const b = await create({ metadata: { suite: 'e2b', n: '2' } });
+    assert.match(a.sandboxId, /^[a-z0-9]+$/);
+    assert.equal((await a.commands.run('echo $FOO')).stdout, 'bar\n');
+    const info = await a.getInfo();
+    assert.equal(info.state, 'running');
+    assert.deepEqual(info.metadata, { suite: 'e2b', n: '1' });
+    assert.equal(info.templateId, 'base');
+    assert.ok(info.memoryMB > 0 && info.cpuCount >= 1 && info.endAt > info.startedAt);
+
+    const only = await Sandbox.list({ ...opts, query: { metadata: { suite: 'e2b', n: '2' } } }).nextItems();
+    assert.deepEqual(only.map((s) => s.sandboxId), [b.sandboxId]);
+    const pager = Sandbox.list({ ...opts, limit: 1, query: { metadata: { suite: 'e2b' } } });
+    const seen = [];
+    while (pager.hasNext) seen.push(...(await pager.nextItems()).map((s) => s.sandboxId));
+    assert.deepEqual(seen.sort(), [a.sandboxId, b.sandboxId].sort(), 'two pages of one');
+
+    assert.equal(await a.isRunning(), true);
+    await b.kill();
+    assert.equal(await Sandbox.kill(b.sandboxId, opts), false, 'a killed sandbox is not found');
+    await assert.rejects(Sandbox.connect(b.sandboxId, opts));
+  });
+
+  it('commands: exit codes, env, cwd, user, background + connect, stdin, kill, list', async () => {
+    const sb = await create();
+    const r = await sb.commands.run('echo out; echo err >&2; pwd; whoami', { envs: { X: '1' }, cwd: '/tmp' });
+    assert.deepEqual([r.exitCode, r.stdout, r.stderr], [0, 'out\n/tmp\nuser\n', 'err\n']);
+    assert.equal((await sb.commands.run('whoami', { user: 'root' })).stdout, 'root\n');
+    assert.equal((await sb.commands.run('echo $X', { envs: { X: 'per-command' } })).stdout, 'per-command\n');
+    const err = await sb.commands.run('echo nope >&2; exit 7').catch((e) => e);
+    assert.ok(err instanceof CommandExitError);
+    assert.equal(err.exitCode, 7);
+    assert.equal(err.stderr, 'nope\n');
+
+    // background, then connect from another handle, stdin, then kill
+    const chunks = [];
+    const h = await sb.commands.run('read line; echo "got $line"; sleep 1000', { background: true, stdin: true, onStdout: (d) => chunks.push(d) });
+    assert.ok(h.pid > 0);
+    const listed = await sb.commands.list();
+    assert.ok(listed.some((p) => p.pid === h.pid));
+    await sb.commands.sendStdin(h.pid, 'hello\n');
+    const again = await sb.commands.connect(h.pid);
+    const deadline = Date.now() + 30_000;
+    while (!chunks.join('').includes('got hello') && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
+    assert.equal(chunks.join(''), 'got hello\n');
+    assert.equal(await sb.commands.kill(h.pid), true);
+    const end = await again.wait().catch((e) => e);
+    assert.ok(end instanceof CommandExitError, 'a killed command ends with an error');
+    assert.ok(!(await sb.commands.list()).some((p) => p.pid === h.pid));
+  });
+
+  it('PTY: create, input, resize, kill', async () => {
+    const sb = await create();
+    let out = '';
+    const pty = await sb.pty.create({ cols: 80, rows: 24, onData: (d) => (out += Buffer.from(d).toString()) });
+    await sb.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; echo pty-$((6*7))\n'));
+    const until = async (re) => {
+      const deadline = Date.now() + 30_000;
+      while (!re.test(out) && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
+      assert.match(out, re);
+    };
+    await until(/24 80/);
+    await until(/pty-42/);
+    await sb.pty.resize(pty.pid, { cols: 100, rows: 30 });
+    await sb.pty.sendInput(pty.pid, new TextEncoder().encode('stty size\n'));
+    await until(/30 100/);
+    assert.equal(await sb.pty.kill(pty.pid), true);
+  });
+
+  it('files: write text/bytes/stream, read, list with depth, exists, makeDir, rename, remove, watch', async () => {
+    const sb = await create();
+    await sb.files.write('/tmp/t/a.txt', 'text');
+    await sb.files.write('/tmp/t/b.bin', new Uint8Array([0, 1, 2, 255]));
+    await sb.files.write('/tmp/t/c.txt', new Blob(['streamed ', 'data']).stream());
+    await sb.files.write('rel.txt', 'in home');
+    assert.equal(await sb.files.read('/tmp/t/a.txt'), 'text');
+    assert.deepEqual([...(await sb.files.read('/tmp/t/b.bin', { format: 'bytes' }))], [0, 1, 2, 255]);
+    assert.equal(await sb.files.read('/tmp/t/c.txt'), 'streamed data');
+    assert.equal(await sb.files.read('/home/user/rel.txt'), 'in home');
+    assert.equal(await sb.files.makeDir('/tmp/t/sub/deep'), true);
+    assert.equal(await sb.files.makeDir('/tmp/t/sub/deep'), false, 'exists already');
+    const flat = await sb.files.list('/tmp/t');
+    assert.deepEqual(flat.map((e) => `${e.name}:${e.type}`).sort(), ['a.txt:file', 'b.bin:file', 'c.txt:file', 'sub:dir']);
+    const deep = await sb.files.list('/tmp/t', { depth: 3 });
+    assert.ok(deep.some((e) => e.path === '/tmp/t/sub/deep' && e.type === 'dir'));
+    assert.equal(await sb.files.exists('/tmp/t/a.txt'), true);
+    assert.equal(await sb.files.exists('/tmp/t/nope'), false);
+    const moved = await sb.files.rename('/tmp/t/a.txt', '/tmp/t/renamed.txt');
+    assert.equal(moved.path, '/tmp/t/renamed.txt');
+    await sb.files.remove('/tmp/t/sub');
+    assert.equal(await sb.files.exists('/tmp/t/sub'), false);
+    await assert.rejects(sb.files.read('/tmp/t/missing'), (e) => e instanceof NotFoundError);
+
+    const events = [];
+    const w = await sb.files.watchDir('/tmp/t', (e) => events.push(`${e.type} ${e.name}`), { recursive: true });
+    await sb.files.write('/tmp/t/new.txt', 'x');
+    await sb.commands.run('mkdir -p /tmp/t/d && echo y > /tmp/t/d/inner.txt && rm /tmp/t/c.txt');
+    const deadline = Date.now() + 30_000;
+    const want = ['create new.txt', 'create d/inner.txt', 'remove c.txt'];
+    while (!want.every((x) => events.includes(x)) && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
+    assert.deepEqual(want.filter((x) => !events.includes(x)), [], `events: ${events.join(', ')}`);
+    await w.stop();
+  });
+
+  it('set timeout, metrics, pause and connect (resume) with files and processes intact, fork', async () => {
+    const sb = await create();
+    await sb.setTimeout(600_000);
+    assert.ok((await sb.getInfo()).endAt.getTime() > Date.now() + 500_000);
+    const metrics = await sb.getMetrics();
+    assert.ok(metrics.length === 1 && metrics[0].memUsed > 0 && metrics[0].cpuCount >= 1, JSON.stringify(metrics));
+
+    await sb.files.write('/tmp/state.txt', 'kept');
+    await sb.commands.run('python3 -c "import time\nwhile True: time.sleep(1)" >/dev/null 2>&1 &', { background: false });
+    assert.equal(await sb.pause(), true);
+    assert.equal((await sb.getInfo()).state, 'paused');
+    assert.equal(await sb.isRunning(), false);
+    assert.equal(await Sandbox.pause(sb.sandboxId, opts), false, 'pausing a paused sandbox says so');
+    const back = await Sandbox.connect(sb.sandboxId, opts);
+    assert.equal((await back.getInfo()).state, 'running');
+    assert.equal(await back.files.read('/tmp/state.txt'), 'kept');
+    assert.match((await back.commands.run('ps -eo args')).stdout, /time\.sleep/, 'the process survived the pause');
+
+    const forks = await sb.fork({ count: 2 });
+    assert.equal(forks.length, 2);
+    for (const f of forks) {
+      assert.ok(f instanceof Sandbox, String(f));
+      made.push(f.sandboxId);
+      fx.track(f.sandboxId);
+      assert.equal(await f.files.read('/tmp/state.txt'), 'kept');
+    }
+    await forks[0].files.write('/tmp/state.txt', 'diverged');
+    assert.equal(await forks[1].files.read('/tmp/state.txt'), 'kept');
+  });
+
+  it('another tenant\'s E2B key sees and touches nothing; a bad access token is refused', async () => {
+    const sb = await create();
+    const other = await api(fx, 'POST', '/v1/keys', { json: { tenant: 'someone-else', format: 'e2b' } });
+    const o2 = { ...opts, apiKey: other.body.key };
+    assert.deepEqual(await Sandbox.list(o2).nextItems(), []);
+    await assert.rejects(Sandbox.getInfo(sb.sandboxId, o2), (e) => e instanceof NotFoundError);
+    assert.equal(await Sandbox.kill(sb.sandboxId, o2), false);
+    await assert.rejects(Sandbox.connect(sb.sandboxId, o2));
+    const forged = await fetch(`${opts.sandboxUrl}/files?path=/etc/hostname`, { headers: { 'E2b-Sandbox-Id': sb.sandboxId, 'X-Access-Token': 'c29tZW9uZS1lbHNl.forged' } });
+    assert.equal(forged.status, 401);
+    assert.equal((await forged.json()).code, 401);
+    assert.equal((await sb.commands.run('true')).exitCode, 0, 'still fine for its owner');
+  });
+
+  it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {
+    await assert.rejects(Sandbox.create('base', { ...opts, allowInternetAccess: true }), /Internet access from the sandbox is not supported/);
+    await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'] } }), /"network" is not supported/);
+    await assert.rejects(Sandbox.create('no-such-template', opts), /TEMPLATE_NOT_FOUND/);
+    const bad = await fetch(`${opts.apiUrl}/sandboxes`, { method: 'POST', headers: { 'X-API-KEY': 'e2b_0000000000000000000000000000000000000000', 'content-type': 'application/json' }, body: '{}' });
+    assert.equal(bad.status, 401);
+    assert.deepEqual(Object.keys(await bad.json()).sort(), ['code', 'message']);
+  });
+});
