@@ -1,10 +1,12 @@
-// The published `e2b` SDK (pinned in package.json), unchanged, against SPACE's E2B-compatible
+// The published `e2b` SDK (pinned in package.json; `npm run check:e2b-latest` runs the newest), unchanged, against SPACE's E2B-compatible
 // API: lifecycle, commands, PTY, files, pause/resume, fork, metrics, tenant isolation, and a
 // clear error for what SPACE does not do.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { CommandExitError, NotFoundError, Sandbox } from 'e2b';
-import { api, startTestDaemon } from './helpers.mjs';
+// SPACE_E2B_SDK points at another build of the SDK (scripts/check-e2b-latest.mjs: the newest).
+const { CommandExitError, NotFoundError, Sandbox } = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
+import { mkdtempSync, rmSync } from 'node:fs';
+import { api, cliRunner, startTestDaemon } from './helpers.mjs';
 
 describe('E2B-compatible API (e2b SDK)', () => {
   let fx;
@@ -172,6 +174,30 @@ describe('E2B-compatible API (e2b SDK)', () => {
     assert.equal(forged.status, 401);
     assert.equal((await forged.json()).code, 401);
     assert.equal((await sb.commands.run('true')).exitCode, 0, 'still fine for its owner');
+  });
+
+  it('`space e2b env` gives the three settings; with them in the environment the SDK needs no options', async () => {
+    const home = mkdtempSync('/tmp/spe-home-');
+    const space = cliRunner(home, { SPACE_URL: fx.url, SPACE_API_KEY: fx.key });
+    const r = await space('e2b', 'env');
+    assert.equal(r.code, 0, r.stderr);
+    const env = Object.fromEntries(r.stdout.trim().split('\n').map((l) => l.split('=')));
+    assert.deepEqual(Object.keys(env), ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']);
+    assert.equal(env.E2B_API_URL, opts.apiUrl);
+    assert.match(env.E2B_API_KEY, /^e2b_[0-9a-f]{40}$/);
+    assert.equal((await space('e2b', 'env')).stdout, r.stdout, 'the key is made once and reused');
+    rmSync(home, { recursive: true, force: true });
+    const saved = { ...process.env };
+    Object.assign(process.env, env);
+    try {
+      const sb = await Sandbox.create();
+      made.push(sb.sandboxId);
+      fx.track(sb.sandboxId);
+      assert.equal((await sb.commands.run('echo $((20+22))')).stdout, '42\n');
+      await sb.kill();
+    } finally {
+      for (const k of Object.keys(env)) if (saved[k] === undefined) delete process.env[k];
+    }
   });
 
   it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {

@@ -62,3 +62,22 @@ export function parsePairs(list: string[] | undefined, what: string): Record<str
   }
   return out;
 }
+
+/** E2B-shaped keys the CLI made, by daemon URL (~/.config/space/e2b-keys.json, 0600). */
+export function e2bKeys(): { get(url: string): string | undefined; set(url: string, key: string): void } {
+  const file = path.join(path.dirname(configPath()), 'e2b-keys.json');
+  const read = (): Record<string, string> => {
+    try {
+      return JSON.parse(readFileSync(file, 'utf8')) as Record<string, string>;
+    } catch {
+      return {};
+    }
+  };
+  return {
+    get: (url) => read()[url],
+    set: (url, key) => {
+      mkdirSync(path.dirname(file), { recursive: true, mode: 0o700 });
+      writeFileSync(file, JSON.stringify({ ...read(), [url]: key }, null, 2) + '\n', { mode: 0o600 });
+    },
+  };
+}

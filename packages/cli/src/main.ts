@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
 import { ApiClient, Sandbox, SpaceError, Templates, type BuildProgress, type SandboxInfo, type TemplateInfo } from '@space/sdk';
 import { defaultDataDir, readState } from '@space/server/state';
-import { connection, parseDuration, parsePairs, writeConfig } from './config.js';
+import { connection, e2bKeys, parseDuration, parsePairs, writeConfig } from './config.js';
 
 const collectList = (v: string, prev: string[] = []) => [...prev, v];
 const program = new Command('space').description('SPACE: stateful sandboxes for AI agents').showHelpAfterError();
@@ -110,7 +110,7 @@ daemonCommand('up', 'start the daemon in the background and print how to reach i
       }
     }
     writeConfig({ url: st.url, keyFile: st.keyFile, dataDir });
-    process.stdout.write(`SPACE is running\n  url:      ${st.url}\n  data dir: ${dataDir}\n  API key:  ${st.keyFile}\n  pid:      ${st.pid}\nThe CLI is configured; try: space create\n`);
+    process.stdout.write(`SPACE is running\n  url:      ${st.url}\n  data dir: ${dataDir}\n  API key:  ${st.keyFile}\n  pid:      ${st.pid}\n${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}The CLI is configured; try: space create\n`);
   });
 
 program
@@ -446,6 +446,27 @@ tpl
   .action(async (name: string, size: string) => {
     const t = await Templates.setPool(name, Number(size), connection());
     process.stdout.write(`${name}: pool of ${t.pool.size} (${t.pool.ready} ready now)\n`);
+  });
+
+// ---------- E2B
+const e2b = program.command('e2b').description('the E2B-compatible API (agents written for E2B\'s SDK)');
+e2b
+  .command('env')
+  .description('print E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY for this daemon and tenant: export $(space e2b env)')
+  .action(async () => {
+    const conn = connection();
+    const api = new ApiClient(conn);
+    const { url } = await api.json<{ url: string | null }>('GET', '/v1/e2b');
+    if (!url) throw new SpaceError('BAD_REQUEST', 'The daemon runs without the E2B-compatible API (started with --e2b-listen off)');
+    // E2B's SDKs want keys shaped e2b_<hex>: reuse the current key if it is one, else one made earlier, else make one.
+    const store = e2bKeys();
+    let key = conn.apiKey?.startsWith('e2b_') ? conn.apiKey : store.get(api.url);
+    if (key && !(await new ApiClient({ ...conn, apiKey: key }).request('GET', '/v1/keys').then(() => true, () => false))) key = undefined;
+    if (!key) {
+      key = (await api.json<{ key: string }>('POST', '/v1/keys', { json: { name: 'e2b (space e2b env)', format: 'e2b' } })).key;
+      store.set(api.url, key);
+    }
+    process.stdout.write(`E2B_API_URL=${url}\nE2B_SANDBOX_URL=${url}\nE2B_API_KEY=${key}\n`);
   });
 
 // ---------- keys

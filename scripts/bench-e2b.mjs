@@ -1,0 +1,58 @@
+#!/usr/bin/env node
+// The E2B-compatible API's overhead: `Sandbox.create()` + `commands.run('true')` through the
+// published e2b SDK vs SPACE's own SDK, alternating in one run on the same template (`base`,
+// E2B's default), each sandbox killed untimed afterwards. Target: ≤ 1.2x.
+//   node scripts/bench-e2b.mjs [--iterations 30] [--write]
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { parseArgs } from 'node:util';
+import { Sandbox as E2bSandbox } from 'e2b';
+import { ApiClient, Sandbox, Templates } from '../packages/sdk/dist/index.js';
+import { startSpaced } from '../test/helpers.mjs';
+
+const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
+const N = Number(values.iterations);
+const q = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+const fmt = (ms) => ms.toFixed(0);
+
+const dataDir = mkdtempSync('/tmp/spbe-');
+const { child, conn } = await startSpaced(dataDir);
+try {
+  const api = new ApiClient(conn);
+  const url = (await api.json('GET', '/v1/e2b')).url;
+  const key = (await api.json('POST', '/v1/keys', { json: { format: 'e2b' } })).key;
+  const e2bOpts = { apiKey: key, apiUrl: url, sandboxUrl: url };
+  await Templates.prepare('base', conn);
+  const ours = [];
+  const theirs = [];
+  for (let i = 0; i < N; i++) {
+    let t = performance.now();
+    const a = await Sandbox.create({ ...conn, template: 'base' });
+    await a.commands.run('true');
+    ours.push(performance.now() - t);
+    await a.kill();
+    t = performance.now();
+    const b = await E2bSandbox.create('base', e2bOpts);
+    await b.commands.run('true');
+    theirs.push(performance.now() - t);
+    await b.kill();
+  }
+  const table = [
+    '| measurement | p50 ms | p95 ms | baseline (same run) | baseline p50 ms | ratio | target |',
+    '|---|---|---|---|---|---|---|',
+    `| \`Sandbox.create()\` + \`commands.run('true')\` through the \`e2b\` SDK 2.51 | ${fmt(q(theirs, 50))} | ${fmt(q(theirs, 95))} | the same through SPACE's SDK | ${fmt(q(ours, 50))} | ${(q(theirs, 50) / q(ours, 50)).toFixed(2)}x | ≤ 1.2x |`,
+  ].join('\n');
+  console.log(table);
+  if (values.write) {
+    const file = new URL('../docs/benchmarks.md', import.meta.url);
+    const doc = readFileSync(file, 'utf8');
+    const block = `<!-- e2b:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, alternating, with \`node scripts/bench-e2b.mjs --write\` (part of \`./space bench\`). Both restore the \`base\` template's snapshot (no warm pool).\n\n${table}\n<!-- e2b:end -->`;
+    writeFileSync(file, doc.includes('<!-- e2b:start -->') ? doc.replace(/<!-- e2b:start -->[\s\S]*<!-- e2b:end -->/, block) : doc.replace('### Reading the numbers', `## E2B-compatible API (issue 8)\n\n${block}\n\n### Reading the numbers`));
+  }
+} finally {
+  await new Promise((r) => {
+    child.on('exit', r);
+    child.kill('SIGTERM');
+  });
+  rmSync(dataDir, { recursive: true, force: true });
+}
