@@ -1,7 +1,8 @@
 // Shared test fixtures: a real daemon (real runsc, real SQLite, real sockets) on a loopback
 // port in a fresh data directory, and leak checks. Every sandbox a test makes is killed.
 import { execFile, execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Sandbox } from '../packages/sdk/dist/index.js';
@@ -15,6 +16,7 @@ export const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/spac
  */
 export async function startTestDaemon(opts = {}) {
   const dataDir = mkdtempSync('/tmp/spt-');
+  makeNodeKey(dataDir);
   const daemon = await startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', ...opts });
   const key = readFileSync(daemon.state.keyFile, 'utf8').trim();
   const conn = { apiUrl: daemon.url, apiKey: key };
@@ -42,6 +44,12 @@ export async function startTestDaemon(opts = {}) {
     },
   };
   return fx;
+}
+
+/** Writes the node's encryption key into a data directory, as an operator (or `space up`) would. */
+export function makeNodeKey(dataDir) {
+  mkdirSync(path.join(dataDir, 'keys'), { recursive: true, mode: 0o700 });
+  if (!existsSync(path.join(dataDir, 'keys', 'node.key'))) writeFileSync(path.join(dataDir, 'keys', 'node.key'), randomBytes(32), { mode: 0o600 });
 }
 
 /** Host resources still held for these sandbox ids (runsc containers, netns, cgroups, mounts). */
@@ -125,6 +133,7 @@ const SPACED = new URL('../packages/server/dist/main.js', import.meta.url).pathn
  * @returns {Promise<{ child, exited: Promise<{code, sig}>, conn }>}
  */
 export async function startSpaced(dataDir, env = {}) {
+  makeNodeKey(dataDir);
   const child = spawn(process.execPath, [SPACED, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'warn'], { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, ...env } });
   const exited = new Promise((r) => child.on('exit', (code, sig) => r({ code, sig })));
   const state = await eventually(() => {

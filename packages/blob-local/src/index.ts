@@ -51,7 +51,7 @@ export class LocalBlobStore implements BlobStore {
     } catch {
       throw new SpaceError('SNAPSHOT_NOT_FOUND', `No stored data for ${key}`);
     }
-    return createReadStream(f);
+    return createReadStream(f, { highWaterMark: 1 << 20 });
   }
 
   async stat(key: string): Promise<BlobInfo | undefined> {

@@ -85,6 +85,24 @@ function daemonArgs(o: DaemonFlags): string[] {
   return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : [])];
 }
 
+/**
+ * The node's encryption key, as an operator would make it: the daemon never writes key files,
+ * so `up` and `daemon` create `<data>/keys/node.key` (32 random bytes, 0600) the first time,
+ * unless SPACE_KEY_DIR points at keys the operator manages.
+ */
+async function ensureNodeKey(dataDir: string): Promise<void> {
+  if (process.env.SPACE_KEY_DIR) return;
+  const dir = path.join(dataDir, 'keys');
+  const file = path.join(dir, process.env.SPACE_NODE_KEY ?? 'node.key');
+  if (existsSync(file)) return;
+  await fs.mkdir(dir, { recursive: true, mode: 0o700 });
+  const { randomBytes } = await import('node:crypto');
+  await fs.writeFile(file, randomBytes(32), { mode: 0o600, flag: 'wx' }).catch((err: NodeJS.ErrnoException) => {
+    if (err.code !== 'EEXIST') throw err;
+  });
+  process.stderr.write(`created the node's encryption key ${file}: back it up — snapshots cannot be read without it\n`);
+}
+
 daemonCommand('up', 'start the daemon in the background and print how to reach it')
   .option('--timeout <duration>', 'how long to wait for the daemon', '120s')
   .action(async (o: DaemonFlags & { timeout: string }) => {
@@ -92,6 +110,7 @@ daemonCommand('up', 'start the daemon in the background and print how to reach i
     let st = readState(dataDir);
     if (!st) {
       await fs.mkdir(dataDir, { recursive: true, mode: 0o700 });
+      await ensureNodeKey(dataDir);
       const logFile = path.join(dataDir, 'spaced.log');
       const log = openSync(logFile, 'a', 0o600);
       process.stderr.write(`starting spaced (log: ${logFile}) ...\n`);
@@ -133,6 +152,8 @@ program
   });
 
 daemonCommand('daemon', 'run the daemon in the foreground').action(async (o: DaemonFlags) => {
+    await fs.mkdir(path.resolve(o.dataDir), { recursive: true, mode: 0o700 });
+    await ensureNodeKey(path.resolve(o.dataDir));
     const child = spawn(process.execPath, [spacedBin(), ...daemonArgs(o)], { stdio: 'inherit' });
     for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => child.kill(sig));
     await new Promise<void>((resolve) => child.on('exit', (code) => { process.exitCode = code ?? 1; resolve(); }));
@@ -446,6 +467,45 @@ tpl
   .action(async (name: string, size: string) => {
     const t = await Templates.setPool(name, Number(size), connection());
     process.stdout.write(`${name}: pool of ${t.pool.size} (${t.pool.ready} ready now)\n`);
+  });
+
+// ---------- encryption keys (bring your own key)
+interface EncKey { id: string; provider: string; ref: string; state: string; description: string; createdAt: string }
+const ekey = program.command('key').description('your tenant\'s encryption key: set (or rotate), ls, revoke, enable, destroy');
+ekey
+  .command('ls')
+  .option('--json', 'print JSON')
+  .action(async (o: { json?: boolean }) => {
+    const r = await new ApiClient(connection()).json<{ keys: EncKey[] }>('GET', '/v1/encryption-keys');
+    if (o.json) return void process.stdout.write(JSON.stringify(r.keys, null, 2) + '\n');
+    if (!r.keys.length) return void process.stdout.write("no key of your own: your data is encrypted under the node's key (space key set to bring yours)\n");
+    process.stdout.write(table([['ID', 'STATE', 'PROVIDER', 'KEY', 'CREATED'], ...r.keys.map((k) => [k.id, k.state, k.provider, k.ref, k.createdAt])]) + '\n');
+  });
+ekey
+  .command('set')
+  .description('use this key for your data; with a key already set, rotate to it (data keys are re-wrapped online)')
+  .requiredOption('--provider <name>', 'key provider: local')
+  .requiredOption('--ref <ref>', 'the key: for local, a file name in the daemon\'s key directory')
+  .action(async (o: { provider: string; ref: string }) => {
+    const k = await new ApiClient(connection()).json<EncKey>('POST', '/v1/encryption-keys', { json: { provider: o.provider, ref: o.ref } });
+    process.stdout.write(`${k.id} active (${k.description})\n`);
+  });
+for (const [verb, what] of [['revoke', 'make everything the key protects unreadable until it is enabled again'], ['enable', 'enable a revoked key']] as const) {
+  ekey
+    .command(`${verb} <id>`)
+    .description(what)
+    .action(async (id: string) => {
+      const k = await new ApiClient(connection()).json<EncKey>('POST', `/v1/encryption-keys/${encodeURIComponent(id)}/${verb}`);
+      process.stdout.write(`${k.id} ${k.state}\n`);
+    });
+}
+ekey
+  .command('destroy <id>')
+  .description('forget a key for good; data only it protects becomes unreadable (crypto-shredding)')
+  .option('--shred', 'confirm destroying a key that still protects data')
+  .action(async (id: string, o: { shred?: boolean }) => {
+    const k = await new ApiClient(connection()).json<EncKey>('DELETE', `/v1/encryption-keys/${encodeURIComponent(id)}`, { query: { shred: o.shred ? 'true' : undefined } });
+    process.stdout.write(`${k.id} ${k.state}\n`);
   });
 
 // ---------- E2B

@@ -25,5 +25,10 @@ export interface BlobStore {
   /** Reads a blob; rejects with `SNAPSHOT_NOT_FOUND` when missing. */
   get(key: string): Promise<Readable>;
   stat(key: string): Promise<BlobInfo | undefined>;
+  /**
+   * Throws if `key` could not be stored now (e.g. its tenant's encryption key is revoked), so
+   * that callers can refuse before doing expensive work.
+   */
+  assertWritable?(key: string): Promise<void>;
   delete(key: string): Promise<void>;
 }

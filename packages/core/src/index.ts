@@ -26,3 +26,6 @@ export type { PoolHooks, PoolStatus } from './pool.js';
 export type { CreateSandboxOpts, ForkResult, ListSandboxesOpts, Logger, SandboxServiceOptions } from './service.js';
 export { ApiKeys, publicKey } from './auth.js';
 export type { CreatedApiKey, Principal } from './auth.js';
+export { KeyService, LocalKeyProvider, NODE_TENANT } from './keys.js';
+export type { DataKeyRecord, KeyProvider, TenantKey } from './keys.js';
+export { EncryptedBlobStore, ENCRYPTION_CHUNK } from './encrypted-blobs.js';

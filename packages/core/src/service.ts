@@ -825,15 +825,18 @@ export class SandboxService {
       const sb = await this.get(tenantId, id);
       assertAllowed(sb, 'rollback');
       const snap = await this.ownSnapshot(sb, snapshotId);
+      // Verified (and decrypted) before anything changes: a corrupt snapshot or a revoked key is refused as is.
+      const dir = await this.unpack(snap);
       try {
-        await this.restoreFrom(snap, sb);
+        await this.restoreFrom(snap, sb, dir);
       } catch (err) {
-        // A corrupt snapshot is refused before anything changes; a restore that fails later may have lost the old incarnation.
-        if (err instanceof SpaceError && err.code === 'SNAPSHOT_CORRUPT') throw err;
+        // A restore that fails now may have lost the old incarnation.
         const msg = err instanceof Error ? err.message : String(err);
         const st = await this.driver.status(id).catch(() => ({ running: false }));
         if (!st.running) await this.recover(sb, `rollback to ${snap.id} failed: ${msg}`);
         throw new SpaceError('SNAPSHOT_FAILED', `Rollback of ${id} to ${snap.id} failed: ${msg}`, { cause: err });
+      } finally {
+        await fs.rm(dir, { recursive: true, force: true });
       }
       await this.event(id, 'rolled-back', `rolled back to snapshot ${snap.id} (${snap.createdAt})`);
       const r = await this.store.updateSandbox(id, { state: 'running', fromSnapshotId: snap.id });
@@ -1023,6 +1026,11 @@ export class SandboxService {
   private async takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean): Promise<{ snapshot: Snapshot; imageDir: string }> {
     const wasPaused = sb.state === 'paused';
     if (wasPaused) await this.driver.resume(sb.id);
+    // Refuse before stopping anything if the snapshot could not be stored (e.g. a revoked key).
+    await this.blobs.assertWritable?.(`snapshots/${sb.tenantId}/check`).catch(async (err) => {
+      if (wasPaused) await this.driver.pause(sb.id);
+      throw err;
+    });
     const ch = await this.channel(sb.id);
     const release = this.closeGate(sb.id);
     try {

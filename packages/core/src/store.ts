@@ -2,6 +2,7 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
+import type { DataKeyRecord, TenantKey } from './keys.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from './model.js';
 
 /** A stored API key (never the key itself, only its hash). */
@@ -64,6 +65,20 @@ export interface MetadataStore {
   /** Every template (all tenants and built-ins), by name. */
   listTemplates(): Promise<Template[]>;
   deleteTemplate(tenantId: string, name: string): Promise<void>;
+
+  /** Inserts or replaces a tenant key record. */
+  putTenantKey(k: TenantKey): Promise<void>;
+  /** In one transaction: `fromId` (if any) becomes `rotating`, `next` is inserted as active. */
+  switchTenantKey(next: TenantKey, fromId: string | undefined): Promise<void>;
+  getTenantKey(id: string): Promise<TenantKey | undefined>;
+  /** A tenant's keys (every tenant's when omitted), oldest first. */
+  listTenantKeys(tenantId?: string): Promise<TenantKey[]>;
+  /** Inserts or replaces the data key of an object. */
+  putDataKey(d: DataKeyRecord): Promise<void>;
+  getDataKey(objectKey: string): Promise<DataKeyRecord | undefined>;
+  /** Up to `limit` data keys of a tenant (only those not wrapped by `exceptKeyId`, if given). */
+  listDataKeys(tenantId: string, limit: number, exceptKeyId?: string): Promise<DataKeyRecord[]>;
+  deleteDataKey(objectKey: string): Promise<void>;
 
   insertApiKey(k: ApiKeyRecord): Promise<void>;
   findApiKeyByHash(hash: string): Promise<ApiKeyRecord | undefined>;

@@ -6,7 +6,7 @@
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { ApiKeys, SpaceError, type Principal, type SandboxService } from '@space/core';
+import { ApiKeys, SpaceError, type KeyService, type Principal, type SandboxService } from '@space/core';
 import type { GvisorDriver } from '@space/driver-gvisor';
 import { registerRoutes } from './routes.js';
 import { VERSION } from './version.js';
@@ -21,6 +21,8 @@ declare module 'fastify' {
 export interface AppDeps {
   service: SandboxService;
   keys: ApiKeys;
+  /** Tenants' encryption keys. */
+  encryptionKeys: KeyService;
   driver: GvisorDriver;
   /** Largest file upload, bytes. */
   maxUploadBytes: number;

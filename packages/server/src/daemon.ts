@@ -6,7 +6,7 @@
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import pino from 'pino';
-import { ApiKeys, SandboxService, SpaceError } from '@space/core';
+import { ApiKeys, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError } from '@space/core';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { SqliteStore } from '@space/store-sqlite';
 import { LocalBlobStore } from '@space/blob-local';
@@ -38,6 +38,10 @@ export interface DaemonOptions {
    * host (port 0 when the main port is 0)
    */
   e2bListen?: string;
+  /** Directory of key files the operator provides (local key provider). @default `${dataDir}/keys` */
+  keyDir?: string;
+  /** The node's key (a file in keyDir), used for tenants without their own. @default "node.key" */
+  nodeKey?: string;
   /** Warm pool sizes of the built-in templates, e.g. `{ minimal: 2 }` (tenants size their own). */
   pools?: Record<string, number>;
 }
@@ -89,8 +93,24 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const driver = new GvisorDriver({ dataDir });
   const rootfs = new RootfsStore(opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR ?? path.join(dataDir, 'templates'), opts.debianMirror ? { mirror: opts.debianMirror } : {});
   const pools = opts.pools ?? (process.env.SPACE_POOLS ? parsePools(process.env.SPACE_POOLS) : undefined);
-  const blobs = new LocalBlobStore(path.join(dataDir, 'blobs'));
-  await blobs.sweep();
+  const localBlobs = new LocalBlobStore(path.join(dataDir, 'blobs'));
+  await localBlobs.sweep();
+  const keyDir = opts.keyDir ?? process.env.SPACE_KEY_DIR ?? path.join(dataDir, 'keys');
+  const encryptionKeys = new KeyService({
+    store,
+    providers: [new LocalKeyProvider(keyDir)],
+    nodeKey: { provider: 'local', ref: opts.nodeKey ?? process.env.SPACE_NODE_KEY ?? 'node.key' },
+    logger,
+    ...(process.env.SPACE_FAULT_INJECT?.startsWith('rotation:after-') ? { faultAfterRewraps: Number(process.env.SPACE_FAULT_INJECT.slice('rotation:after-'.length)) } : {}),
+  });
+  try {
+    // A missing or bad node key stops the daemon here, never at the first restore.
+    await encryptionKeys.start();
+  } catch (err) {
+    await store.close();
+    throw err;
+  }
+  const blobs = new EncryptedBlobStore(localBlobs, encryptionKeys, store);
   const service = new SandboxService({
     store,
     driver,
@@ -131,7 +151,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     const a = e2b.server.address();
     e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);
   }
-  const app = await buildApp({ service, keys, driver, maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}) });
+  const app = await buildApp({ service, keys, encryptionKeys, driver, maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;

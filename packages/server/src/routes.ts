@@ -227,6 +227,29 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   });
   app.delete('/v1/keys/:keyId', { schema: { tags: ['keys'], params: S.KeyParams } }, async (req) => keys.revoke(req.principal, req.params.keyId));
 
+  // ---- encryption keys (bring your own key)
+  const ek = deps.encryptionKeys;
+  const adminOnly = (req: { principal: { admin: boolean } }) => {
+    if (!req.principal.admin) throw new SpaceError('FORBIDDEN', 'Managing encryption keys needs an admin key of the tenant');
+  };
+  app.get('/v1/encryption-keys', { schema: { tags: ['encryption'] } }, async (req) => ({ keys: await ek.list(req.principal.tenantId) }));
+  app.post('/v1/encryption-keys', { schema: { tags: ['encryption'], body: S.SetKeyBody, description: 'Sets the tenant\'s key; with a key already active this rotates: every data key is re-wrapped under the new one, online.' } }, async (req, reply) => {
+    adminOnly(req);
+    return reply.code(201).send(await ek.set(req.principal.tenantId, req.body));
+  });
+  app.post('/v1/encryption-keys/:keyId/revoke', { schema: { tags: ['encryption'], params: S.KeyParams } }, async (req) => {
+    adminOnly(req);
+    return ek.revoke(req.principal.tenantId, req.params.keyId);
+  });
+  app.post('/v1/encryption-keys/:keyId/enable', { schema: { tags: ['encryption'], params: S.KeyParams } }, async (req) => {
+    adminOnly(req);
+    return ek.enable(req.principal.tenantId, req.params.keyId);
+  });
+  app.delete('/v1/encryption-keys/:keyId', { schema: { tags: ['encryption'], params: S.KeyParams, querystring: Type.Object({ shred: Type.Optional(Type.Boolean()) }) } }, async (req) => {
+    adminOnly(req);
+    return ek.destroy(req.principal.tenantId, req.params.keyId, !!(req.query as { shred?: boolean }).shred);
+  });
+
   // ---- templates
   const tpl = svc.templates;
   const view = (t: Template) => ({

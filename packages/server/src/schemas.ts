@@ -167,3 +167,11 @@ export const BuildTemplateBody = Type.Object(
 );
 export const PoolBody = Type.Object({ size: Type.Integer({ minimum: 0, maximum: 64 }) }, { additionalProperties: false });
 export const UploadSchema = Type.Object({ uploadId: Type.String(), sizeBytes: Type.Integer(), sha256: Type.String(), createdAt: Type.String() });
+
+export const SetKeyBody = Type.Object(
+  {
+    provider: Type.String({ maxLength: 32, description: 'Key provider: local (a key file in the daemon\'s key directory)' }),
+    ref: Type.String({ minLength: 1, maxLength: 512, description: 'The key: for local, a file name in the key directory' }),
+  },
+  { additionalProperties: false },
+);

@@ -4,7 +4,7 @@
  */
 import Database from 'better-sqlite3';
 import { Kysely, SqliteDialect, sql, type Generated } from 'kysely';
-import type { ApiKeyRecord, MetadataStore, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template } from '@space/core';
+import type { ApiKeyRecord, DataKeyRecord, MetadataStore, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
 import { SpaceError } from '@space/core';
 
 interface SandboxTable {
@@ -49,7 +49,21 @@ interface TemplateTable {
   name: string;
   doc: string;
 }
+interface TenantKeyTable {
+  id: string;
+  tenant_id: string;
+  created_at: string;
+  doc: string;
+}
+interface DataKeyTable {
+  object_key: string;
+  tenant_id: string;
+  key_id: string;
+  wrapped: Buffer;
+}
 interface Schema {
+  tenant_keys: TenantKeyTable;
+  data_keys: DataKeyTable;
   templates: TemplateTable;
   sandboxes: SandboxTable;
   sandbox_labels: SandboxLabelTable;
@@ -102,6 +116,18 @@ const MIGRATIONS: string[] = [
      name TEXT NOT NULL,
      doc TEXT NOT NULL,
      PRIMARY KEY (tenant_id, name));`,
+  `CREATE TABLE tenant_keys (
+     id TEXT PRIMARY KEY,
+     tenant_id TEXT NOT NULL,
+     created_at TEXT NOT NULL,
+     doc TEXT NOT NULL);
+   CREATE INDEX tenant_keys_tenant ON tenant_keys(tenant_id, created_at);
+   CREATE TABLE data_keys (
+     object_key TEXT PRIMARY KEY,
+     tenant_id TEXT NOT NULL,
+     key_id TEXT NOT NULL,
+     wrapped BLOB NOT NULL);
+   CREATE INDEX data_keys_tenant ON data_keys(tenant_id, key_id);`,
 ];
 
 function toKey(r: ApiKeyTable): ApiKeyRecord {
@@ -247,6 +273,56 @@ export class SqliteStore implements MetadataStore {
 
   async deleteTemplate(tenantId: string, name: string): Promise<void> {
     await this.db.deleteFrom('templates').where('tenant_id', '=', tenantId).where('name', '=', name).execute();
+  }
+
+  async putTenantKey(k: TenantKey): Promise<void> {
+    const doc = JSON.stringify(k);
+    await this.db.insertInto('tenant_keys').values({ id: k.id, tenant_id: k.tenantId, created_at: k.createdAt, doc }).onConflict((oc) => oc.column('id').doUpdateSet({ doc })).execute();
+  }
+
+  async switchTenantKey(next: TenantKey, fromId: string | undefined): Promise<void> {
+    await this.db.transaction().execute(async (tx) => {
+      if (fromId) {
+        const r = await tx.selectFrom('tenant_keys').select('doc').where('id', '=', fromId).executeTakeFirst();
+        if (r) await tx.updateTable('tenant_keys').set({ doc: JSON.stringify({ ...(JSON.parse(r.doc) as TenantKey), state: 'rotating' }) }).where('id', '=', fromId).execute();
+      }
+      await tx.insertInto('tenant_keys').values({ id: next.id, tenant_id: next.tenantId, created_at: next.createdAt, doc: JSON.stringify(next) }).execute();
+    });
+  }
+
+  async getTenantKey(id: string): Promise<TenantKey | undefined> {
+    const r = await this.db.selectFrom('tenant_keys').select('doc').where('id', '=', id).executeTakeFirst();
+    return r ? (JSON.parse(r.doc) as TenantKey) : undefined;
+  }
+
+  async listTenantKeys(tenantId?: string): Promise<TenantKey[]> {
+    let qb = this.db.selectFrom('tenant_keys').select('doc');
+    if (tenantId !== undefined) qb = qb.where('tenant_id', '=', tenantId);
+    return (await qb.orderBy('created_at').orderBy('id').execute()).map((r) => JSON.parse(r.doc) as TenantKey);
+  }
+
+  async putDataKey(d: DataKeyRecord): Promise<void> {
+    await this.db
+      .insertInto('data_keys')
+      .values({ object_key: d.objectKey, tenant_id: d.tenantId, key_id: d.keyId, wrapped: d.wrapped })
+      .onConflict((oc) => oc.column('object_key').doUpdateSet({ key_id: d.keyId, wrapped: d.wrapped }))
+      .execute();
+  }
+
+  async getDataKey(objectKey: string): Promise<DataKeyRecord | undefined> {
+    const r = await this.db.selectFrom('data_keys').selectAll().where('object_key', '=', objectKey).executeTakeFirst();
+    return r ? { objectKey: r.object_key, tenantId: r.tenant_id, keyId: r.key_id, wrapped: Buffer.from(r.wrapped) } : undefined;
+  }
+
+  async listDataKeys(tenantId: string, limit: number, exceptKeyId?: string): Promise<DataKeyRecord[]> {
+    let qb = this.db.selectFrom('data_keys').selectAll().where('tenant_id', '=', tenantId);
+    if (exceptKeyId) qb = qb.where('key_id', '!=', exceptKeyId);
+    const rows = await qb.orderBy('object_key').limit(limit).execute();
+    return rows.map((r) => ({ objectKey: r.object_key, tenantId: r.tenant_id, keyId: r.key_id, wrapped: Buffer.from(r.wrapped) }));
+  }
+
+  async deleteDataKey(objectKey: string): Promise<void> {
+    await this.db.deleteFrom('data_keys').where('object_key', '=', objectKey).execute();
   }
 
   async insertApiKey(k: ApiKeyRecord): Promise<void> {
