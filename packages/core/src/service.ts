@@ -485,7 +485,8 @@ export class SandboxService {
       const tB = performance.now();
       if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${spec.id} did not connect within ${this.startTimeoutMs} ms after restoring the template image`);
       const identityMs = e.identityMs ?? 0;
-      return { source: 'snapshot', restoreMs: Math.round(tB - tA), agentMs: Math.round(performance.now() - tB - identityMs), identityMs };
+      // The agent may connect (and take its identity) before runsc's restore command returns.
+      return { source: 'snapshot', restoreMs: Math.round(tB - tA), agentMs: Math.max(0, Math.round(performance.now() - tB - identityMs)), identityMs };
     } finally {
       e.restoringFrom = undefined;
       e.identity = undefined;

@@ -12,6 +12,7 @@ import { SqliteStore } from '@space/store-sqlite';
 import { LocalBlobStore } from '@space/blob-local';
 import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
+import { Pkcs11KeyProvider, type Pkcs11Options } from '@space/key-pkcs11';
 import { buildApp } from './app.js';
 import { defaultDataDir, readState, type DaemonState } from './state.js';
 
@@ -42,6 +43,8 @@ export interface DaemonOptions {
   keyDir?: string;
   /** The node's key (a file in keyDir), used for tenants without their own. @default "node.key" */
   nodeKey?: string;
+  /** A PKCS#11 token tenants may keep their keys in (provider `pkcs11`). */
+  pkcs11?: Pkcs11Options;
   /** Warm pool sizes of the built-in templates, e.g. `{ minimal: 2 }` (tenants size their own). */
   pools?: Record<string, number>;
 }
@@ -96,9 +99,18 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const localBlobs = new LocalBlobStore(path.join(dataDir, 'blobs'));
   await localBlobs.sweep();
   const keyDir = opts.keyDir ?? process.env.SPACE_KEY_DIR ?? path.join(dataDir, 'keys');
+  const pkcs11Opts = opts.pkcs11 ?? (process.env.SPACE_PKCS11_MODULE ? { module: process.env.SPACE_PKCS11_MODULE, tokenLabel: process.env.SPACE_PKCS11_TOKEN ?? '', pin: process.env.SPACE_PKCS11_PIN ?? '' } : undefined);
+  let pkcs11: Pkcs11KeyProvider | undefined;
+  try {
+    // A wrong module, token or PIN stops the daemon here (KEY_INVALID), not at the first restore.
+    pkcs11 = pkcs11Opts ? Pkcs11KeyProvider.open(pkcs11Opts) : undefined;
+  } catch (err) {
+    await store.close();
+    throw err;
+  }
   const encryptionKeys = new KeyService({
     store,
-    providers: [new LocalKeyProvider(keyDir)],
+    providers: [new LocalKeyProvider(keyDir), ...(pkcs11 ? [pkcs11] : [])],
     nodeKey: { provider: 'local', ref: opts.nodeKey ?? process.env.SPACE_NODE_KEY ?? 'node.key' },
     logger,
     ...(process.env.SPACE_FAULT_INJECT?.startsWith('rotation:after-') ? { faultAfterRewraps: Number(process.env.SPACE_FAULT_INJECT.slice('rotation:after-'.length)) } : {}),
@@ -107,6 +119,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     // A missing or bad node key stops the daemon here, never at the first restore.
     await encryptionKeys.start();
   } catch (err) {
+    pkcs11?.close();
     await store.close();
     throw err;
   }
@@ -174,6 +187,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       await Promise.all([app.close(), e2b?.close()]);
       clearTimeout(force);
       await service.shutdown();
+      pkcs11?.close();
       await store.close();
       if (existsSync(stateFile) && readState(dataDir)?.pid === process.pid) await fs.rm(stateFile, { force: true });
       logger.info('stopped');

@@ -4,8 +4,10 @@
  * stop it gracefully (sandboxes keep running and are re-adopted on the next start).
  *
  * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off]
+ *        [--pkcs11-module LIB --pkcs11-token LABEL --pkcs11-pin-file FILE]
  */
 import { parseArgs } from 'node:util';
+import { readFileSync } from 'node:fs';
 import { parsePools, startDaemon } from './daemon.js';
 
 const { values } = parseArgs({
@@ -19,6 +21,9 @@ const { values } = parseArgs({
     'debian-mirror': { type: 'string' },
     pool: { type: 'string' },
     'e2b-listen': { type: 'string' },
+    'pkcs11-module': { type: 'string' },
+    'pkcs11-token': { type: 'string' },
+    'pkcs11-pin-file': { type: 'string' },
   },
 });
 
@@ -33,6 +38,7 @@ try {
     ...(values['debian-mirror'] ? { debianMirror: values['debian-mirror'] } : {}),
     ...(values.pool ? { pools: parsePools(values.pool) } : {}),
     ...(values['e2b-listen'] ? { e2bListen: values['e2b-listen'] } : {}),
+    ...(values['pkcs11-module'] ? { pkcs11: { module: values['pkcs11-module'], tokenLabel: values['pkcs11-token'] ?? '', pin: values['pkcs11-pin-file'] ? readFileSync(values['pkcs11-pin-file'], 'utf8').trim() : (process.env.SPACE_PKCS11_PIN ?? '') } } : {}),
   });
   const stop = () => void d.close().then(() => process.exit(0), () => process.exit(1));
   process.once('SIGTERM', stop);
