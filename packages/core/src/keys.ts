@@ -240,6 +240,19 @@ export class KeyService {
     this.opts.logger.info({ tenantId, rewrapped: n, keyId: active.id }, 'key rotation finished');
   }
 
+  /**
+   * A 256-bit secret of the daemon's own (e.g. what signs E2B access tokens), made once and
+   * kept like any data key: wrapped by the node key, in the metadata store, never in a file.
+   */
+  async daemonSecret(name: string): Promise<Buffer> {
+    const objectKey = `daemon/${name}`;
+    const cur = await this.opts.store.getDataKey(objectKey);
+    if (cur) return this.unwrapRecord(cur);
+    const { dataKey, record } = await this.newDataKey(NODE_TENANT, objectKey);
+    await this.opts.store.putDataKey(record);
+    return dataKey;
+  }
+
   /** Throws `KEY_REVOKED` unless the tenant has a key new data can be stored under. */
   async assertUsable(tenantId: string): Promise<void> {
     await this.activeKey(tenantId);

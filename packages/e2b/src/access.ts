@@ -1,26 +1,20 @@
 /**
  * Who may use the in-sandbox (envd) API of a sandbox: whoever holds its access token, which
  * the control plane hands out with the sandbox (`envdAccessToken`). A token names the tenant
- * and the sandbox and is signed with the daemon's secret, so checking it needs no lookup.
+ * and the sandbox and is signed with a daemon secret (kept wrapped by the node key), so checking
+ * it needs no lookup.
  */
-import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { createHmac, timingSafeEqual } from 'node:crypto';
 import { SpaceError } from '@space/core';
 
-/** Signs and checks sandbox access tokens. */
+/**
+ * Signs and checks sandbox access tokens.
+ *
+ * @example
+ * const tokens = new AccessTokens(await keys.daemonSecret('e2b-access-tokens'));
+ */
 export class AccessTokens {
   constructor(private readonly secret: Buffer) {}
-
-  /**
-   * Loads the secret from `file`, creating it (0600) the first time.
-   *
-   * @example
-   * const tokens = AccessTokens.fromFile('/var/lib/space/e2b.secret');
-   */
-  static fromFile(file: string): AccessTokens {
-    if (!existsSync(file)) writeFileSync(file, randomBytes(32).toString('hex'), { mode: 0o600, flag: 'wx' });
-    return new AccessTokens(Buffer.from(readFileSync(file, 'utf8').trim(), 'hex'));
-  }
 
   private mac(tenantId: string, sandboxId: string): string {
     return createHmac('sha256', this.secret).update(`${tenantId}\0${sandboxId}`).digest('base64url');

@@ -47,7 +47,7 @@ function sendE2bError(reply: FastifyReply, err: unknown): FastifyReply {
  * Builds the E2B-compatible app (not listening).
  *
  * @example
- * const app = await buildE2bApp({ service, keys, tokens: AccessTokens.fromFile(f), maxUploadBytes: 1 << 30, logger: false });
+ * const app = await buildE2bApp({ service, keys, tokens: new AccessTokens(secret), maxUploadBytes: 1 << 30, logger: false });
  * await app.listen({ host: '127.0.0.1', port: 7071 });
  */
 export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {

@@ -159,7 +159,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   let e2bUrl: string | undefined;
   if (e2bListen !== 'off') {
     const l = parseListen(e2bListen);
-    e2b = await buildE2bApp({ service, keys, tokens: AccessTokens.fromFile(path.join(dataDir, 'e2b.secret')), maxUploadBytes, logger: logger.child({ api: 'e2b' }) });
+    e2b = await buildE2bApp({ service, keys, tokens: new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens')), maxUploadBytes, logger: logger.child({ api: 'e2b' }) });
     await e2b.listen({ host: l.host, port: l.port });
     const a = e2b.server.address();
     e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);
