@@ -3,7 +3,7 @@
 // and reading a snapshot-sized object through the blob store with and without encryption.
 //   node scripts/bench-encryption.mjs [--iterations 5] [--write]
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable, Writable } from 'node:stream';
@@ -12,6 +12,8 @@ import { parseArgs } from 'node:util';
 import { EncryptedBlobStore, KeyService, LocalKeyProvider } from '../packages/core/dist/index.js';
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
+import { Sandbox } from '../packages/sdk/dist/index.js';
+import { startSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '5' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -53,12 +55,45 @@ try {
     `| write through the blob store | ${f(q(rows.put[1], 50))} | ${f(q(rows.put[0], 50))} | ${(q(rows.put[1], 50) / q(rows.put[0], 50)).toFixed(2)}x | ≥ 0.8x |`,
     `| read through the blob store | ${f(q(rows.get[1], 50))} | ${f(q(rows.get[0], 50))} | ${(q(rows.get[1], 50) / q(rows.get[0], 50)).toFixed(2)}x | ≥ 0.8x |`,
   ].join('\n');
-  console.log(table);
   await store.close();
+
+  // Stored bytes of 10 consecutive snapshots of an idle sandbox, chunked and deduplicated.
+  const dataDir = mkdtempSync('/tmp/spbenc-d-');
+  const d = await startSpaced(dataDir);
+  let dedupRows;
+  try {
+    const sb = await Sandbox.create({ ...d.conn, memoryMb: 256 });
+    const du = (p) => {
+      let n = 0;
+      if (!existsSync(p)) return 0;
+      for (const e of readdirSync(p, { withFileTypes: true })) n += e.isDirectory() ? du(path.join(p, e.name)) : statSync(path.join(p, e.name)).size;
+      return n;
+    };
+    const stored = () => du(path.join(dataDir, 'blobs'));
+    const base = stored();
+    const after = [];
+    const logical = [];
+    for (let i = 0; i < 10; i++) {
+      logical.push((await sb.snapshot()).sizeBytes);
+      after.push(stored() - base);
+    }
+    await sb.kill();
+    const first = after[0];
+    const next9 = after[9] - first;
+    dedupRows = `| 10 consecutive snapshots of an idle sandbox: stored bytes | ${(after[9] / 1048576).toFixed(2)} MiB | 10 × the first (${(first / 1048576).toFixed(2)} MiB) | ${(after[9] / (10 * first)).toFixed(2)}x | the next 9 add ≤ 10% of the first: they add ${Math.round((next9 / first) * 100)}% |`;
+  } finally {
+    await new Promise((r) => {
+      d.child.on('exit', r);
+      d.child.kill('SIGTERM');
+    });
+    rmSync(dataDir, { recursive: true, force: true });
+  }
+  const full = `${table}\n\n| measurement | chunked + deduplicated | baseline | ratio | target |\n|---|---|---|---|---|\n${dedupRows}`;
+  console.log(full);
   if (values.write) {
     const file = new URL('../docs/benchmarks.md', import.meta.url);
     const doc = readFileSync(file, 'utf8');
-    const block = `<!-- encryption:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations, with \`node scripts/bench-encryption.mjs --write\` (part of \`./space bench\`): a 256 MiB random object written to and read from the local blob store (page cache, fsync on write), plain vs through the AES-256-GCM codec with a fresh data key wrapped by a local key.\n\n${table}\n<!-- encryption:end -->`;
+    const block = `<!-- encryption:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations, with \`node scripts/bench-encryption.mjs --write\` (part of \`./space bench\`): a 256 MiB random object written to and read from the local blob store (page cache, fsync on write), plain vs through the AES-256-GCM codec with a fresh data key wrapped by a local key; then 10 snapshots of an idle \`minimal\` sandbox through the daemon (content-defined chunks, deduplicated per tenant).\n\n${full}\n<!-- encryption:end -->`;
     writeFileSync(file, doc.includes('<!-- encryption:start -->') ? doc.replace(/<!-- encryption:start -->[\s\S]*<!-- encryption:end -->/, block) : doc.replace('### Reading the numbers', `## Encryption at rest (issue 5, first part)\n\n${block}\n\n### Reading the numbers`));
   }
 } finally {

@@ -70,7 +70,7 @@ describe('encryption at rest, bring your own key', () => {
     await sb.kill();
   });
 
-  it('tampering is refused with SNAPSHOT_CORRUPT: a flipped byte, a truncated object, two objects swapped', async () => {
+  it('tampering is refused with SNAPSHOT_CORRUPT: a flipped byte, a truncated object, objects or chunks swapped', async () => {
     const sb = await fx.create();
     await sb.files.write('/tmp/v', '1');
     const a = await sb.snapshot();
@@ -98,9 +98,42 @@ describe('encryption at rest, bring your own key', () => {
     await expectCorrupt(a.id);
     writeFileSync(fa, ba);
     writeFileSync(fb, bb);
+    // The same for the content chunks the snapshots are stored as: each chunk file gets the
+    // next one's bytes (chunks swapped between places), then each gets one byte flipped.
+    const cdir = path.join(fx.dataDir, 'blobs', 'chunks', 'default');
+    const chunkFiles = readdirSync(cdir).map((f) => path.join(cdir, f));
+    assert.ok(chunkFiles.length >= 2, 'snapshots are stored as chunks');
+    const saved = chunkFiles.map((f) => readFileSync(f));
+    chunkFiles.forEach((f, i) => writeFileSync(f, saved[(i + 1) % saved.length]));
+    await expectCorrupt(a.id);
+    chunkFiles.forEach((f, i) => {
+      const x = Buffer.from(saved[i]);
+      x[x.length - 20] ^= 0x40;
+      writeFileSync(f, x);
+    });
+    await expectCorrupt(b.id);
+    chunkFiles.forEach((f, i) => writeFileSync(f, saved[i]));
     await sb.rollback(a.id);
     assert.equal(await sb.files.read('/tmp/v'), '1', 'restored intact once the bytes are back');
     await sb.kill();
+  });
+
+  it('snapshots are stored as content chunks; chunks nothing references are collected', async () => {
+    const cdir = path.join(fx.dataDir, 'blobs', 'chunks', 'default');
+    const count = () => readdirSync(cdir).length;
+    await api(fx, 'POST', '/v1/admin/gc');
+    const before = count();
+    const sb = await fx.create();
+    await sb.snapshot();
+    const one = count() - before;
+    await sb.snapshot();
+    const two = count() - before;
+    // runsc's checkpoint images are compressed: consecutive ones share no chunks (see docs/benchmarks.md).
+    assert.ok(one > 0 && two >= one, `${one} chunks, then ${two}`);
+    await sb.kill();
+    const r = await api(fx, 'POST', '/v1/admin/gc');
+    assert.equal(r.body.deletedChunks, two, 'the killed sandbox\'s chunks are collected');
+    assert.equal(count(), before);
   });
 
   it('revoke → KEY_REVOKED, enable → works, rotate → old snapshots restore and the old key can go, destroy → unreadable for good', async () => {
@@ -155,6 +188,42 @@ describe('encryption at rest, bring your own key', () => {
     const dataDir = mkdtempSync('/tmp/spt-nokey-');
     await assert.rejects(startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: 'silent' }), (e) => e.code === 'KEY_INVALID' && /node\.key/.test(e.message));
     rmSync(dataDir, { recursive: true, force: true });
+  });
+});
+
+describe('chunk collection survives a daemon crash', () => {
+  it('killed after deleting one unreferenced chunk, the restarted daemon finishes and every kept snapshot restores', async () => {
+    const dataDir = mkdtempSync('/tmp/spt-gc-');
+    let d = await startSpaced(dataDir, { SPACE_FAULT_INJECT: 'gc:after-1' });
+    const keep = await Sandbox.create({ ...d.conn, memoryMb: 256 });
+    const snaps = [];
+    for (const v of ['one', 'two']) {
+      await keep.files.write('/tmp/v', v);
+      snaps.push([v, await keep.snapshot()]);
+    }
+    const drop = await Sandbox.create({ ...d.conn, memoryMb: 256 });
+    await drop.snapshot();
+    await drop.kill();
+    const gc = await fetch(`${d.conn.apiUrl}/v1/admin/gc`, { method: 'POST', headers: { authorization: `Bearer ${d.conn.apiKey}` } }).catch(() => undefined);
+    assert.ok(!gc || !gc.ok, 'the collection did not finish');
+    assert.equal((await d.exited).sig, 'SIGKILL', 'the fault killed the daemon mid-collection');
+    d = await startSpaced(dataDir);
+    try {
+      const again = await Sandbox.connect(keep.id, d.conn);
+      for (const [v, s] of snaps) {
+        await again.rollback(s.id);
+        assert.equal(await again.files.read('/tmp/v'), v);
+      }
+      const r = await (await fetch(`${d.conn.apiUrl}/v1/admin/gc`, { method: 'POST', headers: { authorization: `Bearer ${d.conn.apiKey}` } })).json();
+      assert.equal(r.deletedChunks, 0, 'the restart finished the collection');
+      await again.kill();
+    } finally {
+      await new Promise((r) => {
+        d.child.on('exit', r);
+        d.child.kill('SIGTERM');
+      });
+      rmSync(dataDir, { recursive: true, force: true });
+    }
   });
 });
 

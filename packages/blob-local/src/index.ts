@@ -63,6 +63,12 @@ export class LocalBlobStore implements BlobStore {
     }
   }
 
+  async list(prefix: string): Promise<string[]> {
+    const dir = this.file(prefix.replace(/\/+$/, ''));
+    const names = await fs.readdir(dir).catch(() => [] as string[]);
+    return names.filter((n) => !n.includes('.tmp')).map((n) => `${prefix.replace(/\/+$/, '')}/${n}`);
+  }
+
   async delete(key: string): Promise<void> {
     await fs.rm(this.file(key), { force: true });
   }

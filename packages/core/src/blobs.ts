@@ -31,4 +31,6 @@ export interface BlobStore {
    */
   assertWritable?(key: string): Promise<void>;
   delete(key: string): Promise<void>;
+  /** Keys directly under `prefix` (a "directory" such as `chunks/<tenant>`). */
+  list?(prefix: string): Promise<string[]>;
 }

@@ -253,4 +253,8 @@ export class EncryptedBlobStore implements BlobStore {
     await this.inner.delete(key);
     await this.store.deleteDataKey(key);
   }
+
+  async list(prefix: string): Promise<string[]> {
+    return (await this.inner.list?.(prefix)) ?? [];
+  }
 }

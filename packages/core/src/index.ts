@@ -29,3 +29,4 @@ export type { CreatedApiKey, Principal } from './auth.js';
 export { KeyService, LocalKeyProvider, NODE_TENANT } from './keys.js';
 export type { DataKeyRecord, KeyProvider, TenantKey } from './keys.js';
 export { EncryptedBlobStore, ENCRYPTION_CHUNK } from './encrypted-blobs.js';
+export { DedupBlobStore, cutPoint } from './dedup-blobs.js';

@@ -23,6 +23,8 @@ export interface AppDeps {
   keys: ApiKeys;
   /** Tenants' encryption keys. */
   encryptionKeys: KeyService;
+  /** Collects snapshot chunks nothing references; resolves to how many went. */
+  gc?: () => Promise<number>;
   driver: GvisorDriver;
   /** Largest file upload, bytes. */
   maxUploadBytes: number;

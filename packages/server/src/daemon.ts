@@ -6,7 +6,7 @@
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import pino from 'pino';
-import { ApiKeys, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError } from '@space/core';
+import { ApiKeys, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, type MetadataStore } from '@space/core';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { SqliteStore } from '@space/store-sqlite';
 import { LocalBlobStore } from '@space/blob-local';
@@ -57,6 +57,13 @@ export function parsePools(s: string): Record<string, number> {
     if (!m) throw new SpaceError('BAD_REQUEST', `Invalid pool ${JSON.stringify(part)}: use TEMPLATE=SIZE, e.g. minimal=2`);
     out[m[1]!] = Number(m[2]);
   }
+  return out;
+}
+
+/** The blob keys of every stored snapshot (what garbage collection must keep). */
+async function snapshotKeys(store: MetadataStore): Promise<string[]> {
+  const out: string[] = [];
+  for (const sb of await store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated', 'killed', 'dead'])) for (const sn of await store.listSnapshots(sb.id)) out.push(sn.blobKey);
   return out;
 }
 
@@ -123,7 +130,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     await store.close();
     throw err;
   }
-  const blobs = new EncryptedBlobStore(localBlobs, encryptionKeys, store);
+  const gcFault = process.env.SPACE_FAULT_INJECT?.startsWith('gc:after-') ? Number(process.env.SPACE_FAULT_INJECT.slice('gc:after-'.length)) : undefined;
+  const blobs = new DedupBlobStore(new EncryptedBlobStore(localBlobs, encryptionKeys, store), encryptionKeys, gcFault);
   const service = new SandboxService({
     store,
     driver,
@@ -164,7 +172,16 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     const a = e2b.server.address();
     e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);
   }
-  const app = await buildApp({ service, keys, encryptionKeys, driver, maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}) });
+  // Chunks no snapshot references any more go at start and every 10 minutes (and on demand).
+  const gcNow = async () => {
+    const deleted = await blobs.gc(await snapshotKeys(store));
+    if (deleted) logger.info({ deleted }, 'snapshot chunks collected');
+    return deleted;
+  };
+  await gcNow().catch((err) => logger.error({ err }, 'chunk collection failed'));
+  const gcTimer = setInterval(() => void gcNow().catch((err) => logger.error({ err }, 'chunk collection failed')), 10 * 60_000);
+  gcTimer.unref();
+  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, driver, maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
@@ -186,6 +203,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       force.unref();
       await Promise.all([app.close(), e2b?.close()]);
       clearTimeout(force);
+      clearInterval(gcTimer);
       await service.shutdown();
       pkcs11?.close();
       await store.close();
