@@ -61,8 +61,9 @@ try {
   const dataDir = mkdtempSync('/tmp/spbenc-d-');
   const d = await startSpaced(dataDir);
   let dedupRows;
+  let sb;
   try {
-    const sb = await Sandbox.create({ ...d.conn, memoryMb: 256 });
+    sb = await Sandbox.create({ ...d.conn, memoryMb: 256 });
     const du = (p) => {
       let n = 0;
       if (!existsSync(p)) return 0;
@@ -77,11 +78,12 @@ try {
       logical.push((await sb.snapshot()).sizeBytes);
       after.push(stored() - base);
     }
-    await sb.kill();
     const first = after[0];
     const next9 = after[9] - first;
     dedupRows = `| 10 consecutive snapshots of an idle sandbox: stored bytes | ${(after[9] / 1048576).toFixed(2)} MiB | 10 × the first (${(first / 1048576).toFixed(2)} MiB) | ${(after[9] / (10 * first)).toFixed(2)}x | the next 9 add ≤ 10% of the first: they add ${Math.round((next9 / first) * 100)}% |`;
   } finally {
+    // A stopped daemon leaves its sandboxes running (they are re-adopted): kill ours first.
+    await sb?.kill().catch(() => {});
     await new Promise((r) => {
       d.child.on('exit', r);
       d.child.kill('SIGTERM');
