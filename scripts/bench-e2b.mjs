@@ -8,7 +8,7 @@ import os from 'node:os';
 import { parseArgs } from 'node:util';
 import { Sandbox as E2bSandbox } from 'e2b';
 import { ApiClient, Sandbox, Templates } from '../packages/sdk/dist/index.js';
-import { startSpaced } from '../test/helpers.mjs';
+import { startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -16,7 +16,8 @@ const q = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.
 const fmt = (ms) => ms.toFixed(0);
 
 const dataDir = mkdtempSync('/tmp/spbe-');
-const { child, conn } = await startSpaced(dataDir);
+const spaced = await startSpaced(dataDir);
+const { conn } = spaced;
 try {
   const api = new ApiClient(conn);
   const url = (await api.json('GET', '/v1/e2b')).url;
@@ -50,9 +51,6 @@ try {
     writeFileSync(file, doc.includes('<!-- e2b:start -->') ? doc.replace(/<!-- e2b:start -->[\s\S]*<!-- e2b:end -->/, block) : doc.replace('### Reading the numbers', `## E2B-compatible API (issue 8)\n\n${block}\n\n### Reading the numbers`));
   }
 } finally {
-  await new Promise((r) => {
-    child.on('exit', r);
-    child.kill('SIGTERM');
-  });
+  await stopSpaced(spaced);
   rmSync(dataDir, { recursive: true, force: true });
 }

@@ -13,7 +13,7 @@ import { EncryptedBlobStore, KeyService, LocalKeyProvider } from '../packages/co
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { startSpaced } from '../test/helpers.mjs';
+import { startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '5' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -61,9 +61,8 @@ try {
   const dataDir = mkdtempSync('/tmp/spbenc-d-');
   const d = await startSpaced(dataDir);
   let dedupRows;
-  let sb;
   try {
-    sb = await Sandbox.create({ ...d.conn, memoryMb: 256 });
+    const sb = await Sandbox.create({ ...d.conn, memoryMb: 256 });
     const du = (p) => {
       let n = 0;
       if (!existsSync(p)) return 0;
@@ -82,12 +81,7 @@ try {
     const next9 = after[9] - first;
     dedupRows = `| 10 consecutive snapshots of an idle sandbox: stored bytes | ${(after[9] / 1048576).toFixed(2)} MiB | 10 × the first (${(first / 1048576).toFixed(2)} MiB) | ${(after[9] / (10 * first)).toFixed(2)}x | the next 9 add ≤ 10% of the first: they add ${Math.round((next9 / first) * 100)}% |`;
   } finally {
-    // A stopped daemon leaves its sandboxes running (they are re-adopted): kill ours first.
-    await sb?.kill().catch(() => {});
-    await new Promise((r) => {
-      d.child.on('exit', r);
-      d.child.kill('SIGTERM');
-    });
+    await stopSpaced(d);
     rmSync(dataDir, { recursive: true, force: true });
   }
   const full = `${table}\n\n| measurement | chunked + deduplicated | baseline | ratio | target |\n|---|---|---|---|---|\n${dedupRows}`;

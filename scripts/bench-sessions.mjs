@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { TEMPLATES_DIR, startSpaced } from '../test/helpers.mjs';
+import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '10' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -17,7 +17,8 @@ const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
 const now = () => performance.now();
 
 const dataDir = mkdtempSync('/tmp/spbs-');
-const { child, conn } = await startSpaced(dataDir);
+const spaced = await startSpaced(dataDir);
+const { conn } = spaced;
 
 // A bare container with the same rootfs and the same node runtime, idle (no agent, no API).
 const bareRoot = path.join(dataDir, 'bare');
@@ -129,6 +130,6 @@ try {
     spawnSync('runsc', ['--root', st, 'kill', id, 'KILL'], { stdio: 'ignore' });
     spawnSync('runsc', ['--root', st, 'delete', '--force', id], { stdio: 'ignore' });
   }
-  await new Promise((r) => { child.on('exit', r); child.kill('SIGTERM'); });
+  await stopSpaced(spaced);
   rmSync(dataDir, { recursive: true, force: true });
 }

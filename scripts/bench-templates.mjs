@@ -12,7 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
-import { eventually, startSpaced } from '../test/helpers.mjs';
+import { eventually, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -21,7 +21,8 @@ const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
 const now = () => performance.now();
 
 const dataDir = mkdtempSync('/tmp/spbt-');
-const { child, conn } = await startSpaced(dataDir);
+const spaced = await startSpaced(dataDir);
+const { conn } = spaced;
 const bareRoot = path.join(dataDir, 'bare');
 const R = (...a) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), '--network=none', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
 
@@ -148,9 +149,6 @@ try {
     spawnSync('runsc', ['--root', st, 'kill', id, 'KILL'], { stdio: 'ignore' });
     spawnSync('runsc', ['--root', st, 'delete', '--force', id], { stdio: 'ignore' });
   }
-  await new Promise((r) => {
-    child.on('exit', r);
-    child.kill('SIGTERM');
-  });
+  await stopSpaced(spaced);
   rmSync(dataDir, { recursive: true, force: true });
 }

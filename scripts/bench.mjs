@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
-import { TEMPLATES_DIR, startSpaced } from '../test/helpers.mjs';
+import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
 import { AGENT_ARGV } from '../packages/driver-gvisor/dist/index.js';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
@@ -45,7 +45,7 @@ const plus = (a, b) => `+${(a - b).toFixed(2)} ms`;
 // The daemon runs as its own process, as in production; this process is only the client.
 const dataDir = mkdtempSync('/tmp/spbench-');
 const spaced = await startSpaced(dataDir);
-const daemon = { url: spaced.conn.apiUrl, close: () => new Promise((r) => { spaced.child.on('exit', r); spaced.child.kill('SIGTERM'); }) };
+const daemon = { url: spaced.conn.apiUrl, close: () => stopSpaced(spaced) };
 const conn = spaced.conn;
 const runsc = (...a) => execFileSync('runsc', ['--root', path.join(dataDir, 'runsc'), ...a], { stdio: ['ignore', 'pipe', 'pipe'] });
 

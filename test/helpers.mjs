@@ -147,3 +147,21 @@ export async function startSpaced(dataDir, env = {}) {
   const conn = { apiUrl: state.url, apiKey: readFileSync(state.keyFile, 'utf8').trim() };
   return { child, exited, conn };
 }
+
+/**
+ * Stops a daemon started with {@link startSpaced} after killing every sandbox it has (a stopped
+ * daemon leaves its sandboxes running for re-adoption; a benchmark or test that failed midway
+ * must not leave them behind).
+ */
+export async function stopSpaced(d) {
+  try {
+    for (const sb of (await Sandbox.list({ ...d.conn, limit: 1000 })).items) if (sb.state !== 'killed' && sb.state !== 'dead') await Sandbox.kill(sb.id, d.conn).catch(() => {});
+  } catch {
+    // the daemon is gone already
+  }
+  await new Promise((r) => {
+    if (d.child.exitCode !== null || d.child.signalCode !== null) return r();
+    d.child.on('exit', r);
+    d.child.kill('SIGTERM');
+  });
+}
