@@ -4,6 +4,14 @@
  * visible only once complete.
  */
 import type { Readable } from 'node:stream';
+import { SpaceError } from './errors.js';
+
+/** The tenant a blob key `<kind>/<tenant>/<id>` belongs to. */
+export function tenantOfKey(key: string): string {
+  const parts = key.split('/');
+  if (parts.length < 3 || !parts[1]) throw new SpaceError('INTERNAL', `Blob key ${key} names no tenant`);
+  return parts[1];
+}
 
 /** Size and time of a stored blob. */
 export interface BlobInfo {

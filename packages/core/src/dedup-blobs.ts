@@ -15,7 +15,7 @@
 import { createHash, createHmac } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { SpaceError } from './errors.js';
-import type { BlobInfo, BlobStore } from './blobs.js';
+import { tenantOfKey, type BlobInfo, type BlobStore } from './blobs.js';
 import type { KeyService } from './keys.js';
 
 const MIN = 16 * 1024;
@@ -69,13 +69,6 @@ function corrupt(key: string, why: string): SpaceError {
   return new SpaceError('SNAPSHOT_CORRUPT', `Stored object ${key} is corrupt (${why}); it was not restored`);
 }
 
-/** The tenant of a blob key `<kind>/<tenant>/<id>`. */
-function tenantOf(key: string): string {
-  const t = key.split('/')[1];
-  if (!t) throw new SpaceError('INTERNAL', `Blob key ${key} names no tenant`);
-  return t;
-}
-
 async function readAll(r: Readable): Promise<Buffer> {
   const parts: Buffer[] = [];
   for await (const c of r) parts.push(c as Buffer);
@@ -119,7 +112,7 @@ export class DedupBlobStore implements BlobStore {
     while (this.collecting) await this.collecting.catch(() => {});
     this.writers++;
     try {
-      const tenant = tenantOf(key);
+      const tenant = tenantOfKey(key);
       const whole = createHash('sha256');
       const chunks: Manifest['chunks'] = [];
       let size = 0;
@@ -154,16 +147,22 @@ export class DedupBlobStore implements BlobStore {
     }
   }
 
-  async get(key: string): Promise<Readable> {
-    let manifest: Manifest;
+  /** The manifest stored at `key` (decrypted and authenticated by the inner store). */
+  private async manifest(key: string): Promise<Manifest> {
+    let m: Manifest;
     try {
-      manifest = JSON.parse((await readAll(await this.inner.get(key))).toString()) as Manifest;
+      m = JSON.parse((await readAll(await this.inner.get(key))).toString()) as Manifest;
     } catch (err) {
       if (err instanceof SpaceError) throw err;
       throw corrupt(key, 'its manifest is not readable');
     }
-    if (manifest.v !== 1 || !Array.isArray(manifest.chunks)) throw corrupt(key, 'unknown manifest');
-    const tenant = tenantOf(key);
+    if (m.v !== 1 || !Array.isArray(m.chunks)) throw corrupt(key, 'unknown manifest');
+    return m;
+  }
+
+  async get(key: string): Promise<Readable> {
+    const manifest = await this.manifest(key);
+    const tenant = tenantOfKey(key);
     const self = this;
     async function* body(): AsyncGenerator<Buffer> {
       const whole = createHash('sha256');
@@ -206,15 +205,14 @@ export class DedupBlobStore implements BlobStore {
     const run = (async () => {
       while (this.writers > 0) await new Promise<void>((r) => this.idle.push(r));
       const byTenant = new Map<string, string[]>();
-      for (const k of liveKeys) byTenant.set(tenantOf(k), [...(byTenant.get(tenantOf(k)) ?? []), k]);
+      for (const k of liveKeys) byTenant.set(tenantOfKey(k), [...(byTenant.get(tenantOfKey(k)) ?? []), k]);
       const tenants = new Set([...byTenant.keys(), ...((await this.inner.list?.('chunks')) ?? []).map((p) => p.split('/')[1]!)]);
       let deleted = 0;
       for (const tenant of tenants) {
         const referenced = new Set<string>();
         try {
           for (const k of byTenant.get(tenant) ?? []) {
-            const m = JSON.parse((await readAll(await this.inner.get(k))).toString()) as Manifest;
-            for (const [id] of m.chunks) referenced.add(id);
+            for (const [id] of (await this.manifest(k)).chunks) referenced.add(id);
           }
         } catch {
           continue; // a manifest we cannot read (revoked key, corrupt): keep all of this tenant's chunks

@@ -13,7 +13,7 @@
 import { createCipheriv, createDecipheriv, createHash } from 'node:crypto';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
 import { SpaceError } from './errors.js';
-import type { BlobInfo, BlobStore } from './blobs.js';
+import { tenantOfKey, type BlobInfo, type BlobStore } from './blobs.js';
 import type { KeyService } from './keys.js';
 import type { MetadataStore } from './store.js';
 
@@ -202,13 +202,6 @@ class Opener extends Transform {
   }
 }
 
-/** The tenant of a blob key `<kind>/<tenant>/<id>`. */
-function tenantOf(key: string): string {
-  const parts = key.split('/');
-  if (parts.length < 3) throw new SpaceError('INTERNAL', `Blob key ${key} names no tenant`);
-  return parts[1]!;
-}
-
 /**
  * A {@link BlobStore} that encrypts everything it stores in `inner`.
  *
@@ -224,7 +217,7 @@ export class EncryptedBlobStore implements BlobStore {
   ) {}
 
   async put(key: string, data: Readable): Promise<number> {
-    const tenant = tenantOf(key);
+    const tenant = tenantOfKey(key);
     const { dataKey, record } = await this.keys.newDataKey(tenant, key);
     // The wrapped key is recorded first: a blob never exists without the key to read it.
     await this.store.putDataKey(record);
@@ -242,7 +235,7 @@ export class EncryptedBlobStore implements BlobStore {
   }
 
   async assertWritable(key: string): Promise<void> {
-    await this.keys.assertUsable(tenantOf(key));
+    await this.keys.assertUsable(tenantOfKey(key));
   }
 
   stat(key: string): Promise<BlobInfo | undefined> {

@@ -547,7 +547,8 @@ export class SandboxService {
       if (t.start) await this.startAndWait(ch, t.start, progress, signal);
       signal.throwIfAborted();
       progress(80, 'taking the template snapshot');
-      await this.checkpointQuiesced(id, ch, tmp, `template ${t.name}`);
+      await this.assertSnapshottable(ch, `template ${t.name}`);
+      await this.quiesceAndCheckpoint(id, ch, tmp);
       await fs.writeFile(path.join(tmp, '.space-complete'), new Date().toISOString());
       await fs.rm(dir, { recursive: true, force: true });
       await fs.rename(tmp, dir);
@@ -1011,12 +1012,6 @@ export class SandboxService {
       throw new Error('injected checkpoint failure');
     }
     await this.driver.checkpoint(id, imageDir);
-  }
-
-  /** Checks, quiesces and checkpoints a sandbox nobody else uses (a template being captured). */
-  private async checkpointQuiesced(id: string, ch: AgentChannel, imageDir: string, what: string): Promise<void> {
-    await this.assertSnapshottable(ch, what);
-    await this.quiesceAndCheckpoint(id, ch, imageDir);
   }
 
   /**
