@@ -178,8 +178,13 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     if (deleted) logger.info({ deleted }, 'snapshot chunks collected');
     return deleted;
   };
-  await gcNow().catch((err) => logger.error({ err }, 'chunk collection failed'));
-  const gcTimer = setInterval(() => void gcNow().catch((err) => logger.error({ err }, 'chunk collection failed')), 10 * 60_000);
+  // In the background: reading every manifest must not delay the listener. Close waits for it.
+  let gcRun: Promise<unknown> = Promise.resolve();
+  const gcLater = () => {
+    gcRun = gcNow().catch((err) => logger.error({ err }, 'chunk collection failed'));
+  };
+  gcLater();
+  const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
   const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, driver, maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}) });
   await app.listen({ host, port });
@@ -204,6 +209,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       await Promise.all([app.close(), e2b?.close()]);
       clearTimeout(force);
       clearInterval(gcTimer);
+      await gcRun;
       await service.shutdown();
       pkcs11?.close();
       await store.close();
