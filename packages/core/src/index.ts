@@ -30,3 +30,4 @@ export { KeyService, LocalKeyProvider, NODE_TENANT } from './keys.js';
 export type { DataKeyRecord, KeyProvider, TenantKey } from './keys.js';
 export { EncryptedBlobStore, ENCRYPTION_CHUNK } from './encrypted-blobs.js';
 export { DedupBlobStore, cutPoint } from './dedup-blobs.js';
+export { AsyncQueue } from './async-queue.js';

@@ -11,12 +11,11 @@ import { Readable } from 'node:stream';
 import { Code, ConnectError, type ConnectRouter, type HandlerContext } from '@connectrpc/connect';
 import { timestampFromMs } from '@bufbuild/protobuf/wkt';
 import type { MessageInitShape } from '@bufbuild/protobuf';
-import { SpaceError, toSpaceError, type AgentCall, type SandboxService } from '@space/core';
+import { AsyncQueue, SpaceError, toSpaceError, type AgentCall, type SandboxService } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AccessTokens } from './access.js';
 import { Process, Signal, type ProcessSelector, type StartResponseSchema } from './gen/process/process_pb.js';
 import { EventType, Filesystem, FileType, type EntryInfoSchema, type FilesystemEventSchema, type WatchDirResponseSchema } from './gen/filesystem/filesystem_pb.js';
-import { AsyncQueue } from './queue.js';
 
 /** Deps of the envd API. */
 export interface EnvdDeps {

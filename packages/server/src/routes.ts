@@ -6,7 +6,7 @@
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { type AgentCall, type Progress, type Sandbox, type Template, SpaceError, checkPath, toSpaceError } from '@space/core';
+import { AsyncQueue, type AgentCall, type Progress, type Sandbox, type Template, SpaceError, checkPath, toSpaceError } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AppDeps } from './app.js';
 import { Type } from 'typebox';
@@ -298,38 +298,27 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
  */
 function progressStream(reply: FastifyReply, run: (progress: Progress, signal: AbortSignal) => Promise<unknown>): FastifyReply {
   const ac = new AbortController();
-  const lines: string[] = [];
-  let wake: (() => void) | undefined;
+  const lines = new AsyncQueue<string>();
+  const push = (line: object) => lines.push(JSON.stringify(line) + '\n');
   let finished = false;
   let lastStep = '';
-  const push = (line: object) => {
-    lines.push(JSON.stringify(line) + '\n');
-    wake?.();
-  };
   void run((percent, step) => {
     lastStep = step;
     push({ type: 'progress', percent, step });
-  }, ac.signal).then(
-    (result) => {
+  }, ac.signal)
+    .then(
+      (result) => push({ type: 'done', result }),
+      (e: unknown) => {
+        const se = toSpaceError(e);
+        push({ type: 'error', code: se.code, message: se.message, step: (se.details?.step as string | undefined) ?? lastStep, ...(se.hint ? { hint: se.hint } : {}) });
+      },
+    )
+    .finally(() => {
       finished = true;
-      push({ type: 'done', result });
-    },
-    (e: unknown) => {
-      finished = true;
-      const se = toSpaceError(e);
-      push({ type: 'error', code: se.code, message: se.message, step: (se.details?.step as string | undefined) ?? lastStep, ...(se.hint ? { hint: se.hint } : {}) });
-    },
-  );
-  async function* events(): AsyncGenerator<string> {
-    for (;;) {
-      while (lines.length) yield lines.shift()!;
-      if (finished && !lines.length) return;
-      await new Promise<void>((r) => (wake = r));
-      wake = undefined;
-    }
-  }
+      lines.close();
+    });
   reply.raw.on('close', () => {
     if (!finished) ac.abort(new SpaceError('BAD_REQUEST', 'the client went away'));
   });
-  return reply.code(200).header('content-type', 'application/x-ndjson').header('cache-control', 'no-store').send(Readable.from(events(), { objectMode: false }));
+  return reply.code(200).header('content-type', 'application/x-ndjson').header('cache-control', 'no-store').send(Readable.from(lines, { objectMode: false }));
 }

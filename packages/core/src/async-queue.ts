@@ -1,4 +1,11 @@
-/** A push-to-pull bridge: producers push, one consumer iterates until it is closed. */
+/**
+ * A push-to-pull bridge: producers push, one consumer iterates until it is closed.
+ *
+ * @example
+ * const q = new AsyncQueue<string>();
+ * q.push('a'); q.close();
+ * for await (const x of q) console.log(x); // 'a'
+ */
 export class AsyncQueue<T> {
   private readonly items: T[] = [];
   private wake: (() => void) | undefined;
