@@ -3,16 +3,17 @@
 // published e2b SDK vs SPACE's own SDK, alternating in one run on the same template (`base`,
 // E2B's default), each sandbox killed untimed afterwards. Target: ≤ 1.2x.
 //   node scripts/bench-e2b.mjs [--iterations 30] [--write]
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { parseArgs } from 'node:util';
+import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox as E2bSandbox } from 'e2b';
 import { ApiClient, Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
-const q = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+const q = quantile;
 const fmt = (ms) => ms.toFixed(0);
 
 const dataDir = mkdtempSync('/tmp/spbe-');
@@ -45,10 +46,7 @@ try {
   ].join('\n');
   console.log(table);
   if (values.write) {
-    const file = new URL('../docs/benchmarks.md', import.meta.url);
-    const doc = readFileSync(file, 'utf8');
-    const block = `<!-- e2b:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, alternating, with \`node scripts/bench-e2b.mjs --write\` (part of \`./space bench\`). Both restore the \`base\` template's snapshot (no warm pool).\n\n${table}\n<!-- e2b:end -->`;
-    writeFileSync(file, doc.includes('<!-- e2b:start -->') ? doc.replace(/<!-- e2b:start -->[\s\S]*<!-- e2b:end -->/, block) : doc.replace('### Reading the numbers', `## E2B-compatible API (issue 8)\n\n${block}\n\n### Reading the numbers`));
+    writeSection('e2b', 'E2B-compatible API (issue 8)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, alternating, with \`node scripts/bench-e2b.mjs --write\` (part of \`./space bench\`). Both restore the \`base\` template's snapshot (no warm pool).\n\n${table}`);
   }
 } finally {
   await stopSpaced(spaced);

@@ -3,12 +3,13 @@
 // and reading a snapshot-sized object through the blob store with and without encryption.
 //   node scripts/bench-encryption.mjs [--iterations 5] [--write]
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { parseArgs } from 'node:util';
+import { quantile, writeSection } from './bench-lib.mjs';
 import { EncryptedBlobStore, KeyService, LocalKeyProvider } from '../packages/core/dist/index.js';
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
@@ -18,7 +19,7 @@ import { startSpaced, stopSpaced } from '../test/helpers.mjs';
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '5' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
 const SIZE = 256 * 1048576;
-const q = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+const q = quantile;
 
 const dir = mkdtempSync('/tmp/spbenc-');
 try {
@@ -87,10 +88,7 @@ try {
   const full = `${table}\n\n| measurement | chunked + deduplicated | baseline | ratio | target |\n|---|---|---|---|---|\n${dedupRows}`;
   console.log(full);
   if (values.write) {
-    const file = new URL('../docs/benchmarks.md', import.meta.url);
-    const doc = readFileSync(file, 'utf8');
-    const block = `<!-- encryption:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations, with \`node scripts/bench-encryption.mjs --write\` (part of \`./space bench\`): a 256 MiB random object written to and read from the local blob store (page cache, fsync on write), plain vs through the AES-256-GCM codec with a fresh data key wrapped by a local key; then 10 snapshots of an idle \`minimal\` sandbox through the daemon (content-defined chunks, deduplicated per tenant).\n\n${full}\n<!-- encryption:end -->`;
-    writeFileSync(file, doc.includes('<!-- encryption:start -->') ? doc.replace(/<!-- encryption:start -->[\s\S]*<!-- encryption:end -->/, block) : doc.replace('### Reading the numbers', `## Encryption at rest (issue 5, first part)\n\n${block}\n\n### Reading the numbers`));
+    writeSection('encryption', 'Encryption at rest (issue 5)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations, with \`node scripts/bench-encryption.mjs --write\` (part of \`./space bench\`): a 256 MiB random object written to and read from the local blob store (page cache, fsync on write), plain vs through the AES-256-GCM codec with a fresh data key wrapped by a local key; then 10 snapshots of an idle \`minimal\` sandbox through the daemon (content-defined chunks, deduplicated per tenant).\n\n${full}`);
   }
 } finally {
   rmSync(dir, { recursive: true, force: true });

@@ -3,16 +3,17 @@
 // pause/resume, snapshot (latency, downtime, size), hibernate/wake, fork into 1/4/10.
 //   node scripts/bench-sessions.mjs [--iterations 10] [--write]
 import { spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
+import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '10' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
-const q = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+const q = quantile;
 const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
 const now = () => performance.now();
 
@@ -119,10 +120,7 @@ try {
   const table = lines.join('\n');
   console.log(table);
   if (values.write) {
-    const file = new URL('../docs/benchmarks.md', import.meta.url);
-    const doc = readFileSync(file, 'utf8');
-    const block = `<!-- sessions:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-sessions.mjs --write\` (part of \`./space bench\`). The bare baseline is a runsc container with the same rootfs and node runtime, idle, without agent or API.\n\n${table}\n<!-- sessions:end -->`;
-    writeFileSync(file, doc.replace(/<!-- sessions:start -->[\s\S]*<!-- sessions:end -->/, block));
+    writeSection('sessions', 'Stateful sessions: pause, snapshot, hibernate, fork (issue 4)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-sessions.mjs --write\` (part of \`./space bench\`). The bare baseline is a runsc container with the same rootfs and node runtime, idle, without agent or API.\n\n${table}`);
   }
 } finally {
   const st = path.join(bareRoot, 'state');

@@ -11,12 +11,13 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, 
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
+import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { eventually, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
-const q = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+const q = quantile;
 const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
 const now = () => performance.now();
 
@@ -138,10 +139,7 @@ try {
   const table = lines.join('\n');
   console.log(table);
   if (values.write) {
-    const file = new URL('../docs/benchmarks.md', import.meta.url);
-    const doc = readFileSync(file, 'utf8');
-    const block = `<!-- templates:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-templates.mjs --write\` (part of \`./space bench\`). The bare baseline restores the very image creates restore, with the same bundle (minus the daemon's socket, netns and cgroup), and runs \`/bin/true\` with \`runsc exec\`.\n\n${table}\n<!-- templates:end -->`;
-    writeFileSync(file, doc.includes('<!-- templates:start -->') ? doc.replace(/<!-- templates:start -->[\s\S]*<!-- templates:end -->/, block) : `${doc.trimEnd()}\n\n## Fast start: template snapshots, warm pools, concurrent creates\n\n${block}\n`);
+    writeSection('templates', 'Fast start: template snapshots, warm pools, concurrent creates (issue 3)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-templates.mjs --write\` (part of \`./space bench\`). The bare baseline restores the very image creates restore, with the same bundle (minus the daemon's socket, netns and cgroup), and runs \`/bin/true\` with \`runsc exec\`.\n\n${table}`);
   }
 } finally {
   const st = path.join(bareRoot, 'state');

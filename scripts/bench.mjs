@@ -3,10 +3,11 @@
 // prints a table, and (with --write) records it in docs/benchmarks.md.
 //   ./space bench [--iterations 30] [--write]
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
+import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
 import { AGENT_ARGV } from '../packages/driver-gvisor/dist/index.js';
@@ -14,10 +15,7 @@ import { AGENT_ARGV } from '../packages/driver-gvisor/dist/index.js';
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
 
-const q = (xs, p) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
-};
+const q = quantile;
 const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(1));
 async function time(fn) {
   const t = process.hrtime.bigint();
@@ -117,10 +115,7 @@ try {
   const table = lines.join('\n');
   console.log(table);
   if (values.write) {
-    const file = new URL('../docs/benchmarks.md', import.meta.url);
-    const doc = readFileSync(file, 'utf8');
-    const block = `<!-- core:start -->\nMeasured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores (${os.cpus()[0].model.trim()}), runsc ${execFileSync('runsc', ['--version'], { encoding: 'utf8' }).split('\n')[0].replace('runsc version ', '')}, ptrace platform, ${N} iterations each, with \`./space bench --write\`.\n\n${table}\n<!-- core:end -->`;
-    writeFileSync(file, doc.replace(/<!-- core:start -->[\s\S]*<!-- core:end -->/, block));
+    writeSection('core', 'Core: agent, commands, creation, idle memory (issue 2)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores (${os.cpus()[0].model.trim()}), runsc ${execFileSync('runsc', ['--version'], { encoding: 'utf8' }).split('\n')[0].replace('runsc version ', '')}, ptrace platform, ${N} iterations each, with \`./space bench --write\`.\n\n${table}`);
   }
 } finally {
   await daemon.close();
