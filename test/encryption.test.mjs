@@ -8,7 +8,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { startDaemon } from '../packages/server/dist/index.js';
-import { TEMPLATES_DIR, api, eventually, startSpaced, startTestDaemon } from './helpers.mjs';
+import { TEMPLATES_DIR, api, eventually, startSpaced, startTestDaemon, stopSpaced } from './helpers.mjs';
 
 /** Every regular file under `dir` (skipping the node runtime copy: the host's own node binary). */
 function files(dir, out = []) {
@@ -218,10 +218,7 @@ describe('chunk collection survives a daemon crash', () => {
       assert.equal(r.deletedChunks, 0, 'the restart finished the collection');
       await again.kill();
     } finally {
-      await new Promise((r) => {
-        d.child.on('exit', r);
-        d.child.kill('SIGTERM');
-      });
+      await stopSpaced(d);
       rmSync(dataDir, { recursive: true, force: true });
     }
   });
@@ -253,10 +250,7 @@ describe('key rotation survives a daemon crash', () => {
       }
       await again.kill();
     } finally {
-      await new Promise((r) => {
-        d.child.on('exit', r);
-        d.child.kill('SIGTERM');
-      });
+      await stopSpaced(d);
       rmSync(dataDir, { recursive: true, force: true });
     }
   });
