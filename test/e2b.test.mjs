@@ -6,7 +6,7 @@ import { after, before, describe, it } from 'node:test';
 // SPACE_E2B_SDK points at another build of the SDK (scripts/check-e2b-latest.mjs: the newest).
 const { CommandExitError, NotFoundError, Sandbox } = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { mkdtempSync, rmSync } from 'node:fs';
-import { api, cliRunner, startTestDaemon } from './helpers.mjs';
+import { api, cliRunner, eventually, startTestDaemon } from './helpers.mjs';
 
 describe('E2B-compatible API (e2b SDK)', () => {
   let fx;
@@ -62,19 +62,19 @@ describe('E2B-compatible API (e2b SDK)', () => {
     assert.equal(err.exitCode, 7);
     assert.equal(err.stderr, 'nope\n');
 
-    // background, then connect from another handle, stdin, then kill
+    // background, then connect from another handle (both get the output, as in E2B), stdin, then kill
     const chunks = [];
+    const again = [];
     const h = await sb.commands.run('read line; echo "got $line"; sleep 1000', { background: true, stdin: true, onStdout: (d) => chunks.push(d) });
     assert.ok(h.pid > 0);
     const listed = await sb.commands.list();
     assert.ok(listed.some((p) => p.pid === h.pid));
+    const second = await sb.commands.connect(h.pid, { onStdout: (d) => again.push(d) });
     await sb.commands.sendStdin(h.pid, 'hello\n');
-    const again = await sb.commands.connect(h.pid);
-    const deadline = Date.now() + 30_000;
-    while (!chunks.join('').includes('got hello') && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
-    assert.equal(chunks.join(''), 'got hello\n');
+    await eventually(() => chunks.join('').includes('got hello') && again.join('').includes('got hello'), { tries: 300 });
+    assert.deepEqual([chunks.join(''), again.join('')], ['got hello\n', 'got hello\n']);
     assert.equal(await sb.commands.kill(h.pid), true);
-    const end = await again.wait().catch((e) => e);
+    const end = await second.wait().catch((e) => e);
     assert.ok(end instanceof CommandExitError, 'a killed command ends with an error');
     assert.ok(!(await sb.commands.list()).some((p) => p.pid === h.pid));
   });
@@ -84,11 +84,7 @@ describe('E2B-compatible API (e2b SDK)', () => {
     let out = '';
     const pty = await sb.pty.create({ cols: 80, rows: 24, onData: (d) => (out += Buffer.from(d).toString()) });
     await sb.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; echo pty-$((6*7))\n'));
-    const until = async (re) => {
-      const deadline = Date.now() + 30_000;
-      while (!re.test(out) && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
-      assert.match(out, re);
-    };
+    const until = (re) => eventually(() => re.test(out), { tries: 300 }).catch(() => assert.match(out, re));
     await until(/24 80/);
     await until(/pty-42/);
     await sb.pty.resize(pty.pid, { cols: 100, rows: 30 });
@@ -125,9 +121,8 @@ describe('E2B-compatible API (e2b SDK)', () => {
     const w = await sb.files.watchDir('/tmp/t', (e) => events.push(`${e.type} ${e.name}`), { recursive: true });
     await sb.files.write('/tmp/t/new.txt', 'x');
     await sb.commands.run('mkdir -p /tmp/t/d && echo y > /tmp/t/d/inner.txt && rm /tmp/t/c.txt');
-    const deadline = Date.now() + 30_000;
     const want = ['create new.txt', 'create d/inner.txt', 'remove c.txt'];
-    while (!want.every((x) => events.includes(x)) && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
+    await eventually(() => want.every((x) => events.includes(x)), { tries: 300 }).catch(() => {});
     assert.deepEqual(want.filter((x) => !events.includes(x)), [], `events: ${events.join(', ')}`);
     await w.stop();
   });

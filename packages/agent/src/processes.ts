@@ -1,7 +1,8 @@
 /**
  * Processes started by the agent: plain pipes or a PTY, foreground or background, with
- * output routed to at most one attached stream under its flow control. While no stream is
- * attached, a background process's output is kept in a bounded tail buffer.
+ * output sent to every attached stream (as E2B's envd does: a second `connect` does not
+ * steal the first one's output); the slowest attached reader paces the process. While no
+ * stream is attached, a background process's output is kept in a bounded tail buffer.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { accessSync, constants as fsc, existsSync } from 'node:fs';
@@ -48,7 +49,7 @@ export class Proc {
   readonly info: ProcessInfo;
   private child?: ChildProcess;
   private pty?: PtyLike;
-  private stream?: Stream;
+  private readonly streams = new Set<Stream>();
   private tail: { channel: Channel; data: Buffer }[] = [];
   private tailBytes = 0;
   dropped = 0;
@@ -133,21 +134,18 @@ export class Proc {
     });
   }
 
-  /** Routes output to `stream` (replacing any previous one); replays the tail first. */
+  /** Adds `stream` to the process's readers; the first one gets the tail kept so far. */
   attach(stream: Stream): void {
-    this.stream?.close();
-    this.stream = stream;
+    this.streams.add(stream);
     const tail = this.tail;
     this.tail = [];
     this.tailBytes = 0;
     for (const t of tail) stream.send(t.channel, t.data);
-    stream.on('drain', () => this.resumeOutput());
+    stream.on('drain', () => this.resumeIfUnblocked());
     stream.on('close', () => {
-      if (this.stream === stream) {
-        this.stream = undefined;
-        this.resumeOutput();
-        if (!this.info.background && this.info.running && !keepForeground) this.kill('SIGKILL');
-      }
+      if (!this.streams.delete(stream)) return;
+      this.resumeIfUnblocked();
+      if (this.streams.size === 0 && !this.info.background && this.info.running && !keepForeground) this.kill('SIGKILL');
     });
     if (!this.info.running && this.openOutputs === 0) this.finish();
   }
@@ -184,8 +182,10 @@ export class Proc {
   }
 
   private output(channel: Channel, data: Buffer): void {
-    if (this.stream) {
-      if (!this.stream.send(channel, data)) this.pauseOutput();
+    if (this.streams.size) {
+      let blocked = false;
+      for (const s of this.streams) if (!s.send(channel, data)) blocked = true;
+      if (blocked) this.pauseOutput();
       return;
     }
     this.tail.push({ channel, data });
@@ -201,6 +201,12 @@ export class Proc {
     if (this.pty) this.pty.pause();
     this.child?.stdout?.pause();
     this.child?.stderr?.pause();
+  }
+
+  /** Resumes the output once no attached reader is still waiting for credit. */
+  private resumeIfUnblocked(): void {
+    for (const s of this.streams) if (s.blocked) return;
+    this.resumeOutput();
   }
 
   private resumeOutput(): void {
@@ -224,11 +230,10 @@ export class Proc {
   }
 
   private finish(): void {
-    const s = this.stream;
-    if (s) {
-      this.stream = undefined;
-      s.end({ exitCode: this.info.exitCode, signal: this.signal, ...(this.timedOut ? { timedOut: true } : {}), ...(this.dropped ? { dropped: this.dropped } : {}) });
-    }
+    const end = { exitCode: this.info.exitCode, signal: this.signal, ...(this.timedOut ? { timedOut: true } : {}), ...(this.dropped ? { dropped: this.dropped } : {}) };
+    const readers = [...this.streams];
+    this.streams.clear();
+    for (const s of readers) s.end(end);
     this.onDone();
   }
 }
