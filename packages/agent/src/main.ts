@@ -18,7 +18,9 @@ import {
   type ExecRequest,
   type Frame,
   type IdentityRequest,
+  TRUST_FILES,
 } from '@space/protocol';
+import { promises as fs } from 'node:fs';
 import * as files from './files.js';
 import { snapshotBlockers } from './snapshot.js';
 import { AgentError, ProcessTable, setHostname, type Proc } from './processes.js';
@@ -48,6 +50,19 @@ async function takeIdentity(req: IdentityRequest): Promise<void> {
     for (const [k, v] of Object.entries(req.env)) if (typeof v === 'string') baseEnv[k] = v;
   }
   baseEnv.SPACE_SANDBOX_ID = sandboxId;
+  if (req.trust !== undefined) await trust(req.trust);
+}
+
+/** Installs the egress CA: its own file, a bundle with the system roots, and the system bundle. */
+async function trust(pem: string): Promise<void> {
+  if (typeof pem !== 'string' || !/^-----BEGIN CERTIFICATE-----\n[A-Za-z0-9+/=\n]+-----END CERTIFICATE-----\n?$/.test(pem)) throw new AgentError('BAD_REQUEST', 'trust must be one PEM certificate');
+  const cert = pem.endsWith('\n') ? pem : `${pem}\n`;
+  await fs.mkdir(path.dirname(TRUST_FILES.ca), { recursive: true, mode: 0o755 });
+  const system = await fs.readFile(TRUST_FILES.system, 'utf8').catch(() => undefined);
+  const roots = (system ?? '').split(cert).join('');
+  await fs.writeFile(TRUST_FILES.ca, cert, { mode: 0o644 });
+  await fs.writeFile(TRUST_FILES.bundle, `${roots}${roots && !roots.endsWith('\n') ? '\n' : ''}${cert}`, { mode: 0o644 });
+  if (system !== undefined && !system.includes(cert)) await fs.appendFile(TRUST_FILES.system, `${system.endsWith('\n') || !system ? '' : '\n'}${cert}`);
 }
 
 let conn: Connection | undefined;

@@ -19,6 +19,20 @@ export interface DriverCreateSpec {
   env: Record<string, string>;
 }
 
+/**
+ * The sandbox network a driver wires into each sandbox's network namespace: one link whose
+ * only reachable destination is the egress proxy (implemented by `@space/sandbox-net`).
+ *
+ * @example
+ * const address = await network.attach('sb1', 'space-sb1-abcd1234', 'eth0');
+ */
+export interface SandboxNetwork {
+  /** Gives netns `netns` (of sandbox `id`) its link, named `ifname` inside; resolves to the sandbox's address. */
+  attach(id: string, netns: string, ifname: string): Promise<string>;
+  /** Forgets the link of `netns` (after the driver deleted the namespace, which removes the link). */
+  detach(netns: string): Promise<void>;
+}
+
 /** Result of asking the runtime about one sandbox. */
 export interface RuntimeStatus {
   running: boolean;

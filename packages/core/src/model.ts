@@ -4,6 +4,7 @@
  * `SANDBOX_NOT_RUNNING` for a sandbox that has ended).
  */
 import { randomBytes } from 'node:crypto';
+import type { EgressPolicy, SecretAttachment } from './egress.js';
 import { SpaceError } from './errors.js';
 
 /**
@@ -114,6 +115,10 @@ export interface Sandbox {
   idleTimeoutMs?: number;
   /** Where creation time went. */
   createTimings?: CreateTimings;
+  /** Where it may connect through the egress proxy (absent: nothing). */
+  egress?: EgressPolicy;
+  /** Secrets attached to it: it holds their placeholders, never their values. */
+  secrets?: SecretAttachment[];
 }
 
 /**

@@ -18,6 +18,7 @@ import type { Progress, RootfsBuilder } from './rootfs.js';
 import { TemplateService } from './templates.js';
 import { packSnapshot, readSnapshot } from './snapshot-format.js';
 import { checkMap, range } from './validate.js';
+import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, type EgressPolicy, type SecretAttachment, type SecretService } from './egress.js';
 import type { MetadataStore, SandboxPage } from './store.js';
 
 /** Structured logger (pino-compatible subset). */
@@ -65,6 +66,11 @@ export interface SandboxServiceOptions {
   /** Creates allowed to wait; beyond it creates get `CAPACITY_EXHAUSTED`. @default 256 */
   maxQueuedCreates?: number;
   /**
+   * Sandbox networking through the egress proxy. Absent: sandboxes have no network at all,
+   * and egress policies and secrets are refused with `EGRESS_UNAVAILABLE`.
+   */
+  egress?: SandboxEgressOptions;
+  /**
    * Fault injection for crash tests: the process SIGKILLs itself at these points
    * (`snapshot:after-checkpoint`, `snapshot:after-blob`), or a checkpoint fails and takes the
    * container with it (`snapshot:checkpoint-fails`). Never set in production.
@@ -90,6 +96,19 @@ export interface CreateSandboxOpts {
   onTimeout?: 'kill' | 'hibernate';
   /** Hibernate after this many ms without an API call for the sandbox; 0 or absent = never. */
   idleTimeoutMs?: number;
+  /** Where it may connect through the egress proxy. @default nothing */
+  egress?: Partial<EgressPolicy>;
+  /** Names of the tenant's secrets to attach: the sandbox gets placeholders in env vars of those names. */
+  secrets?: string[];
+}
+
+/** What the service needs to give sandboxes their egress. */
+export interface SandboxEgressOptions {
+  secrets: SecretService;
+  /** Environment of every sandbox: the proxy variables and where the CA files are. */
+  env: Record<string, string>;
+  /** The tenant's egress CA certificate (PEM), installed in each of its sandboxes. */
+  trust(tenantId: string): Promise<string>;
 }
 
 /** Filter of {@link SandboxService.list}. */
@@ -114,7 +133,7 @@ interface Live {
   /** While restoring a snapshot of another sandbox (fork, template): that sandbox's id, which the agent still reports. */
   restoringFrom?: string;
   /** The identity the agent of a restored copy is given when it connects. */
-  identity?: { hostname: string; env?: Record<string, string> };
+  identity?: { hostname: string; env?: Record<string, string>; trust?: string };
   /** How long giving it that identity took, ms. */
   identityMs?: number;
   /** Serialises lifecycle actions on this sandbox. */
@@ -155,6 +174,7 @@ export class SandboxService {
   private readonly workDir: string;
   private readonly maxSnapshotBytes: number;
   private readonly faults: Set<string>;
+  private readonly egress: SandboxEgressOptions | undefined;
   private readonly maxMemoryMb: number;
   private readonly poolMinAvailableMb: number;
   /** Clean-ups running in the background (awaited by {@link shutdown}). */
@@ -179,6 +199,7 @@ export class SandboxService {
     this.workDir = opts.workDir;
     this.maxSnapshotBytes = opts.maxSnapshotBytes ?? 32 * 1024 ** 3;
     this.faults = new Set(opts.faults ?? []);
+    this.egress = opts.egress;
     this.maxConcurrentCreates = opts.maxConcurrentCreates ?? Math.max(2, availableParallelism());
     this.maxQueuedCreates = opts.maxQueuedCreates ?? 256;
     const totalMb = Math.floor(totalmem() / 1048576);
@@ -371,16 +392,20 @@ export class SandboxService {
     if (!Number.isInteger(idleTimeoutMs) || (idleTimeoutMs !== 0 && (idleTimeoutMs < 1000 || idleTimeoutMs > LIMITS.timeoutMs.max))) {
       throw new SpaceError('INVALID_LIMITS', `idleTimeoutMs must be 0 (never) or between 1000 and ${LIMITS.timeoutMs.max}; got ${idleTimeoutMs}`, { details: { field: 'idleTimeoutMs' } });
     }
+    if ((opts.egress !== undefined || opts.secrets !== undefined) && !this.egress) throw new SpaceError('EGRESS_UNAVAILABLE', 'This daemon runs sandboxes without a network (--egress off): egress policies and secrets are not available');
+    const egress = this.egress ? checkEgressPolicy(opts.egress ?? DEFAULT_EGRESS_POLICY) : undefined;
+    const secrets = this.egress && opts.secrets !== undefined ? await this.egress.secrets.attach(tenantId, opts.secrets, []) : undefined;
+    const trust = this.egress ? await this.egress.trust(tenantId) : undefined;
     const t0 = performance.now();
-    const fullEnv = { ...t.env, ...env };
+    const fullEnv = this.envOf(t.env, env, secrets);
     // A pooled sandbox already counts against the node: taking one needs no admission.
     const poolable = cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB;
     let pooled = poolable ? this.pool.take(t) : undefined;
     let identityMs = 0;
-    if (pooled && Object.keys(env).length) {
+    if (pooled && (Object.keys(env).length || trust)) {
       const tI = performance.now();
       try {
-        await this.live.get(pooled)!.channel!.unary({ op: 'identity', sandboxId: pooled, env: fullEnv }, 10_000);
+        await this.live.get(pooled)!.channel!.unary({ op: 'identity', sandboxId: pooled, env: fullEnv, ...(trust ? { trust } : {}) }, 10_000);
         identityMs = Math.round(performance.now() - tI);
       } catch (err) {
         this.log.warn({ err, sandboxId: pooled }, 'pooled sandbox refused its identity; restoring instead');
@@ -406,6 +431,8 @@ export class SandboxService {
       metadata,
       ...(opts.onTimeout === 'hibernate' ? { onTimeout: 'hibernate' as const } : {}),
       ...(idleTimeoutMs ? { idleTimeoutMs } : {}),
+      ...(egress ? { egress } : {}),
+      ...(secrets?.length ? { secrets } : {}),
       createdAt: now.toISOString(),
       ...(timeoutMs ? { expiresAt: new Date(now.getTime() + timeoutMs).toISOString() } : {}),
     };
@@ -421,7 +448,7 @@ export class SandboxService {
         release = await this.createSlot();
         const queueMs = Math.round(performance.now() - t0);
         try {
-          timings = { queueMs, ...(await this.startSandbox(t, sb, fullEnv, signal)), totalMs: 0 };
+          timings = { queueMs, ...(await this.startSandbox(t, sb, fullEnv, trust, signal)), totalMs: 0 };
         } catch (err) {
           this.log.error({ err, sandboxId: sb.id }, 'sandbox failed to start');
           await this.driver.destroy(sb.id).catch(() => {});
@@ -449,7 +476,7 @@ export class SandboxService {
    * (falling back to a boot if the restore fails), boots otherwise and has the image taken in
    * the background for the next create.
    */
-  private async startSandbox(t: Template, sb: Sandbox, env: Record<string, string>, signal?: AbortSignal): Promise<Omit<CreateTimings, 'queueMs' | 'totalMs'>> {
+  private async startSandbox(t: Template, sb: Sandbox, env: Record<string, string>, trust: string | undefined, signal?: AbortSignal): Promise<Omit<CreateTimings, 'queueMs' | 'totalMs'>> {
     let image = await this.templates.usableImage(t);
     // A start command must have run: without a current image, take one first.
     if (!image && t.start) image = (await this.templates.captureImage(t)).image;
@@ -457,7 +484,7 @@ export class SandboxService {
     const spec = { id: sb.id, template: t.name, rootfs, cpu: sb.cpu, memoryMb: sb.memoryMb, env };
     if (image) {
       try {
-        return await this.restoreTemplate(image, spec, signal);
+        return await this.restoreTemplate(image, spec, trust, signal);
       } catch (err) {
         if (t.start) throw err;
         this.log.warn({ err, sandboxId: sb.id, template: t.name }, 'restoring the template image failed; booting instead');
@@ -468,15 +495,20 @@ export class SandboxService {
     const tA = performance.now();
     await this.driver.create(spec, signal);
     const tB = performance.now();
-    if (!(await connected)) throw new SpaceError('TIMEOUT', `The sandbox agent did not connect within ${this.startTimeoutMs} ms`);
-    return { source: 'boot', bootMs: Math.round(tB - tA), agentMs: Math.round(performance.now() - tB), identityMs: 0 };
+    const ch = await connected;
+    if (!ch) throw new SpaceError('TIMEOUT', `The sandbox agent did not connect within ${this.startTimeoutMs} ms`);
+    const agentMs = Math.round(performance.now() - tB);
+    if (!trust) return { source: 'boot', bootMs: Math.round(tB - tA), agentMs, identityMs: 0 };
+    const tI = performance.now();
+    await ch.unary({ op: 'identity', sandboxId: sb.id, trust }, 10_000);
+    return { source: 'boot', bootMs: Math.round(tB - tA), agentMs, identityMs: Math.round(performance.now() - tI) };
   }
 
   /** Restores a new sandbox from a template image and gives its agent the sandbox's identity. */
-  private async restoreTemplate(image: TemplateImage, spec: DriverCreateSpec, signal?: AbortSignal): Promise<Omit<CreateTimings, 'queueMs' | 'totalMs'>> {
+  private async restoreTemplate(image: TemplateImage, spec: DriverCreateSpec, trust: string | undefined, signal?: AbortSignal): Promise<Omit<CreateTimings, 'queueMs' | 'totalMs'>> {
     const e = this.entry(spec.id);
     e.restoringFrom = image.sourceId;
-    e.identity = { hostname: spec.id, env: spec.env };
+    e.identity = { hostname: spec.id, env: spec.env, ...(trust ? { trust } : {}) };
     e.identityMs = 0;
     try {
       const connected = this.waitAgent(spec.id, this.startTimeoutMs);
@@ -504,7 +536,7 @@ export class SandboxService {
     const id = newSandboxId();
     const release = await this.createSlot();
     try {
-      await this.restoreTemplate(cur.image!, { id, template: t.name, rootfs: await this.templates.rootfsOf(t), cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env }, this.stopAc.signal);
+      await this.restoreTemplate(cur.image!, { id, template: t.name, rootfs: await this.templates.rootfsOf(t), cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env }, undefined, this.stopAc.signal);
       this.stopAc.signal.throwIfAborted();
       return id;
     } catch (err) {
@@ -617,6 +649,69 @@ export class SandboxService {
    * Sets a new timeout, counted from now (`0` = none). A hibernated sandbox keeps it for when
    * it wakes.
    */
+  /** The environment of a sandbox's processes: template, request, proxy settings, placeholders. */
+  private envOf(templateEnv: Record<string, string>, env: Record<string, string>, secrets: SecretAttachment[] | undefined): Record<string, string> {
+    return { ...templateEnv, ...env, ...(this.egress?.env ?? {}), ...Object.fromEntries((secrets ?? []).map((a) => [a.name, a.placeholder])) };
+  }
+
+  private requireEgress(): SandboxEgressOptions {
+    if (!this.egress) throw new SpaceError('EGRESS_UNAVAILABLE', 'This daemon runs sandboxes without a network (--egress off)');
+    return this.egress;
+  }
+
+  /** Replaces a sandbox's egress policy; the proxy applies it from the next request on. */
+  setEgress(tenantId: string, id: string, policy: unknown): Promise<Sandbox> {
+    this.requireEgress();
+    const egress = checkEgressPolicy(policy);
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      if (TERMINAL_STATES.includes(sb.state)) assertAllowed(sb, 'exec');
+      return this.store.updateSandbox(id, { egress });
+    });
+  }
+
+  /**
+   * Attaches secrets to a running sandbox: each gets a placeholder, in an env var of its name
+   * for every process started from now on. The proxy swaps it from the next request on.
+   */
+  attachSecrets(tenantId: string, id: string, names: unknown): Promise<Sandbox> {
+    const eg = this.requireEgress();
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      assertAllowed(sb, 'exec');
+      if (sb.state !== 'running') throw new SpaceError('SANDBOX_INVALID_STATE', `Secrets are attached to running sandboxes; ${id} is ${sb.state}: resume or wake it first`);
+      const secrets = await eg.secrets.attach(tenantId, names, sb.secrets ?? []);
+      const updated = await this.store.updateSandbox(id, { secrets });
+      await this.pushEnv(updated);
+      return updated;
+    });
+  }
+
+  /** Detaches a secret: from the next request on, the proxy no longer swaps its placeholder. */
+  detachSecret(tenantId: string, id: string, name: string): Promise<Sandbox> {
+    this.requireEgress();
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      if (!(sb.secrets ?? []).some((a) => a.name === name)) throw new SpaceError('SECRET_NOT_FOUND', `Secret ${JSON.stringify(name)} is not attached to ${id}`, { details: { name } });
+      const updated = await this.store.updateSandbox(id, { secrets: (sb.secrets ?? []).filter((a) => a.name !== name) });
+      if (updated.state === 'running') await this.pushEnv(updated).catch((err) => this.log.warn({ err, sandboxId: id }, 'could not update the environment after detaching a secret'));
+      return updated;
+    });
+  }
+
+  /** Gives the agent the sandbox's current environment (for processes started afterwards). */
+  private async pushEnv(sb: Sandbox): Promise<void> {
+    const t = await this.templates.resolve(sb.tenantId, sb.template).catch(() => undefined);
+    await this.withChannel(sb.id, (ch) => ch.unary({ op: 'identity', sandboxId: sb.id, env: this.envOf(t?.env ?? {}, sb.env, sb.secrets) }, 10_000));
+  }
+
+  /** What the egress proxy needs of a live sandbox (undefined once it has ended). */
+  async egressContext(id: string): Promise<{ sandboxId: string; tenantId: string; policy: EgressPolicy; secrets: SecretAttachment[] } | undefined> {
+    const sb = await this.store.getSandbox(id);
+    if (!sb || TERMINAL_STATES.includes(sb.state)) return undefined;
+    return { sandboxId: sb.id, tenantId: sb.tenantId, policy: sb.egress ?? DEFAULT_EGRESS_POLICY, secrets: sb.secrets ?? [] };
+  }
+
   setTimeout(tenantId: string, id: string, timeoutMs: number): Promise<Sandbox> {
     const ms = range('timeoutMs', timeoutMs);
     return this.withLock(id, async () => {
@@ -887,6 +982,9 @@ export class SandboxService {
           createdAt: now.toISOString(),
           ...(parent.timeoutMs ? { expiresAt: new Date(now.getTime() + parent.timeoutMs).toISOString() } : {}),
           ...(parent.onTimeout ? { onTimeout: parent.onTimeout } : {}),
+          // The copy's processes hold the parent's placeholders: they stay valid for it.
+          ...(parent.egress ? { egress: parent.egress } : {}),
+          ...(parent.secrets ? { secrets: parent.secrets } : {}),
           parentId: parent.id,
           fromSnapshotId: snap.id,
         };
@@ -1230,7 +1328,7 @@ export class SandboxService {
       if (ev.sandboxId === id) return accept();
       const t0 = performance.now();
       const ident = e.identity;
-      ch.unary({ op: 'identity', sandboxId: id, ...(ident?.hostname ? { hostname: ident.hostname } : {}), ...(ident?.env ? { env: ident.env } : {}) }, 10_000).then(() => {
+      ch.unary({ op: 'identity', sandboxId: id, ...(ident?.hostname ? { hostname: ident.hostname } : {}), ...(ident?.env ? { env: ident.env } : {}), ...(ident?.trust ? { trust: ident.trust } : {}) }, 10_000).then(() => {
         e.identityMs = Math.round(performance.now() - t0);
         accept();
       }, (err) => {

@@ -2,6 +2,7 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
+import type { EgressLogEntry, EgressLogPage, SecretRecord } from './egress.js';
 import type { DataKeyRecord, TenantKey } from './keys.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from './model.js';
 
@@ -17,6 +18,15 @@ export interface ApiKeyRecord {
   admin: boolean;
   createdAt: string;
   revokedAt?: string;
+}
+
+/** A tenant's egress CA as stored (the key sealed like a secret, under data key `ca/<tenant>`). */
+export interface TenantCaRecord {
+  tenantId: string;
+  certPem: string;
+  /** iv (12) | tag (16) | PKCS#8 DER ciphertext. */
+  sealedKey: Buffer;
+  createdAt: string;
 }
 
 /** Filter and page of a sandbox listing. */
@@ -79,6 +89,25 @@ export interface MetadataStore {
   /** Up to `limit` data keys of a tenant (only those not wrapped by `exceptKeyId`, if given). */
   listDataKeys(tenantId: string, limit: number, exceptKeyId?: string): Promise<DataKeyRecord[]>;
   deleteDataKey(objectKey: string): Promise<void>;
+
+  /** Inserts or replaces a secret (tenantId, name). */
+  putSecret(s: SecretRecord): Promise<void>;
+  getSecret(tenantId: string, name: string): Promise<SecretRecord | undefined>;
+  /** A tenant's secrets by name. */
+  listSecrets(tenantId: string): Promise<SecretRecord[]>;
+  deleteSecret(tenantId: string, name: string): Promise<void>;
+
+  /** Appends to the egress audit log. */
+  insertEgressLog(e: EgressLogEntry): Promise<void>;
+  /** A sandbox's egress log, newest first; `cursor` from a previous page. */
+  listEgressLog(sandboxId: string, limit: number, cursor?: string): Promise<EgressLogPage>;
+  /** Deletes log entries older than `before` (ISO time); returns how many. */
+  pruneEgressLog(before: string): Promise<number>;
+
+  /** The tenant's egress CA: its certificate and its private key sealed under a tenant data key. */
+  getTenantCa(tenantId: string): Promise<TenantCaRecord | undefined>;
+  /** Stores the CA unless the tenant has one already; returns the one that is stored. */
+  putTenantCaIfAbsent(ca: TenantCaRecord): Promise<TenantCaRecord>;
 
   insertApiKey(k: ApiKeyRecord): Promise<void>;
   findApiKeyByHash(hash: string): Promise<ApiKeyRecord | undefined>;

@@ -2,17 +2,18 @@
  * The gVisor driver: each sandbox is a `runsc` container with its own user-space kernel,
  * an in-memory overlay over a shared read-only template rootfs, cgroup v1 cpu/memory limits,
  * RLIMIT_NPROC for the non-root user (the pids cgroup crashes this runsc's sentry), its own
- * empty network namespace, and the agent as its first process. The agent dials out to a
+ * network namespace (empty, or with one link to the egress proxy when a {@link SandboxNetwork}
+ * is given), and the agent as its first process. The agent dials out to a
  * unix socket the daemon listens on in a per-sandbox host directory (`--host-uds=open`).
  */
 import { existsSync, promises as fs, openSync, closeSync, readFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
-import { SpaceError, randomString, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
+import { SpaceError, randomString, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_HELPER } from '@space/agent';
-import { run, tryRun } from './exec.js';
+
 import { AGENT_ARGV, ensureRuntime } from './runtime.js';
 
 /** Options of {@link GvisorDriver}. */
@@ -29,7 +30,15 @@ export interface GvisorDriverOptions {
    * the sandbox's memory limit: one process per 4 MiB, between 32 and 1024.
    */
   maxProcesses?: number;
+  /**
+   * The sandbox network: each sandbox gets a link whose only destination is the egress proxy
+   * (runsc `--network=sandbox`). Without it sandboxes have no network but their loopback.
+   */
+  network?: SandboxNetwork;
 }
+
+/** Name of the sandbox's link inside its namespace. */
+const SANDBOX_IF = 'eth0';
 
 const CGROUP_ROOT = '/sys/fs/cgroup';
 
@@ -78,7 +87,7 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   private flags(): string[] {
-    return ['--root', this.stateDir, `--platform=${this.opts.platform ?? 'ptrace'}`, '--network=none', '--host-uds=open', '--overlay2=root:memory'];
+    return ['--root', this.stateDir, `--platform=${this.opts.platform ?? 'ptrace'}`, `--network=${this.opts.network ? 'sandbox' : 'none'}`, '--host-uds=open', '--overlay2=root:memory'];
   }
 
   async init(): Promise<void> {
@@ -156,7 +165,7 @@ export class GvisorDriver implements SandboxDriver {
     const b = await this.prepare(spec, rid, signal);
     await fs.writeFile(b.ridFile, rid);
     this.rids.set(spec.id, rid);
-    await this.runDetached(['run', '--detach', '--bundle', b.bundle, rid], b.log);
+    await this.runDetached(['run', '--detach', '--bundle', b.bundle, rid], b.log, b.netns);
   }
 
   async restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void> {
@@ -169,7 +178,7 @@ export class GvisorDriver implements SandboxDriver {
     const b = await this.prepare(spec, rid, signal);
     await fs.writeFile(b.ridFile, rid);
     this.rids.set(spec.id, rid);
-    await this.runDetached(['restore', '--image-path', imageDir, '--detach', '--bundle', b.bundle, rid], b.log);
+    await this.runDetached(['restore', '--image-path', imageDir, '--detach', '--bundle', b.bundle, rid], b.log, b.netns);
     if (old && old !== rid) this.releaseLater(spec.id, old);
   }
 
@@ -214,7 +223,7 @@ export class GvisorDriver implements SandboxDriver {
 
   /** Asked once: every snapshot records it, and the binary does not change under a running daemon. */
   version(): Promise<string> {
-    this.versionP ??= tryRun(this.runsc, ['--version'], 10_000).then((v) => `runsc ${v?.stdout.split('\n')[0]?.replace('runsc version ', '') ?? 'unknown'} runtime ${path.basename(this.runtimeDir)}`);
+    this.versionP ??= tryRun(this.runsc, ['--version'], 10_000).then((v) => `runsc ${v?.stdout.split('\n')[0]?.replace('runsc version ', '') ?? 'unknown'} runtime ${path.basename(this.runtimeDir)}${this.opts.network ? ' net' : ''}`);
     return this.versionP;
   }
 
@@ -228,6 +237,7 @@ export class GvisorDriver implements SandboxDriver {
     await this.listen(spec.id);
     await run('ip', ['netns', 'add', b.netns]);
     await run('ip', ['-n', b.netns, 'link', 'set', 'lo', 'up']);
+    await this.opts.network?.attach(spec.id, b.netns, SANDBOX_IF);
     signal?.throwIfAborted();
     const nproc = this.opts.maxProcesses ?? Math.min(1024, Math.max(32, Math.floor(spec.memoryMb / 4)));
     const config = {
@@ -274,11 +284,22 @@ export class GvisorDriver implements SandboxDriver {
     return b;
   }
 
-  /** `runsc run --detach`: the container's stdio goes to the sandbox's log file. */
-  private runDetached(args: string[], log: string): Promise<void> {
+  /**
+   * `runsc run|restore --detach`: the container's stdio goes to the sandbox's log file.
+   * With a network, this runsc refuses to start on a 6.x kernel ("cannot run with network
+   * enabled in root network namespace": it probes /proc/sys/net/core, which every netns has
+   * now). So it runs in a private mount namespace where the sandbox netns's
+   * /proc/sys/net/core is covered by an empty tmpfs, still from the root netns (its control
+   * socket is abstract, so netns-scoped, and later runsc commands run from the root netns).
+   */
+  private runDetached(args: string[], log: string, netns: string): Promise<void> {
     const fd = openSync(log, 'a', 0o600);
+    const argv = [...this.flags(), ...args];
+    const [cmd, cmdArgs] = this.opts.network
+      ? ['unshare', ['-m', '--propagation', 'private', 'sh', '-c', `nsenter --net=/var/run/netns/${netns} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, this.runsc, ...argv]]
+      : [this.runsc, argv];
     return new Promise<void>((resolve, reject) => {
-      const child = spawn(this.runsc, [...this.flags(), ...args], { stdio: ['ignore', fd, fd], detached: true });
+      const child = spawn(cmd, cmdArgs, { stdio: ['ignore', fd, fd], detached: true });
       closeSync(fd);
       const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
       child.on('error', (err) => {
@@ -297,6 +318,7 @@ export class GvisorDriver implements SandboxDriver {
   async adopt(id: string): Promise<boolean> {
     const st = await this.status(id);
     if (!st.running) return false;
+    await this.opts.network?.attach(id, `${NETNS_PREFIX}${this.rid(id)}`, SANDBOX_IF);
     await this.listen(id);
     return true;
   }
@@ -370,6 +392,7 @@ export class GvisorDriver implements SandboxDriver {
     await tryRun(this.runsc, ['--root', this.stateDir, 'kill', rid, 'KILL'], 10_000);
     await tryRun(this.runsc, ['--root', this.stateDir, 'delete', '--force', rid], 20_000);
     await tryRun('ip', ['netns', 'del', `${NETNS_PREFIX}${rid}`], 10_000);
+    await this.opts.network?.detach(`${NETNS_PREFIX}${rid}`);
     for (const ctl of ['memory', 'cpu', 'cpuacct', 'cpuset', 'pids', 'blkio', 'devices', 'freezer', 'systemd']) {
       const d = path.join(CGROUP_ROOT, ctl, CGROUP_PARENT, rid);
       if (existsSync(d)) await fs.rmdir(d).catch(() => {});

@@ -198,7 +198,22 @@ export interface IdentityRequest {
   hostname?: string;
   /** The sandbox's environment (template env merged with the create request's env). */
   env?: Record<string, string>;
+  /**
+   * A CA certificate (PEM) to trust: the tenant's egress CA. The agent writes it to
+   * {@link TRUST_FILES} and adds it to the system bundle.
+   */
+  trust?: string;
 }
+
+/** Where the agent puts the trusted egress CA inside the sandbox. */
+export const TRUST_FILES = {
+  /** The egress CA alone (NODE_EXTRA_CA_CERTS). */
+  ca: '/etc/space/egress-ca.pem',
+  /** The system's roots plus the egress CA (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE). */
+  bundle: '/etc/space/ca-bundle.pem',
+  /** The system bundle the CA is appended to, when the image has one. */
+  system: '/etc/ssl/certs/ca-certificates.crt',
+} as const;
 
 /** Every request the daemon can send. */
 export type AgentRequest =

@@ -6,7 +6,7 @@
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { ApiKeys, SpaceError, type KeyService, type Principal, type SandboxService } from '@space/core';
+import { ApiKeys, SpaceError, type KeyService, type Principal, type SandboxService, type SecretService } from '@space/core';
 import type { GvisorDriver } from '@space/driver-gvisor';
 import { registerRoutes } from './routes.js';
 import { VERSION } from './version.js';
@@ -32,6 +32,8 @@ export interface AppDeps {
   logger: false | FastifyBaseLogger;
   /** URL of the E2B-compatible listener, if it runs. */
   e2bUrl?: string;
+  /** Tenants' secrets and the egress log (absent when sandbox networking is off). */
+  secrets?: SecretService;
 }
 
 const PUBLIC = new Set(['/v1/health', '/v1/version', '/openapi.json']);

@@ -14,6 +14,7 @@ import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
 import { Pkcs11KeyProvider, type Pkcs11Options } from '@space/key-pkcs11';
 import { buildApp } from './app.js';
+import { parseEgressHosts, prepareEgress, type EgressOptions } from './egress.js';
 import { defaultDataDir, readState, type DaemonState } from './state.js';
 
 export { defaultDataDir, readState, type DaemonState };
@@ -47,6 +48,20 @@ export interface DaemonOptions {
   pkcs11?: Pkcs11Options;
   /** Warm pool sizes of the built-in templates, e.g. `{ minimal: 2 }` (tenants size their own). */
   pools?: Record<string, number>;
+  /** Sandbox networking and the egress proxy. @default on, range 10.231.0.0/16, port 3128 */
+  egress?: EgressOptions;
+}
+
+/** Egress settings from SPACE_* environment variables (flags override them). */
+function egressFromEnv(): EgressOptions {
+  const e = process.env;
+  return {
+    ...(e.SPACE_EGRESS === 'off' ? { mode: 'off' as const } : {}),
+    ...(e.SPACE_SANDBOX_NET ? { range: e.SPACE_SANDBOX_NET } : {}),
+    ...(e.SPACE_EGRESS_PORT ? { port: Number(e.SPACE_EGRESS_PORT) } : {}),
+    ...(e.SPACE_EGRESS_CA_FILE ? { upstreamCaFile: e.SPACE_EGRESS_CA_FILE } : {}),
+    ...(e.SPACE_EGRESS_HOSTS ? { hosts: parseEgressHosts(e.SPACE_EGRESS_HOSTS) } : {}),
+  };
 }
 
 /** Parses `NAME=SIZE[,NAME=SIZE]` (the --pool flag and SPACE_POOLS). */
@@ -59,6 +74,9 @@ export function parsePools(s: string): Record<string, number> {
   }
   return out;
 }
+
+/** Days the egress audit log is kept. */
+const EGRESS_LOG_DAYS = 30;
 
 /** The blob keys of every stored snapshot (what garbage collection must keep). */
 async function snapshotKeys(store: MetadataStore): Promise<string[]> {
@@ -100,7 +118,6 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
 
   const logger = pino({ level: opts.logLevel ?? process.env.SPACE_LOG_LEVEL ?? 'info', base: { svc: 'spaced' } });
   const store = SqliteStore.open(path.join(dataDir, 'space.db'));
-  const driver = new GvisorDriver({ dataDir });
   const rootfs = new RootfsStore(opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR ?? path.join(dataDir, 'templates'), opts.debianMirror ? { mirror: opts.debianMirror } : {});
   const pools = opts.pools ?? (process.env.SPACE_POOLS ? parsePools(process.env.SPACE_POOLS) : undefined);
   const localBlobs = new LocalBlobStore(path.join(dataDir, 'blobs'));
@@ -130,6 +147,15 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     await store.close();
     throw err;
   }
+  let egress: Awaited<ReturnType<typeof prepareEgress>>;
+  try {
+    egress = await prepareEgress({ ...egressFromEnv(), ...(opts.egress ?? {}) }, { store, keys: encryptionKeys, logger });
+  } catch (err) {
+    pkcs11?.close();
+    await store.close();
+    throw err;
+  }
+  const driver = new GvisorDriver({ dataDir, ...(egress ? { network: egress.network } : {}) });
   const gcFault = process.env.SPACE_FAULT_INJECT?.startsWith('gc:after-') ? Number(process.env.SPACE_FAULT_INJECT.slice('gc:after-'.length)) : undefined;
   const blobs = new DedupBlobStore(new EncryptedBlobStore(localBlobs, encryptionKeys, store), encryptionKeys, gcFault);
   const service = new SandboxService({
@@ -142,19 +168,27 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     imagesDir: path.join(dataDir, 'template-images'),
     uploadsDir: path.join(dataDir, 'uploads'),
     maxSandboxes: opts.maxSandboxes ?? 64,
+    ...(egress ? { egress: egress.sandbox } : {}),
     ...(pools ? { builtinPools: pools } : {}),
     ...(process.env.SPACE_FAULT_INJECT ? { faults: process.env.SPACE_FAULT_INJECT.split(',') } : {}),
   });
   const keys = new ApiKeys(store);
+  /** The daemon's own ports, which the proxy never connects to. */
+  const daemonPorts = new Set<number>();
+  const isLoopback = (ip: string) => ip.startsWith('127.') || ip === '::1';
+  const daemonEndpoint = (ip: string, p: number) => daemonPorts.has(p) && (isLoopback(ip) || ip === host || host === '0.0.0.0' || host === '::');
   const keyFile = path.join(dataDir, 'admin.key');
   try {
     await service.start();
+    await egress?.start(service, daemonEndpoint);
     if (!(await keys.any())) {
       const { key } = await keys.create({ tenantId: 'default', name: 'first admin key', admin: true });
       await fs.writeFile(keyFile, key + '\n', { mode: 0o600 });
       logger.info({ keyFile }, 'wrote the first admin API key');
     }
   } catch (err) {
+    await service.shutdown().catch(() => {});
+    await egress?.close().catch(() => {});
     await store.close();
     throw err;
   }
@@ -171,11 +205,14 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     await e2b.listen({ host: l.host, port: l.port });
     const a = e2b.server.address();
     e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);
+    daemonPorts.add(typeof a === 'object' && a ? a.port : l.port);
   }
   // Chunks no snapshot references any more go at start and every 10 minutes (and on demand).
   const gcNow = async () => {
     const deleted = await blobs.gc(await snapshotKeys(store));
     if (deleted) logger.info({ deleted }, 'snapshot chunks collected');
+    const pruned = await store.pruneEgressLog(new Date(Date.now() - EGRESS_LOG_DAYS * 86_400_000).toISOString());
+    if (pruned) logger.info({ pruned }, 'old egress log entries deleted');
     return deleted;
   };
   // In the background: reading every manifest must not delay the listener. Close waits for it.
@@ -186,10 +223,11 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   gcLater();
   const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
-  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, driver, maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}) });
+  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, driver, maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}), ...(egress ? { secrets: egress.secrets } : {}) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
+  daemonPorts.add(actualPort);
   const url = hostUrl(host, actualPort);
   const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), ...(e2bUrl ? { e2bUrl } : {}) };
   const stateFile = path.join(dataDir, 'spaced.json');
@@ -211,6 +249,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       clearInterval(gcTimer);
       await gcRun;
       await service.shutdown();
+      await egress?.close();
       pkcs11?.close();
       await store.close();
       if (existsSync(stateFile) && readState(dataDir)?.pid === process.pid) await fs.rm(stateFile, { force: true });

@@ -5,10 +5,12 @@
  *
  * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off]
  *        [--pkcs11-module LIB --pkcs11-token LABEL --pkcs11-pin-file FILE]
+ *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
 import { parsePools, startDaemon } from './daemon.js';
+import { parseEgressHosts } from './egress.js';
 
 const { values } = parseArgs({
   options: {
@@ -24,11 +26,25 @@ const { values } = parseArgs({
     'pkcs11-module': { type: 'string' },
     'pkcs11-token': { type: 'string' },
     'pkcs11-pin-file': { type: 'string' },
+    egress: { type: 'string' },
+    'sandbox-net': { type: 'string' },
+    'egress-port': { type: 'string' },
+    'egress-ca-file': { type: 'string' },
+    'egress-host': { type: 'string', multiple: true },
   },
 });
 
 try {
+  if (values.egress && values.egress !== 'on' && values.egress !== 'off') throw Object.assign(new Error('--egress must be on or off'), { code: 'BAD_REQUEST' });
+  const egress = {
+    ...(values.egress ? { mode: values.egress as 'on' | 'off' } : {}),
+    ...(values['sandbox-net'] ? { range: values['sandbox-net'] } : {}),
+    ...(values['egress-port'] ? { port: Number(values['egress-port']) } : {}),
+    ...(values['egress-ca-file'] ? { upstreamCaFile: values['egress-ca-file'] } : {}),
+    ...(values['egress-host'] ? { hosts: parseEgressHosts(values['egress-host'].join(',')) } : {}),
+  };
   const d = await startDaemon({
+    egress,
     ...(values['data-dir'] ? { dataDir: values['data-dir'] } : {}),
     ...(values.listen ? { listen: values.listen } : {}),
     ...(values['templates-dir'] ? { templatesDir: values['templates-dir'] } : {}),

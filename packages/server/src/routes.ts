@@ -100,6 +100,36 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     return reply.code(201).send({ results });
   });
   app.put('/v1/sandboxes/:id/snapshot-policy', { schema: { tags: ['sessions'], params: S.IdParams, body: S.PolicyBody, ...sbOut } }, async (req) => svc.setSnapshotPolicy(req.principal.tenantId, req.params.id, req.body));
+  // ---- egress: policy, secrets, audit log
+  app.get('/v1/sandboxes/:id/egress', { schema: { tags: ['egress'], params: S.IdParams, response: { 200: S.EgressPolicySchema, ...err } } }, async (req) => {
+    const sb = await svc.get(req.principal.tenantId, req.params.id);
+    return sb.egress ?? { domains: [], cidrs: [], ports: [80, 443], passthrough: [] };
+  });
+  app.put('/v1/sandboxes/:id/egress', { schema: { tags: ['egress'], params: S.IdParams, body: S.EgressPolicyBody, description: 'Replaces the egress policy; applies from the next request on.', ...sbOut } }, async (req) => svc.setEgress(req.principal.tenantId, req.params.id, req.body));
+  app.post('/v1/sandboxes/:id/secrets', { schema: { tags: ['egress'], params: S.IdParams, body: S.AttachSecretsBody, description: 'Attaches secrets to a running sandbox: placeholders in env vars of their names for processes started from now on.', ...sbOut } }, async (req) =>
+    svc.attachSecrets(req.principal.tenantId, req.params.id, req.body.names),
+  );
+  app.delete('/v1/sandboxes/:id/secrets/:name', { schema: { tags: ['egress'], params: S.SandboxSecretParams, description: 'Detaches a secret; the proxy stops swapping its placeholder at the next request.', ...sbOut } }, async (req) =>
+    svc.detachSecret(req.principal.tenantId, req.params.id, req.params.name),
+  );
+  app.get('/v1/sandboxes/:id/egress/log', { schema: { tags: ['egress'], params: S.IdParams, querystring: S.EgressLogQuery, description: 'Every request through the egress proxy, newest first.' } }, async (req) => {
+    const sb = await svc.get(req.principal.tenantId, req.params.id);
+    return requireSecrets().log(sb.id, req.query.limit ?? 100, req.query.cursor);
+  });
+  const requireSecrets = () => {
+    if (!deps.secrets) throw new SpaceError('EGRESS_UNAVAILABLE', 'This daemon runs sandboxes without a network (--egress off)');
+    return deps.secrets;
+  };
+  app.get('/v1/secrets', { schema: { tags: ['egress'], response: { 200: Type.Object({ secrets: Type.Array(S.SecretSchema) }), ...err } } }, async (req) => ({ secrets: await requireSecrets().list(req.principal.tenantId) }));
+  app.get('/v1/secrets/:name', { schema: { tags: ['egress'], params: S.SecretParams, response: { 200: S.SecretSchema, ...err } } }, async (req) => requireSecrets().get(req.principal.tenantId, req.params.name));
+  app.put('/v1/secrets/:name', { schema: { tags: ['egress'], params: S.SecretParams, body: S.SetSecretBody, description: 'Creates or replaces a secret (stored encrypted; the value is never returned). Sandboxes use the new value from their next request.', response: { 200: S.SecretSchema, ...err } } }, async (req) =>
+    requireSecrets().set(req.principal.tenantId, { name: req.params.name, ...req.body }),
+  );
+  app.delete('/v1/secrets/:name', { schema: { tags: ['egress'], params: S.SecretParams } }, async (req, reply) => {
+    await requireSecrets().remove(req.principal.tenantId, req.params.name);
+    return reply.code(204).send();
+  });
+
   app.get('/v1/sandboxes/:id/events', { schema: { tags: ['sessions'], params: S.IdParams } }, async (req) => ({ events: await svc.events(req.principal.tenantId, req.params.id) }));
 
   // ---- commands

@@ -12,6 +12,56 @@ export const ErrorSchema = Type.Object({
   }),
 });
 
+export const EgressPolicySchema = Type.Object(
+  {
+    domains: Type.Array(Type.String(), { description: 'Host names and wildcards ("*.example.org": subdomains) reachable through the proxy' }),
+    cidrs: Type.Array(Type.String(), { description: 'Address ranges reachable by literal IP, and where private addresses may be reached' }),
+    ports: Type.Array(Type.Integer(), { description: 'Destination ports. @default [80, 443]' }),
+    passthrough: Type.Array(Type.String(), { description: 'host:port pairs tunnelled as raw TCP (no TLS interception, no secrets)' }),
+  },
+  { description: 'Where a sandbox may connect through its egress proxy; everything else is denied' },
+);
+
+export const EgressPolicyBody = Type.Object(
+  {
+    domains: Type.Optional(Type.Array(Type.String({ maxLength: 256 }), { maxItems: 256 })),
+    cidrs: Type.Optional(Type.Array(Type.String({ maxLength: 64 }), { maxItems: 256 })),
+    ports: Type.Optional(Type.Array(Type.Integer(), { maxItems: 256 })),
+    passthrough: Type.Optional(Type.Array(Type.String({ maxLength: 300 }), { maxItems: 256 })),
+  },
+  { additionalProperties: false },
+);
+
+export const SecretAttachmentSchema = Type.Object({ name: Type.String(), placeholder: Type.String({ description: 'What the sandbox holds in env var `name` instead of the value' }) });
+
+export const SecretSchema = Type.Object({
+  name: Type.String(),
+  hosts: Type.Array(Type.String()),
+  header: Type.Optional(Type.String()),
+  format: Type.Optional(Type.String()),
+  createdAt: Type.String(),
+  updatedAt: Type.String(),
+});
+
+export const SetSecretBody = Type.Object(
+  {
+    value: Type.String({ description: 'The value; write-only, never returned' }),
+    hosts: Type.Array(Type.String({ maxLength: 256 }), { description: 'Hosts (and *.wildcards) the value may be sent to', maxItems: 32 }),
+    header: Type.Optional(Type.String({ description: 'A request header the proxy sets on requests to the hosts' })),
+    format: Type.Optional(Type.String({ description: 'The header\'s value, {value} standing for the secret. @default "{value}"' })),
+  },
+  { additionalProperties: false },
+);
+
+export const SecretParams = Type.Object({ name: Type.String({ maxLength: 128 }) });
+export const SandboxSecretParams = Type.Object({ id: Type.String({ maxLength: 64 }), name: Type.String({ maxLength: 128 }) });
+export const AttachSecretsBody = Type.Object({ names: Type.Array(Type.String({ maxLength: 128 }), { maxItems: 64 }) }, { additionalProperties: false });
+
+export const EgressLogQuery = Type.Object({
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 100 })),
+  cursor: Type.Optional(Type.String({ maxLength: 64 })),
+});
+
 export const SandboxSchema = Type.Object({
   id: Type.String(),
   tenantId: Type.String(),
@@ -31,6 +81,8 @@ export const SandboxSchema = Type.Object({
   expiresAt: Type.Optional(Type.String()),
   onTimeout: Type.Optional(Type.String()),
   idleTimeoutMs: Type.Optional(Type.Integer()),
+  egress: Type.Optional(EgressPolicySchema),
+  secrets: Type.Optional(Type.Array(SecretAttachmentSchema)),
   createTimings: Type.Optional(
     Type.Object(
       {
@@ -79,6 +131,8 @@ export const CreateSandboxBody = Type.Object(
     metadata: Type.Optional(StrMap),
     onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('hibernate')], { description: 'What the timeout does. @default "kill"' })),
     idleTimeoutMs: Type.Optional(Type.Integer({ description: 'Hibernate after this many ms without an API call for the sandbox; 0 = never. @default 0' })),
+    egress: Type.Optional(EgressPolicyBody),
+    secrets: Type.Optional(Type.Array(Type.String({ maxLength: 128 }), { maxItems: 64, description: 'Secrets to attach: the sandbox gets a placeholder in an env var of each name' })),
   },
   { additionalProperties: false },
 );

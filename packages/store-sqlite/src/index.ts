@@ -4,7 +4,7 @@
  */
 import Database from 'better-sqlite3';
 import { Kysely, SqliteDialect, sql, type Generated } from 'kysely';
-import type { ApiKeyRecord, DataKeyRecord, MetadataStore, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
+import type { ApiKeyRecord, DataKeyRecord, EgressLogEntry, EgressLogPage, MetadataStore, SecretRecord, TenantCaRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
 import { SpaceError } from '@space/core';
 
 interface SandboxTable {
@@ -61,7 +61,28 @@ interface DataKeyTable {
   key_id: string;
   wrapped: Buffer;
 }
+interface SecretTable {
+  tenant_id: string;
+  name: string;
+  doc: string;
+  sealed: Buffer;
+}
+interface EgressLogTable {
+  seq: Generated<number>;
+  sandbox_id: string;
+  at: string;
+  doc: string;
+}
+interface TenantCaTable {
+  tenant_id: string;
+  cert_pem: string;
+  sealed_key: Buffer;
+  created_at: string;
+}
 interface Schema {
+  secrets: SecretTable;
+  egress_log: EgressLogTable;
+  tenant_cas: TenantCaTable;
   tenant_keys: TenantKeyTable;
   data_keys: DataKeyTable;
   templates: TemplateTable;
@@ -128,6 +149,24 @@ const MIGRATIONS: string[] = [
      key_id TEXT NOT NULL,
      wrapped BLOB NOT NULL);
    CREATE INDEX data_keys_tenant ON data_keys(tenant_id, key_id);`,
+  `CREATE TABLE secrets (
+     tenant_id TEXT NOT NULL,
+     name TEXT NOT NULL,
+     doc TEXT NOT NULL,
+     sealed BLOB NOT NULL,
+     PRIMARY KEY (tenant_id, name));
+   CREATE TABLE egress_log (
+     seq INTEGER PRIMARY KEY AUTOINCREMENT,
+     sandbox_id TEXT NOT NULL,
+     at TEXT NOT NULL,
+     doc TEXT NOT NULL);
+   CREATE INDEX egress_log_sandbox ON egress_log(sandbox_id, seq);
+   CREATE INDEX egress_log_at ON egress_log(at);
+   CREATE TABLE tenant_cas (
+     tenant_id TEXT PRIMARY KEY,
+     cert_pem TEXT NOT NULL,
+     sealed_key BLOB NOT NULL,
+     created_at TEXT NOT NULL);`,
 ];
 
 function toKey(r: ApiKeyTable): ApiKeyRecord {
@@ -250,6 +289,64 @@ export class SqliteStore implements MetadataStore {
   async listEvents(sandboxId: string, limit: number): Promise<SandboxEvent[]> {
     const rows = await this.db.selectFrom('sandbox_events').selectAll().where('sandbox_id', '=', sandboxId).orderBy('seq', 'desc').limit(limit).execute();
     return rows.reverse().map((r) => ({ sandboxId: r.sandbox_id, at: r.at, type: r.type, message: r.message }));
+  }
+
+  async putSecret(r: SecretRecord): Promise<void> {
+    const { sealed, ...rest } = r;
+    const doc = JSON.stringify(rest);
+    await this.db
+      .insertInto('secrets')
+      .values({ tenant_id: r.tenantId, name: r.name, doc, sealed })
+      .onConflict((oc) => oc.columns(['tenant_id', 'name']).doUpdateSet({ doc, sealed }))
+      .execute();
+  }
+
+  async getSecret(tenantId: string, name: string): Promise<SecretRecord | undefined> {
+    const r = await this.db.selectFrom('secrets').select(['doc', 'sealed']).where('tenant_id', '=', tenantId).where('name', '=', name).executeTakeFirst();
+    return r ? { ...(JSON.parse(r.doc) as Omit<SecretRecord, 'sealed'>), sealed: r.sealed } : undefined;
+  }
+
+  async listSecrets(tenantId: string): Promise<SecretRecord[]> {
+    const rows = await this.db.selectFrom('secrets').select(['doc', 'sealed']).where('tenant_id', '=', tenantId).orderBy('name').execute();
+    return rows.map((r) => ({ ...(JSON.parse(r.doc) as Omit<SecretRecord, 'sealed'>), sealed: r.sealed }));
+  }
+
+  async deleteSecret(tenantId: string, name: string): Promise<void> {
+    await this.db.deleteFrom('secrets').where('tenant_id', '=', tenantId).where('name', '=', name).execute();
+  }
+
+  async insertEgressLog(e: EgressLogEntry): Promise<void> {
+    await this.db.insertInto('egress_log').values({ sandbox_id: e.sandboxId, at: e.at, doc: JSON.stringify(e) }).execute();
+  }
+
+  async listEgressLog(sandboxId: string, limit: number, cursor?: string): Promise<EgressLogPage> {
+    let qb = this.db.selectFrom('egress_log').select(['seq', 'doc']).where('sandbox_id', '=', sandboxId);
+    if (cursor) {
+      const before = Number.parseInt(Buffer.from(cursor, 'base64url').toString(), 10);
+      if (!Number.isSafeInteger(before)) throw new SpaceError('BAD_REQUEST', 'Invalid cursor: pass the nextCursor of a previous page unchanged');
+      qb = qb.where('seq', '<', before);
+    }
+    const rows = await qb.orderBy('seq', 'desc').limit(limit + 1).execute();
+    const page = rows.slice(0, limit);
+    return {
+      items: page.map((r) => ({ ...(JSON.parse(r.doc) as EgressLogEntry), seq: r.seq })),
+      ...(rows.length > limit ? { nextCursor: Buffer.from(String(page[page.length - 1]!.seq)).toString('base64url') } : {}),
+    };
+  }
+
+  async pruneEgressLog(before: string): Promise<number> {
+    const r = await this.db.deleteFrom('egress_log').where('at', '<', before).executeTakeFirst();
+    return Number(r.numDeletedRows);
+  }
+
+  async getTenantCa(tenantId: string): Promise<TenantCaRecord | undefined> {
+    const r = await this.db.selectFrom('tenant_cas').selectAll().where('tenant_id', '=', tenantId).executeTakeFirst();
+    return r ? { tenantId: r.tenant_id, certPem: r.cert_pem, sealedKey: r.sealed_key, createdAt: r.created_at } : undefined;
+  }
+
+  async putTenantCaIfAbsent(ca: TenantCaRecord): Promise<TenantCaRecord> {
+    await this.db.insertInto('tenant_cas').values({ tenant_id: ca.tenantId, cert_pem: ca.certPem, sealed_key: ca.sealedKey, created_at: ca.createdAt }).onConflict((oc) => oc.column('tenant_id').doNothing()).execute();
+    return (await this.getTenantCa(ca.tenantId))!;
   }
 
   async putTemplate(t: Template): Promise<void> {

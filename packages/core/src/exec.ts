@@ -1,6 +1,6 @@
 /** Running host commands with a timeout, and errors that carry their output. */
 import { execFile } from 'node:child_process';
-import { SpaceError } from '@space/core';
+import { SpaceError } from './errors.js';
 
 /** Output of a finished command. */
 export interface RunResult {
@@ -10,26 +10,27 @@ export interface RunResult {
 
 /**
  * Runs `cmd args` and resolves with its output; rejects with `DRIVER_FAILED` (stderr in the
- * message) when it fails or outlives `timeoutMs`.
+ * message) when it fails or outlives `timeoutMs`. `input` is written to its stdin.
  *
  * @example
  * const { stdout } = await run('runsc', ['--version']);
  */
-export function run(cmd: string, args: string[], timeoutMs = 30_000): Promise<RunResult> {
+export function run(cmd: string, args: string[], timeoutMs = 30_000, input?: string): Promise<RunResult> {
   return new Promise((resolve, reject) => {
-    execFile(cmd, args, { timeout: timeoutMs, killSignal: 'SIGKILL', maxBuffer: 16 * 1024 * 1024 }, (err, stdout, stderr) => {
+    const child = execFile(cmd, args, { timeout: timeoutMs, killSignal: 'SIGKILL', maxBuffer: 16 * 1024 * 1024 }, (err, stdout, stderr) => {
       if (err) {
         const detail = (stderr || err.message).trim().split('\n').slice(-5).join(' | ');
         reject(new SpaceError('DRIVER_FAILED', `${cmd} ${args.slice(0, 6).join(' ')} failed: ${detail}`, { cause: err }));
       } else resolve({ stdout, stderr });
     });
+    if (input !== undefined) child.stdin?.end(input);
   });
 }
 
 /** Like {@link run} but never rejects; for clean-up steps. */
-export async function tryRun(cmd: string, args: string[], timeoutMs = 30_000): Promise<RunResult | undefined> {
+export async function tryRun(cmd: string, args: string[], timeoutMs = 30_000, input?: string): Promise<RunResult | undefined> {
   try {
-    return await run(cmd, args, timeoutMs);
+    return await run(cmd, args, timeoutMs, input);
   } catch {
     return undefined;
   }

@@ -1,0 +1,324 @@
+/**
+ * Egress control and credential brokering, the part that needs no network code: egress
+ * policies and their matching, tenants' secrets (stored encrypted, values write-only), the
+ * placeholders a sandbox gets instead of them, and the audit log. The proxy that applies
+ * all of this lives in `@space/egress`; the sandbox network in `@space/sandbox-net`.
+ */
+import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import net from 'node:net';
+import { SpaceError } from './errors.js';
+import type { KeyService } from './keys.js';
+import type { MetadataStore } from './store.js';
+
+/**
+ * Where a sandbox may connect through its egress proxy. Everything else is denied.
+ *
+ * @example
+ * const policy: EgressPolicy = { domains: ['api.github.com', '*.pypi.org'], cidrs: [], ports: [443], passthrough: ['db.example.com:5432'] };
+ */
+export interface EgressPolicy {
+  /** Host names ("api.example.com") and wildcards ("*.example.org": any subdomain, not the apex). */
+  domains: string[];
+  /**
+   * Address ranges ("203.0.113.0/24", "2001:db8::/32") reachable by literal IP, and the ranges a
+   * private address may be reached in: a name that resolves to a loopback, private, link-local
+   * or shared address is refused unless a range here contains that address.
+   */
+  cidrs: string[];
+  /** Destination ports. @default [80, 443] */
+  ports: number[];
+  /** `host:port` pairs tunnelled as raw TCP (CONNECT only), without TLS interception or secrets. */
+  passthrough: string[];
+}
+
+/** The policy of a new sandbox: nothing allowed. */
+export const DEFAULT_EGRESS_POLICY: EgressPolicy = { domains: [], cidrs: [], ports: [80, 443], passthrough: [] };
+
+/** Limits of an egress policy. */
+export const EGRESS_LIMITS = { entries: 256 };
+
+const LABEL = /^(?!-)[a-z0-9-]{1,63}(?<!-)$/;
+
+/** True when `name` is a DNS name (lowercase, at least one dot or `localhost`-like single label). */
+function isHostName(name: string): boolean {
+  return name.length <= 253 && name.split('.').every((l) => LABEL.test(l));
+}
+
+/** Normalises a domain pattern, or throws with `code`. */
+export function checkDomainPattern(raw: unknown, code: 'EGRESS_POLICY_INVALID' | 'SECRET_INVALID', field: string): string {
+  const d = typeof raw === 'string' ? raw.trim().toLowerCase().replace(/\.$/, '') : '';
+  const bare = d.startsWith('*.') ? d.slice(2) : d;
+  if (!bare || net.isIP(bare) || !isHostName(bare) || (d.startsWith('*.') && !bare.includes('.'))) {
+    throw new SpaceError(code, `${field}: ${JSON.stringify(raw)} is not a host name or wildcard like *.example.org`, { details: { field } });
+  }
+  return d;
+}
+
+/** Parses "a.b.c.d/n" or "v6/n" (a bare address is a /32 or /128). */
+export function parseCidr(raw: string): { address: string; prefix: number; family: 'ipv4' | 'ipv6' } | undefined {
+  const [addr, bits, extra] = raw.trim().split('/');
+  if (extra !== undefined || !addr) return undefined;
+  const v = net.isIP(addr);
+  if (!v) return undefined;
+  const max = v === 4 ? 32 : 128;
+  const prefix = bits === undefined ? max : /^\d{1,3}$/.test(bits) ? Number(bits) : NaN;
+  if (!(prefix >= 0 && prefix <= max)) return undefined;
+  return { address: addr, prefix, family: v === 4 ? 'ipv4' : 'ipv6' };
+}
+
+/** Validates and normalises an egress policy (missing fields take their defaults). */
+export function checkEgressPolicy(input: unknown): EgressPolicy {
+  if (typeof input !== 'object' || input === null || Array.isArray(input)) throw new SpaceError('EGRESS_POLICY_INVALID', 'The egress policy must be an object with domains, cidrs, ports and passthrough');
+  const p = input as Partial<Record<keyof EgressPolicy, unknown>>;
+  const list = (field: keyof EgressPolicy, fallback: unknown[]): unknown[] => {
+    const v = p[field] ?? fallback;
+    if (!Array.isArray(v) || v.length > EGRESS_LIMITS.entries) throw new SpaceError('EGRESS_POLICY_INVALID', `${field} must be an array of at most ${EGRESS_LIMITS.entries} entries`, { details: { field } });
+    return v;
+  };
+  for (const k of Object.keys(p)) if (!['domains', 'cidrs', 'ports', 'passthrough'].includes(k)) throw new SpaceError('EGRESS_POLICY_INVALID', `Unknown egress policy field ${JSON.stringify(k)}`, { details: { field: k } });
+  const domains = list('domains', []).map((d, i) => checkDomainPattern(d, 'EGRESS_POLICY_INVALID', `domains[${i}]`));
+  const cidrs = list('cidrs', []).map((c, i) => {
+    const parsed = typeof c === 'string' ? parseCidr(c) : undefined;
+    if (!parsed) throw new SpaceError('EGRESS_POLICY_INVALID', `cidrs[${i}]: ${JSON.stringify(c)} is not an address range like 203.0.113.0/24`, { details: { field: `cidrs[${i}]` } });
+    return `${parsed.address}/${parsed.prefix}`;
+  });
+  const ports = list('ports', DEFAULT_EGRESS_POLICY.ports).map((n, i) => {
+    if (!Number.isInteger(n) || (n as number) < 1 || (n as number) > 65535) throw new SpaceError('EGRESS_POLICY_INVALID', `ports[${i}]: ${JSON.stringify(n)} is not a port from 1 to 65535`, { details: { field: `ports[${i}]` } });
+    return n as number;
+  });
+  const passthrough = list('passthrough', []).map((hp, i) => {
+    const m = typeof hp === 'string' ? /^(.+):(\d{1,5})$/.exec(hp.trim().toLowerCase()) : null;
+    const host = m?.[1]?.replace(/^\[(.*)\]$/, '$1');
+    const port = Number(m?.[2]);
+    if (!host || !(port >= 1 && port <= 65535) || (!net.isIP(host) && !isHostName(host))) throw new SpaceError('EGRESS_POLICY_INVALID', `passthrough[${i}]: ${JSON.stringify(hp)} is not host:port`, { details: { field: `passthrough[${i}]` } });
+    return `${net.isIP(host) === 6 ? `[${host}]` : host}:${port}`;
+  });
+  return { domains: [...new Set(domains)], cidrs: [...new Set(cidrs)], ports: [...new Set(ports)].sort((a, b) => a - b), passthrough: [...new Set(passthrough)] };
+}
+
+/** True when host name `host` matches pattern `p` (exact, or `*.` for any subdomain). */
+export function hostMatches(p: string, host: string): boolean {
+  const h = host.toLowerCase().replace(/\.$/, '');
+  if (p.startsWith('*.')) return h.endsWith(p.slice(1)) && h.length > p.length - 1;
+  return h === p;
+}
+
+/** A block list of a policy's ranges. */
+export function cidrList(cidrs: string[]): net.BlockList {
+  const bl = new net.BlockList();
+  for (const c of cidrs) {
+    const p = parseCidr(c);
+    if (p) bl.addSubnet(p.address, p.prefix, p.family);
+  }
+  return bl;
+}
+
+/** A secret as listed: everything but its value. */
+export interface SecretInfo {
+  name: string;
+  /** Hosts (and `*.` wildcards) the value may be sent to. */
+  hosts: string[];
+  /** When set, the proxy sets this request header on requests to the hosts... */
+  header?: string;
+  /** ...to this text, `{value}` standing for the value. @default "{value}" */
+  format?: string;
+  createdAt: string;
+  updatedAt: string;
+}
+
+/** A stored secret: its description and its value sealed under a data key of the tenant. */
+export interface SecretRecord extends SecretInfo {
+  tenantId: string;
+  /** iv (12) | tag (16) | ciphertext. */
+  sealed: Buffer;
+}
+
+/** What `space secret set` sends. */
+export interface SecretSpec {
+  name: string;
+  value: string;
+  hosts: string[];
+  header?: string;
+  format?: string;
+}
+
+/** A secret attached to a sandbox: the sandbox holds only the placeholder. */
+export interface SecretAttachment {
+  name: string;
+  /** Random per sandbox; the env var `name` holds it inside the sandbox. */
+  placeholder: string;
+}
+
+/** One request through the egress proxy (allowed or denied). */
+export interface EgressLogEntry {
+  sandboxId: string;
+  tenantId: string;
+  at: string;
+  /** HTTP method, `CONNECT` for tunnels, `TCP` for passthrough. */
+  method: string;
+  scheme: 'http' | 'https' | 'tcp';
+  host: string;
+  port: number;
+  path?: string;
+  /** HTTP status returned to the sandbox (the upstream's, or the proxy's own refusal). */
+  status?: number;
+  /** Bytes sent upstream / received from upstream. */
+  bytesOut: number;
+  bytesIn: number;
+  /** Names of the secrets injected into the request. */
+  secrets: string[];
+  decision: 'allowed' | 'denied';
+  /** Why it was denied (or why it failed). */
+  reason?: string;
+  durationMs: number;
+}
+
+/** A page of the audit log, newest first. */
+export interface EgressLogPage {
+  items: (EgressLogEntry & { seq: number })[];
+  nextCursor?: string;
+}
+
+const SECRET_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
+const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$/;
+/** Headers a secret may not set: they frame the request or route it. */
+const RESERVED_HEADERS = new Set(['host', 'content-length', 'transfer-encoding', 'connection', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection', 'proxy-authorization']);
+/** Env names a placeholder may not take over. */
+const RESERVED_ENV = /^(PATH|HOME|USER|LOGNAME|SHELL|LANG|TERM|HOSTNAME|LD_.*|SPACE_.*|(HTTPS?|NO|ALL)_PROXY|(https?|no|all)_proxy|SSL_CERT_FILE|SSL_CERT_DIR|NODE_EXTRA_CA_CERTS|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|NODE_USE_ENV_PROXY)$/;
+
+/** Largest secret value, bytes. */
+export const MAX_SECRET_BYTES = 16 * 1024;
+
+function aad(tenantId: string, name: string): Buffer {
+  return Buffer.from(`space-secret\0${tenantId}\0${name}`);
+}
+
+/** Validates a secret name (also the env var the placeholder goes into). */
+export function checkSecretName(name: unknown): string {
+  if (typeof name !== 'string' || !SECRET_NAME.test(name) || RESERVED_ENV.test(name)) {
+    throw new SpaceError('SECRET_INVALID', `Invalid secret name ${JSON.stringify(name)}: use an environment variable name like OPENAI_API_KEY (letters, digits, _; not PATH, HOME, *_PROXY or SPACE_*)`, { details: { field: 'name' } });
+  }
+  return name;
+}
+
+/**
+ * Tenants' secrets and the audit log of their sandboxes' egress.
+ *
+ * @example
+ * const secrets = new SecretService({ store, keys });
+ * await secrets.set('tenant-a', { name: 'GITHUB_TOKEN', value: 'ghp_...', hosts: ['api.github.com'], header: 'Authorization', format: 'Bearer {value}' });
+ * const attached = await secrets.attach('tenant-a', ['GITHUB_TOKEN'], []);
+ * // attached[0].placeholder goes into the sandbox; the proxy swaps it for the value.
+ */
+export class SecretService {
+  constructor(private readonly opts: { store: MetadataStore; keys: KeyService }) {}
+
+  /** Creates or replaces a secret; the new value is used from the next request on. */
+  async set(tenantId: string, spec: SecretSpec): Promise<SecretInfo> {
+    if (typeof spec !== 'object' || spec === null) throw new SpaceError('SECRET_INVALID', 'Send { name, value, hosts }');
+    const name = checkSecretName(spec.name);
+    if (typeof spec.value !== 'string' || !spec.value || Buffer.byteLength(spec.value) > MAX_SECRET_BYTES || /[\r\n\0]/.test(spec.value)) {
+      throw new SpaceError('SECRET_INVALID', `The value must be a non-empty string of at most ${MAX_SECRET_BYTES} bytes without CR, LF or NUL (it goes into HTTP headers)`, { details: { field: 'value' } });
+    }
+    if (!Array.isArray(spec.hosts) || spec.hosts.length === 0 || spec.hosts.length > 32) throw new SpaceError('SECRET_INVALID', 'hosts must list 1 to 32 hosts the secret may be sent to, e.g. ["api.example.com"]', { details: { field: 'hosts' } });
+    const hosts = [...new Set(spec.hosts.map((h, i) => checkDomainPattern(h, 'SECRET_INVALID', `hosts[${i}]`)))];
+    if (spec.header !== undefined && (typeof spec.header !== 'string' || !HEADER_NAME.test(spec.header) || RESERVED_HEADERS.has(spec.header.toLowerCase()))) {
+      throw new SpaceError('SECRET_INVALID', `Invalid header ${JSON.stringify(spec.header)}: give a request header name such as Authorization or X-Api-Key`, { details: { field: 'header' } });
+    }
+    if (spec.format !== undefined && (typeof spec.format !== 'string' || !spec.format.includes('{value}') || spec.format.length > 256 || /[\r\n\0]/.test(spec.format))) {
+      throw new SpaceError('SECRET_INVALID', 'format must contain {value}, e.g. "Bearer {value}"', { details: { field: 'format' } });
+    }
+    if (spec.format !== undefined && spec.header === undefined) throw new SpaceError('SECRET_INVALID', 'format needs header (the header it formats)', { details: { field: 'format' } });
+    const { dataKey, record } = await this.opts.keys.newDataKey(tenantId, `secret/${tenantId}/${name}`);
+    const iv = randomBytes(12);
+    const c = createCipheriv('aes-256-gcm', dataKey, iv);
+    c.setAAD(aad(tenantId, name));
+    const ct = Buffer.concat([c.update(spec.value, 'utf8'), c.final()]);
+    const now = new Date().toISOString();
+    const prev = await this.opts.store.getSecret(tenantId, name);
+    const rec: SecretRecord = {
+      tenantId,
+      name,
+      hosts,
+      ...(spec.header ? { header: spec.header } : {}),
+      ...(spec.header ? { format: spec.format ?? '{value}' } : {}),
+      createdAt: prev?.createdAt ?? now,
+      updatedAt: now,
+      sealed: Buffer.concat([iv, c.getAuthTag(), ct]),
+    };
+    // The data key first: a crash between the two leaves an unused key, never an unreadable secret.
+    await this.opts.store.putDataKey(record);
+    await this.opts.store.putSecret(rec);
+    return info(rec);
+  }
+
+  /** A tenant's secrets, without values. */
+  async list(tenantId: string): Promise<SecretInfo[]> {
+    return (await this.opts.store.listSecrets(tenantId)).map(info);
+  }
+
+  /** One secret, without its value. */
+  async get(tenantId: string, name: string): Promise<SecretInfo> {
+    const r = await this.opts.store.getSecret(tenantId, name);
+    if (!r) throw new SpaceError('SECRET_NOT_FOUND', `No secret ${JSON.stringify(name)} for this tenant`, { details: { name } });
+    return info(r);
+  }
+
+  /** Forgets a secret: sandboxes that have it attached keep a placeholder nothing replaces. */
+  async remove(tenantId: string, name: string): Promise<void> {
+    await this.get(tenantId, name);
+    await this.opts.store.deleteSecret(tenantId, name);
+    await this.opts.store.deleteDataKey(`secret/${tenantId}/${name}`);
+  }
+
+  /**
+   * The secret with its value, for the proxy at the point of use (`undefined` when it no longer
+   * exists). Throws `KEY_REVOKED` / `KEY_DESTROYED` when the tenant's key forbids reading it.
+   */
+  async reveal(tenantId: string, name: string): Promise<(SecretInfo & { value: string }) | undefined> {
+    const r = await this.opts.store.getSecret(tenantId, name);
+    if (!r) return undefined;
+    const d = await this.opts.store.getDataKey(`secret/${tenantId}/${name}`);
+    if (!d) throw new SpaceError('INTERNAL', `The data key of secret ${name} is missing`);
+    const key = await this.opts.keys.unwrapRecord(d);
+    const dc = createDecipheriv('aes-256-gcm', key, r.sealed.subarray(0, 12));
+    dc.setAAD(aad(tenantId, name));
+    dc.setAuthTag(r.sealed.subarray(12, 28));
+    const value = Buffer.concat([dc.update(r.sealed.subarray(28)), dc.final()]).toString('utf8');
+    return { ...info(r), value };
+  }
+
+  /**
+   * The attachments of a sandbox after attaching `names`: existing ones keep their
+   * placeholder, new ones get a fresh random one. Every name must be a secret of the tenant.
+   */
+  async attach(tenantId: string, names: unknown, current: SecretAttachment[]): Promise<SecretAttachment[]> {
+    if (!Array.isArray(names) || names.length > 64) throw new SpaceError('SECRET_INVALID', 'secrets must be an array of at most 64 secret names', { details: { field: 'secrets' } });
+    const out = [...current];
+    for (const n of names) {
+      const name = checkSecretName(n);
+      await this.get(tenantId, name);
+      if (!out.some((a) => a.name === name)) out.push({ name, placeholder: newPlaceholder() });
+    }
+    return out;
+  }
+
+  /** Records one egress request. */
+  async audit(e: EgressLogEntry): Promise<void> {
+    await this.opts.store.insertEgressLog(e);
+  }
+
+  /** A sandbox's egress log, newest first. */
+  async log(sandboxId: string, limit: number, cursor?: string): Promise<EgressLogPage> {
+    return this.opts.store.listEgressLog(sandboxId, limit, cursor);
+  }
+}
+
+/** A placeholder: random, recognisable, and shaped like an API key. */
+export function newPlaceholder(): string {
+  return `space_ph_${randomBytes(16).toString('hex')}`;
+}
+
+function info(r: SecretRecord): SecretInfo {
+  return { name: r.name, hosts: r.hosts, ...(r.header ? { header: r.header, format: r.format ?? '{value}' } : {}), createdAt: r.createdAt, updatedAt: r.updatedAt };
+}

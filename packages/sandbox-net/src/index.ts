@@ -1,0 +1,233 @@
+/**
+ * @space/sandbox-net — the network of every sandbox: one veth link into its network namespace
+ * whose only reachable destination is the egress proxy.
+ *
+ * Layout, for a range such as 10.231.0.0/16: the proxy listens on the range's first address
+ * (10.231.0.1, added to the host's loopback interface: not every kernel has dummy links), and link `i` is the /30 at `4·i`: the host end
+ * (`sx<tag>i<i>`) has `.1`, the sandbox end (`eth0` inside) `.2` with one route, to the proxy via
+ * the host end. The proxy address is the same for every sandbox, so `HTTP_PROXY` stays right
+ * across restores and forks, while each incarnation has an address of its own, which is how the
+ * proxy knows who is asking.
+ *
+ * Enforcement: gVisor sends its frames through an AF_PACKET socket, so only an nftables
+ * `netdev` egress hook on the sandbox end sees them; it drops everything but ARP and TCP from
+ * the sandbox's address to the proxy's port. A host `inet` table drops whatever else arrives on
+ * the host ends (and any forwarding to or from them), in case a sandbox-side rule is missing.
+ */
+import { createHash } from 'node:crypto';
+import { promises as fs } from 'node:fs';
+import net from 'node:net';
+import { SpaceError, parseCidr, run, tryRun, type SandboxNetwork } from '@space/core';
+
+/** Options of {@link SandboxNet}. */
+export interface SandboxNetOptions {
+  /** IPv4 range of sandbox links, /16 to /24, not used by anything else on the host. @default "10.231.0.0/16" */
+  range?: string;
+  /** TCP port of the egress proxy. @default 3128 */
+  proxyPort?: number;
+}
+
+/** The default range of sandbox links. */
+export const DEFAULT_SANDBOX_RANGE = '10.231.0.0/16';
+
+const toInt = (a: string) => a.split('.').reduce((n, o) => n * 256 + Number(o), 0);
+const toIp = (n: number) => [24, 16, 8, 0].map((s) => (n >>> s) & 255).join('.');
+
+interface Link {
+  index: number;
+  sandboxId?: string;
+  address: string;
+}
+
+/**
+ * Sandbox links on this host.
+ *
+ * @example
+ * const sandboxNet = new SandboxNet({ range: '10.231.0.0/16', proxyPort: 3128 });
+ * await sandboxNet.init();
+ * const address = await sandboxNet.attach('sb123', 'space-sb123-abcd1234', 'eth0'); // "10.231.0.6"
+ * sandboxNet.sandboxAt(address); // "sb123"
+ */
+export class SandboxNet implements SandboxNetwork {
+  /** Where the egress proxy listens (inside the range). */
+  readonly proxyAddress: string;
+  readonly proxyPort: number;
+  /** Short tag of the range, in every host name this instance creates. */
+  readonly tag: string;
+  private readonly base: number;
+  private readonly slots: number;
+  private readonly links = new Map<string, Link>();
+  private readonly byAddress = new Map<string, string>();
+  private readonly used = new Set<number>();
+  /** Links found at start-up (a restarted daemon), by netns name. */
+  private readonly found = new Map<string, number>();
+  private next = 1;
+
+  constructor(opts: SandboxNetOptions = {}) {
+    const range = opts.range ?? DEFAULT_SANDBOX_RANGE;
+    const c = parseCidr(range);
+    if (!c || c.family !== 'ipv4' || c.prefix < 16 || c.prefix > 24 || (toInt(c.address) & (2 ** (32 - c.prefix) - 1)) !== 0) {
+      throw new SpaceError('BAD_REQUEST', `Invalid sandbox network ${JSON.stringify(range)}: give an IPv4 range from /16 to /24 that starts on its boundary, e.g. 10.231.0.0/16`);
+    }
+    this.base = toInt(c.address);
+    this.slots = 2 ** (32 - c.prefix) / 4;
+    this.proxyAddress = toIp(this.base + 1);
+    this.proxyPort = opts.proxyPort ?? 3128;
+    if (!Number.isInteger(this.proxyPort) || this.proxyPort < 1 || this.proxyPort > 65535) throw new SpaceError('BAD_REQUEST', `Invalid egress proxy port ${String(opts.proxyPort)}: give a port from 1 to 65535`);
+    this.tag = createHash('sha256').update(`${c.address}/${c.prefix}`).digest('hex').slice(0, 4);
+  }
+
+  private get table(): string {
+    return `space_${this.tag}`;
+  }
+  private hostIf(index: number): string {
+    return `sx${this.tag}i${index}`;
+  }
+  private addresses(index: number): { host: string; sandbox: string } {
+    const n = this.base + index * 4;
+    return { host: toIp(n + 1), sandbox: toIp(n + 2) };
+  }
+
+  /**
+   * Sets up the host side (the proxy's address on the loopback interface, the host table) and takes
+   * over the links of sandboxes that outlived a daemon restart. Idempotent.
+   */
+  async init(): Promise<void> {
+    await this.checkOverlap();
+    await run('ip', ['addr', 'replace', `${this.proxyAddress}/32`, 'dev', 'lo']);
+    const pattern = `sx${this.tag}i*`;
+    await run('nft', ['-f', '-'], 10_000, [
+      `table inet ${this.table}`,
+      `delete table inet ${this.table}`,
+      `table inet ${this.table} {`,
+      '  chain input {',
+      '    type filter hook input priority filter - 10; policy accept;',
+      `    iifname "${pattern}" ip daddr ${this.proxyAddress} tcp dport ${this.proxyPort} accept`,
+      `    iifname "${pattern}" counter drop`,
+      '  }',
+      '  chain forward {',
+      '    type filter hook forward priority filter - 10; policy accept;',
+      `    iifname "${pattern}" counter drop`,
+      `    oifname "${pattern}" counter drop`,
+      '  }',
+      '}',
+      '',
+    ].join('\n'));
+    // Links of sandboxes still running from before a restart: their netns names tell whose.
+    const [links, spaces] = await Promise.all([run('ip', ['-j', 'link', 'show', 'type', 'veth'], 10_000), run('ip', ['-j', 'netns', 'list'], 10_000)]);
+    const nsById = new Map<number, string>();
+    for (const ns of JSON.parse(spaces.stdout || '[]') as { name: string; id?: number }[]) if (ns.id !== undefined) nsById.set(ns.id, ns.name);
+    const re = new RegExp(`^sx${this.tag}i(\\d+)$`);
+    for (const l of JSON.parse(links.stdout || '[]') as { ifname: string; link_netnsid?: number }[]) {
+      const m = re.exec(l.ifname);
+      if (!m) continue;
+      const index = Number(m[1]);
+      this.used.add(index);
+      const ns = l.link_netnsid !== undefined ? nsById.get(l.link_netnsid) : undefined;
+      if (ns) this.found.set(ns, index);
+      else await tryRun('ip', ['link', 'del', l.ifname], 5_000);
+    }
+  }
+
+  /** Refuses a range that a route of the host already covers (it would shadow or be shadowed). */
+  private async checkOverlap(): Promise<void> {
+    const routes = JSON.parse((await run('ip', ['-j', '-4', 'route', 'show', 'table', 'all'], 10_000)).stdout || '[]') as { dst: string; dev?: string; type?: string }[];
+    const mine = new RegExp(`^sx${this.tag}i`);
+    const size = this.slots * 4;
+    for (const r of routes) {
+      if (!r.dst || r.dst === 'default' || (r.dev && mine.test(r.dev)) || (r.type && r.type !== 'unicast') || r.dst === this.proxyAddress) continue;
+      const c = parseCidr(r.dst);
+      if (!c || c.family !== 'ipv4') continue;
+      const start = toInt(c.address);
+      const end = start + 2 ** (32 - c.prefix);
+      if (start < this.base + size && this.base < end) {
+        throw new SpaceError('EGRESS_UNAVAILABLE', `The sandbox network ${toIp(this.base)}/${32 - Math.log2(size)} overlaps the host route ${r.dst}${r.dev ? ` on ${r.dev}` : ''}: pass another range with --sandbox-net`);
+      }
+    }
+  }
+
+  async attach(id: string, netns: string, ifname: string): Promise<string> {
+    const known = this.links.get(netns);
+    if (known) return known.address;
+    const adopted = this.found.get(netns);
+    if (adopted !== undefined) {
+      this.found.delete(netns);
+      return this.register(netns, id, adopted);
+    }
+    const index = this.allocate();
+    const hostIf = this.hostIf(index);
+    const a = this.addresses(index);
+    try {
+      await run('ip', ['-b', '-'], 10_000, [`link add ${hostIf} type veth peer name ${ifname} netns ${netns}`, `addr add ${a.host}/30 dev ${hostIf}`, ''].join('\n'));
+      // No IPv6 on the host end: it would give the sandbox a link-local path to the host.
+      await fs.writeFile(`/proc/sys/net/ipv6/conf/${hostIf}/disable_ipv6`, '1').catch(() => {});
+      await Promise.all([
+        run('ip', ['link', 'set', hostIf, 'up'], 10_000),
+        run('ip', ['-n', netns, '-b', '-'], 10_000, [`addr add ${a.sandbox}/30 dev ${ifname}`, `link set ${ifname} up`, `route add ${this.proxyAddress}/32 via ${a.host} dev ${ifname}`, ''].join('\n')),
+        run('ip', ['netns', 'exec', netns, 'nft', '-f', '-'], 10_000, [
+          'table netdev space {',
+          '  chain egress {',
+          `    type filter hook egress device "${ifname}" priority 0; policy drop;`,
+          `    arp saddr ip ${a.sandbox} accept`,
+          `    ip saddr ${a.sandbox} ip daddr ${this.proxyAddress} tcp dport ${this.proxyPort} accept`,
+          '  }',
+          '}',
+          '',
+        ].join('\n')),
+      ]);
+    } catch (err) {
+      await tryRun('ip', ['link', 'del', hostIf], 5_000);
+      this.used.delete(index);
+      throw err;
+    }
+    return this.register(netns, id, index);
+  }
+
+  private register(netns: string, id: string, index: number): string {
+    const address = this.addresses(index).sandbox;
+    this.links.set(netns, { index, sandboxId: id, address });
+    this.byAddress.set(address, id);
+    return address;
+  }
+
+  private allocate(): number {
+    for (let tries = 0; tries < this.slots; tries++) {
+      const i = this.next;
+      this.next = this.next + 1 >= this.slots ? 1 : this.next + 1;
+      if (!this.used.has(i)) {
+        this.used.add(i);
+        return i;
+      }
+    }
+    throw new SpaceError('CAPACITY_EXHAUSTED', `Every address of the sandbox network is in use (${this.slots - 1} links): give the daemon a larger --sandbox-net range`);
+  }
+
+  async detach(netns: string): Promise<void> {
+    const l = this.links.get(netns);
+    const index = l?.index ?? this.found.get(netns);
+    if (index === undefined) return;
+    // Deleting the netns removed the pair once the sandbox let go of it; make sure.
+    await tryRun('ip', ['link', 'del', this.hostIf(index)], 5_000);
+    this.links.delete(netns);
+    this.found.delete(netns);
+    if (l && this.byAddress.get(l.address) === l.sandboxId) this.byAddress.delete(l.address);
+    this.used.delete(index);
+  }
+
+  /** The sandbox whose link has `address` (how the proxy knows who connects). */
+  sandboxAt(address: string): string | undefined {
+    return this.byAddress.get(net.isIPv6(address) && address.startsWith('::ffff:') ? address.slice(7) : address);
+  }
+
+  /** Number of links in use. */
+  get size(): number {
+    return this.links.size + this.found.size;
+  }
+
+  /** Removes the host side when no sandbox link is left (daemon stop). */
+  async teardown(): Promise<void> {
+    if (this.size > 0) return;
+    await tryRun('nft', ['delete', 'table', 'inet', this.table], 5_000);
+    await tryRun('ip', ['addr', 'del', `${this.proxyAddress}/32`, 'dev', 'lo'], 5_000);
+  }
+}
