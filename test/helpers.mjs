@@ -1,7 +1,7 @@
 // Shared test fixtures: a real daemon (real runsc, real SQLite, real sockets) on a loopback
 // port in a fresh data directory, and leak checks. Every sandbox a test makes is killed.
 import { execFile, execFileSync, spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { startDaemon } from '../packages/server/dist/index.js';
@@ -11,13 +11,22 @@ import { Sandbox } from '../packages/sdk/dist/index.js';
 export const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/space/templates';
 
 /**
+ * The sandbox network of a test daemon: a /24 of its own, derived from its data directory, so
+ * daemons side by side do not share a proxy address and a restarted one finds its links again.
+ */
+export function egressRange(dataDir) {
+  const h = createHash('sha256').update(dataDir).digest();
+  return `10.${232 + (h[0] % 8)}.${h[1]}.0/24`;
+}
+
+/**
  * Starts a daemon for one test file.
  * @returns {{ url, key, conn, dataDir, daemon, track(sb), create(opts), close() }}
  */
 export async function startTestDaemon(opts = {}) {
   const dataDir = mkdtempSync('/tmp/spt-');
   makeNodeKey(dataDir);
-  const daemon = await startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', ...opts });
+  const daemon = await startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', ...opts, egress: { range: egressRange(dataDir), ...(opts.egress ?? {}) } });
   const key = readFileSync(daemon.state.keyFile, 'utf8').trim();
   const conn = { apiUrl: daemon.url, apiKey: key };
   const made = [];
@@ -39,7 +48,8 @@ export async function startTestDaemon(opts = {}) {
       for (const m of made) await Sandbox.kill(m.id, m.conn).catch(() => {});
       await daemon.close();
       const leaks = leftovers(dataDir, made.map((m) => m.id));
-      rmSync(dataDir, { recursive: true, force: true });
+      // SPACE_TEST_KEEP=1 keeps the data directory (runsc logs, database) to debug a failure.
+      if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
       return leaks;
     },
   };
@@ -134,7 +144,7 @@ const SPACED = new URL('../packages/server/dist/main.js', import.meta.url).pathn
  */
 export async function startSpaced(dataDir, env = {}) {
   makeNodeKey(dataDir);
-  const child = spawn(process.execPath, [SPACED, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'warn'], { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, ...env } });
+  const child = spawn(process.execPath, [SPACED, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'warn'], { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, SPACE_SANDBOX_NET: egressRange(dataDir), ...env } });
   const exited = new Promise((r) => child.on('exit', (code, sig) => r({ code, sig })));
   const state = await eventually(() => {
     try {

@@ -1,6 +1,6 @@
 // A real HTTPS (and HTTP) server on loopback with a CA of its own, for egress tests and
-// benchmarks: it echoes what it received (method, path, headers, body size) as JSON, and
-// serves GET /bytes/N as N bytes.
+// benchmarks: it records every request (method, path, headers, body size), answers with its
+// method, path and body size as JSON, serves GET /bytes/N as N bytes and /redirect as a 302.
 import 'reflect-metadata';
 import * as x509 from '@peculiar/x509';
 import { webcrypto } from 'node:crypto';
@@ -51,8 +51,10 @@ function handler(seen) {
         res.writeHead(302, { location: 'http://169.254.169.254/latest/meta-data/' });
         return res.end();
       }
+      // Never echo the request's headers: a real API does not send credentials back, and the
+      // tests check that no byte of them ends up inside the sandbox.
       res.setHeader('content-type', 'application/json');
-      res.end(JSON.stringify({ method: req.method, url: req.url, headers: req.headers, size }));
+      res.end(JSON.stringify({ method: req.method, url: req.url, size }));
     });
   };
 }

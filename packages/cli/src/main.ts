@@ -9,7 +9,7 @@ import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
-import { ApiClient, Sandbox, SpaceError, Templates, type BuildProgress, type SandboxInfo, type TemplateInfo } from '@space/sdk';
+import { ApiClient, Sandbox, Secrets, SpaceError, Templates, type BuildProgress, type EgressPolicy, type SandboxInfo, type TemplateInfo } from '@space/sdk';
 import { defaultDataDir, readState } from '@space/server/state';
 import { connection, e2bKeys, parseDuration, parsePairs, writeConfig } from './config.js';
 
@@ -188,8 +188,13 @@ program
   .option('--idle-timeout <duration>', 'hibernate after this long without API calls')
   .option('-e, --env <K=V>', 'environment variable (repeatable)', collectList)
   .option('-l, --label <k=v>', 'label (repeatable)', collectList)
+  .option('--secret <name>', 'attach a secret: the sandbox gets a placeholder in env var NAME (repeatable)', collectList)
+  .option('--allow-domain <host>', 'egress: allow a host, or *.example.org for its subdomains (repeatable)', collectList)
+  .option('--allow-cidr <cidr>', 'egress: allow an address range (repeatable)', collectList)
+  .option('--allow-port <port>', 'egress: allow a destination port (repeatable; default 80 and 443)', collectList)
+  .option('--passthrough <host:port>', 'egress: raw TCP to this destination, no TLS interception (repeatable)', collectList)
   .option('--json', 'print the sandbox as JSON')
-  .action(async (o: { template: string; cpu?: number; memory?: number; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; json?: boolean }) => {
+  .action(async (o: { template: string; cpu?: number; memory?: number; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; secret?: string[]; json?: boolean } & EgressFlags) => {
     if (o.onTimeout !== 'kill' && o.onTimeout !== 'hibernate') throw new Error('--on-timeout takes kill or hibernate');
     await ensureTemplate(o.template);
     const env = parsePairs(o.env, 'env');
@@ -204,6 +209,8 @@ program
       ...(o.idleTimeout ? { idleTimeoutMs: parseDuration(o.idleTimeout) } : {}),
       ...(env ? { env } : {}),
       ...(metadata ? { metadata } : {}),
+      ...(o.secret ? { secrets: o.secret } : {}),
+      ...(hasEgressFlags(o) ? { egress: egressOf(o) } : {}),
     });
     process.stdout.write(o.json ? JSON.stringify(sb.info, null, 2) + '\n' : sb.id + '\n');
   });
@@ -506,6 +513,128 @@ ekey
   .action(async (id: string, o: { shred?: boolean }) => {
     const k = await new ApiClient(connection()).json<EncKey>('DELETE', `/v1/encryption-keys/${encodeURIComponent(id)}`, { query: { shred: o.shred ? 'true' : undefined } });
     process.stdout.write(`${k.id} ${k.state}\n`);
+  });
+
+// ---------- egress and secrets
+interface EgressFlags { allowDomain?: string[]; allowCidr?: string[]; allowPort?: string[]; passthrough?: string[] }
+const hasEgressFlags = (o: EgressFlags) => !!(o.allowDomain || o.allowCidr || o.allowPort || o.passthrough);
+
+/** The policy the flags give, added to `base` when given (`egress allow`). */
+function egressOf(o: EgressFlags, base?: EgressPolicy): Partial<EgressPolicy> {
+  const ports = o.allowPort?.map((p) => {
+    const n = Number(p);
+    if (!Number.isInteger(n) || n < 1 || n > 65535) throw new SpaceError('EGRESS_POLICY_INVALID', `Port ${p}: give a port from 1 to 65535`);
+    return n;
+  });
+  const merge = <T>(a: T[] | undefined, b: T[] | undefined): T[] | undefined => (a || b ? [...new Set([...(a ?? []), ...(b ?? [])])] : undefined);
+  const out: Partial<EgressPolicy> = {};
+  const domains = merge(base?.domains, o.allowDomain);
+  const cidrs = merge(base?.cidrs, o.allowCidr);
+  const portList = merge(base?.ports, ports);
+  const passthrough = merge(base?.passthrough, o.passthrough);
+  if (domains) out.domains = domains;
+  if (cidrs) out.cidrs = cidrs;
+  if (portList) out.ports = portList;
+  if (passthrough) out.passthrough = passthrough;
+  return out;
+}
+
+function printPolicy(p: EgressPolicy): void {
+  process.stdout.write(`domains      ${p.domains.join(' ') || '-'}\ncidrs        ${p.cidrs.join(' ') || '-'}\nports        ${p.ports.join(' ') || '-'}\npassthrough  ${p.passthrough.join(' ') || '-'}\n`);
+}
+
+const secret = program.command('secret').description('secrets: kept by the daemon, swapped in by the egress proxy for their hosts only');
+secret
+  .command('set <name>')
+  .description('create or replace a secret; the value comes from stdin (or --value-file / --from-env), never from argv')
+  .requiredOption('--host <host>', 'a host the value may be sent to, or *.example.org (repeatable)', collectList)
+  .option('--header <name>', 'set this request header on every request to the hosts')
+  .option('--format <text>', 'the header\'s value, {value} standing for the secret (default "{value}")')
+  .option('--value-file <file>', 'read the value from a file')
+  .option('--from-env <var>', 'read the value from an environment variable of this shell')
+  .action(async (name: string, o: { host: string[]; header?: string; format?: string; valueFile?: string; fromEnv?: string }) => {
+    let value: string;
+    if (o.valueFile) value = readFileSync(o.valueFile, 'utf8');
+    else if (o.fromEnv) {
+      const v = process.env[o.fromEnv];
+      if (v === undefined) throw new SpaceError('SECRET_INVALID', `Environment variable ${o.fromEnv} is not set`);
+      value = v;
+    } else {
+      if (process.stdin.isTTY) process.stderr.write(`value of ${name} (then Enter, Ctrl-D): `);
+      const chunks: Buffer[] = [];
+      for await (const c of process.stdin) chunks.push(Buffer.from(c as Buffer));
+      value = Buffer.concat(chunks).toString('utf8');
+    }
+    value = value.replace(/\r?\n$/, '');
+    const s = await Secrets.set(name, { ...connection(), value, hosts: o.host, ...(o.header ? { header: o.header } : {}), ...(o.format ? { format: o.format } : {}) });
+    process.stdout.write(`${s.name} set for ${s.hosts.join(', ')}${s.header ? ` (header ${s.header}: ${s.format})` : ''}\n`);
+  });
+secret
+  .command('ls')
+  .option('--json', 'print JSON')
+  .action(async (o: { json?: boolean }) => {
+    const list = await Secrets.list(connection());
+    if (o.json) return void process.stdout.write(JSON.stringify(list, null, 2) + '\n');
+    if (!list.length) return void process.stdout.write('no secrets (space secret set NAME --host HOST < value-file)\n');
+    process.stdout.write(table([['NAME', 'HOSTS', 'HEADER', 'UPDATED'], ...list.map((x) => [x.name, x.hosts.join(','), x.header ? `${x.header}: ${x.format}` : '-', x.updatedAt])]) + '\n');
+  });
+secret
+  .command('rm <name>')
+  .action(async (name: string) => {
+    await Secrets.remove(name, connection());
+    process.stdout.write(`removed ${name}\n`);
+  });
+secret
+  .command('attach <id> <names...>')
+  .description('attach secrets to a running sandbox (processes started afterwards see the placeholders)')
+  .action(async (id: string, names: string[]) => {
+    const sb = await Sandbox.connect(id, connection());
+    await sb.attachSecrets(names);
+    process.stdout.write(`${id}: ${(sb.info.secrets ?? []).map((a) => a.name).join(', ')}\n`);
+  });
+secret
+  .command('detach <id> <name>')
+  .description('detach a secret: the proxy stops replacing its placeholder at the next request')
+  .action(async (id: string, name: string) => {
+    const sb = await Sandbox.connect(id, connection());
+    await sb.detachSecret(name);
+    process.stdout.write(`${id}: detached ${name}\n`);
+  });
+
+const egress = program.command('egress').description("a sandbox's egress policy and audit log");
+egress
+  .command('show <id>')
+  .option('--json', 'print JSON')
+  .action(async (id: string, o: { json?: boolean }) => {
+    const p = await (await Sandbox.connect(id, connection())).egress();
+    if (o.json) return void process.stdout.write(JSON.stringify(p, null, 2) + '\n');
+    printPolicy(p);
+  });
+for (const [verb, what] of [['set', 'replace the policy with exactly these entries'], ['allow', 'add these entries to the policy']] as const) {
+  egress
+    .command(`${verb} <id>`)
+    .description(`${what} (applies from the next request on)`)
+    .option('--domain <host>', 'a host, or *.example.org for its subdomains (repeatable)', collectList)
+    .option('--cidr <cidr>', 'an address range (repeatable)', collectList)
+    .option('--port <port>', 'a destination port (repeatable)', collectList)
+    .option('--passthrough <host:port>', 'raw TCP, no TLS interception (repeatable)', collectList)
+    .action(async (id: string, o: { domain?: string[]; cidr?: string[]; port?: string[]; passthrough?: string[] }) => {
+      const sb = await Sandbox.connect(id, connection());
+      const flags = { allowDomain: o.domain, allowCidr: o.cidr, allowPort: o.port, passthrough: o.passthrough };
+      await sb.setEgress(egressOf(flags, verb === 'allow' ? await sb.egress() : undefined));
+      printPolicy(await sb.egress());
+    });
+}
+egress
+  .command('log <id>')
+  .description('every request through the egress proxy, newest first')
+  .option('--limit <n>', 'entries', Number, 50)
+  .option('--json', 'print JSON')
+  .action(async (id: string, o: { limit: number; json?: boolean }) => {
+    const page = await (await Sandbox.connect(id, connection())).egressLog({ limit: o.limit });
+    if (o.json) return void process.stdout.write(JSON.stringify(page.items, null, 2) + '\n');
+    if (!page.items.length) return void process.stdout.write('no egress yet\n');
+    process.stdout.write(table([['TIME', 'DECISION', 'METHOD', 'DESTINATION', 'STATUS', 'OUT', 'IN', 'SECRETS', 'REASON'], ...page.items.map((e) => [e.at, e.decision, e.method, `${e.scheme}://${e.host}:${e.port}${e.path ?? ''}`.slice(0, 80), String(e.status ?? '-'), String(e.bytesOut), String(e.bytesIn), e.secrets.join(',') || '-', e.reason ?? ''])]) + '\n');
   });
 
 // ---------- E2B

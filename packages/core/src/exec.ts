@@ -19,7 +19,10 @@ export function run(cmd: string, args: string[], timeoutMs = 30_000, input?: str
   return new Promise((resolve, reject) => {
     const child = execFile(cmd, args, { timeout: timeoutMs, killSignal: 'SIGKILL', maxBuffer: 16 * 1024 * 1024 }, (err, stdout, stderr) => {
       if (err) {
-        const detail = (stderr || err.message).trim().split('\n').slice(-5).join(' | ');
+        // A Go panic's message is at the top and its stack at the bottom: keep the lines that say what went wrong.
+        const lines = (stderr || err.message).trim().split('\n');
+        const telling = lines.filter((l) => /panic|error|fatal|fail/i.test(l) && !/^\s*(goroutine|\S+\.go:\d+|created by)/.test(l.trim())).slice(0, 3);
+        const detail = [...telling, ...lines.slice(-2)].join(' | ');
         reject(new SpaceError('DRIVER_FAILED', `${cmd} ${args.slice(0, 6).join(' ')} failed: ${detail}`, { cause: err }));
       } else resolve({ stdout, stderr });
     });

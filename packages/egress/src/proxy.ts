@@ -114,6 +114,11 @@ export class EgressProxy {
     this.inner = http.createServer(serverOpts, (req, res) => void this.onRequest(req, res));
     this.server.on('connection', (s: net.Socket) => {
       this.track(s);
+      // When the sandbox closes first, answer its FIN with a reset: a graceful close would leave
+      // its end in TIME_WAIT for a minute, and this runsc cannot checkpoint a sandbox holding
+      // one (a failed checkpoint kills it). The reset takes the endpoint straight to CLOSED; it
+      // must go out before Node's own graceful end (so it runs first), as TIME_WAIT ignores resets.
+      s.prependOnceListener('end', () => s.resetAndDestroy());
       const id = this.opts.sandboxAt(unmap(s.remoteAddress ?? ''));
       if (id) this.owners.set(s, id);
       else s.destroy();

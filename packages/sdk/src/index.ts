@@ -8,13 +8,15 @@
  * await sb.kill();
  */
 export { Sandbox } from './sandbox.js';
-export type { SandboxCreateOpts, SandboxEvent, SandboxInfo, SandboxListOpts, SandboxPage, SandboxState, SandboxUsage, SnapshotInfo, SnapshotPolicy } from './sandbox.js';
+export type { EgressLogPage, EgressPolicy, SandboxCreateOpts, SandboxEvent, SandboxInfo, SandboxListOpts, SandboxPage, SandboxState, SandboxUsage, SnapshotInfo, SnapshotPolicy } from './sandbox.js';
 export { Commands, CommandHandle, outputEvents } from './commands.js';
 export type { CommandResult, CommandRunOpts, OutputEvent, ProcessInfo } from './commands.js';
 export { Files } from './files.js';
 export type { EntryInfo, WriteData } from './files.js';
 export { Pty, PtyHandle } from './pty.js';
 export type { PtyCreateOpts } from './pty.js';
+export { Secrets } from './secrets.js';
+export type { SecretInfo, SecretSetOpts } from './secrets.js';
 export { Templates } from './templates.js';
 export type { BuildProgress, TemplateBuildOpts, TemplateInfo } from './templates.js';
 export { ApiClient, SpaceError } from './client.js';

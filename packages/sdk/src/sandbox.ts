@@ -1,5 +1,5 @@
 /** The `Sandbox` facade: create, connect, list, kill; sub-objects for commands, files, PTYs. */
-import type { CreateSandboxOpts, Sandbox as CoreSandbox, SandboxEvent, SandboxState as CoreSandboxState, Snapshot, SnapshotPolicy } from '@space/core';
+import type { CreateSandboxOpts, EgressLogPage, EgressPolicy, Sandbox as CoreSandbox, SandboxEvent, SandboxState as CoreSandboxState, Snapshot, SnapshotPolicy } from '@space/core';
 import { ApiClient, SpaceError, type ConnectionOpts } from './client.js';
 import { Commands } from './commands.js';
 import { Files } from './files.js';
@@ -27,7 +27,7 @@ export interface SandboxListOpts extends ConnectionOpts {
 
 /** A stored snapshot of a sandbox (memory, processes, filesystem). */
 export type SnapshotInfo = Snapshot;
-export type { SandboxEvent, SnapshotPolicy };
+export type { EgressLogPage, EgressPolicy, SandboxEvent, SnapshotPolicy };
 
 /** One page of sandboxes. */
 export interface SandboxPage {
@@ -191,6 +191,31 @@ export class Sandbox {
   /** What happened to the sandbox (snapshots, refusals, recoveries, ...), oldest first. */
   async events(): Promise<SandboxEvent[]> {
     return (await this.api.json<{ events: SandboxEvent[] }>('GET', `/v1/sandboxes/${this.id}/events`)).events;
+  }
+
+  /** The sandbox's egress policy. */
+  async egress(): Promise<EgressPolicy> {
+    return this.api.json<EgressPolicy>('GET', `/v1/sandboxes/${this.id}/egress`);
+  }
+
+  /** Replaces the egress policy (missing fields take their defaults); applies from the next request on. */
+  async setEgress(policy: Partial<EgressPolicy>): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('PUT', `/v1/sandboxes/${this.id}/egress`, { json: policy });
+  }
+
+  /** Attaches secrets by name: processes started from now on see placeholders in env vars of those names. */
+  async attachSecrets(names: string[]): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/secrets`, { json: { names } });
+  }
+
+  /** Detaches a secret: the proxy stops replacing its placeholder at the next request. */
+  async detachSecret(name: string): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('DELETE', `/v1/sandboxes/${this.id}/secrets/${encodeURIComponent(name)}`);
+  }
+
+  /** The audit log of the sandbox's egress, newest first. */
+  async egressLog(opts: { limit?: number; cursor?: string } = {}): Promise<EgressLogPage> {
+    return this.api.json<EgressLogPage>('GET', `/v1/sandboxes/${this.id}/egress/log`, { query: { limit: opts.limit, cursor: opts.cursor } });
   }
 
   /** Host memory the sandbox costs. */
