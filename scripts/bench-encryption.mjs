@@ -3,16 +3,15 @@
 // and reading a snapshot-sized object through the blob store with and without encryption.
 //   node scripts/bench-encryption.mjs [--iterations 5] [--write]
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { parseArgs } from 'node:util';
-import { quantile, writeSection } from './bench-lib.mjs';
-import { EncryptedBlobStore, KeyService, LocalKeyProvider } from '../packages/core/dist/index.js';
+import { openKeys, quantile, writeSection } from './bench-lib.mjs';
+import { EncryptedBlobStore } from '../packages/core/dist/index.js';
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
-import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { startSpaced, stopSpaced } from '../test/helpers.mjs';
 
@@ -23,12 +22,7 @@ const q = quantile;
 
 const dir = mkdtempSync('/tmp/spbenc-');
 try {
-  mkdirSync(path.join(dir, 'keys'));
-  writeFileSync(path.join(dir, 'keys', 'node.key'), randomBytes(32));
-  const store = SqliteStore.open(path.join(dir, 'space.db'));
-  const logger = { info() {}, warn() {}, error() {}, debug() {} };
-  const keys = new KeyService({ store, providers: [new LocalKeyProvider(path.join(dir, 'keys'))], nodeKey: { provider: 'local', ref: 'node.key' }, logger });
-  await keys.start();
+  const { store, keys } = await openKeys(dir);
   const plainStore = new LocalBlobStore(path.join(dir, 'plain'));
   const encStore = new EncryptedBlobStore(new LocalBlobStore(path.join(dir, 'enc')), keys, store);
   const data = randomBytes(SIZE);

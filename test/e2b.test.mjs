@@ -196,7 +196,7 @@ describe('E2B-compatible API (e2b SDK)', () => {
   });
 
   it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {
-    await assert.rejects(Sandbox.create('base', { ...opts, allowInternetAccess: true }), /Internet access from the sandbox is not supported/);
+    await assert.rejects(Sandbox.create('base', { ...opts, allowInternetAccess: true }), /internet access from the sandbox is not supported.*egress proxy/i);
     await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'] } }), /"network" is not supported/);
     await assert.rejects(Sandbox.create('no-such-template', opts), /TEMPLATE_NOT_FOUND/);
     const bad = await fetch(`${opts.apiUrl}/sandboxes`, { method: 'POST', headers: { 'X-API-KEY': 'e2b_0000000000000000000000000000000000000000', 'content-type': 'application/json' }, body: '{}' });

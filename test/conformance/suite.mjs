@@ -222,21 +222,27 @@ export function conformance(driver) {
       await other.kill();
     });
 
-    test('a sandbox has no network but its own loopback: not the daemon, not the host', async () => {
+    test('a sandbox reaches nothing but its egress proxy: not the daemon, not the host, not metadata, not DNS', async () => {
       const port = new URL(fx.url).port;
-      const ifaces = await sb.commands.run('cat /proc/net/dev');
-      assert.doesNotMatch(ifaces.stdout, /eth|veth|ens/, 'only loopback inside');
+      const ifaces = (await sb.commands.run('cat /proc/net/dev')).stdout.split('\n').slice(2).map((l) => l.split(':')[0].trim()).filter(Boolean);
+      const proxy = (await sb.commands.run('echo -n $HTTPS_PROXY')).stdout;
+      // With egress, one link (eth0) whose only destination is the proxy; without, loopback only.
+      assert.deepEqual(ifaces.sort(), proxy ? ['eth0', 'lo'] : ['lo']);
+      const p = proxy ? new URL(proxy) : undefined;
       // Try TCP connections with the node runtime every sandbox has at /.space; print each outcome.
-      const probe = `for (const [h, p] of [['127.0.0.1', ${port}], ['10.0.2.2', 80], ['169.254.169.254', 80], ['8.8.8.8', 53]]) {
+      const targets = [['127.0.0.1', Number(port)], ['10.0.2.2', 80], ['169.254.169.254', 80], ['8.8.8.8', 53], ...(p ? [[p.hostname, Number(port)], [p.hostname, 22], [p.hostname, Number(p.port)]] : [])];
+      const probe = `for (const [h, p] of ${JSON.stringify(targets)}) {
         await new Promise((r) => { const s = require('net').connect({ host: h, port: p, timeout: 3000 });
-          s.on('connect', () => { console.log(h, 'CONNECTED'); s.destroy(); r(); });
-          s.on('timeout', () => { console.log(h, 'TIMEOUT'); s.destroy(); r(); });
-          s.on('error', (e) => { console.log(h, e.code); r(); }); }); }`;
+          s.on('connect', () => { console.log(h, p, 'CONNECTED'); s.destroy(); r(); });
+          s.on('timeout', () => { console.log(h, p, 'TIMEOUT'); s.destroy(); r(); });
+          s.on('error', (e) => { console.log(h, p, e.code); r(); }); }); }`;
       const r = await sb.commands.run(['/.space/lib/ld-linux-x86-64.so.2', '--library-path', '/.space/lib', '/.space/node', '-e', `(async () => { ${probe} })()`]);
       assert.equal(r.exitCode, 0, r.stderr);
       const lines = r.stdout.trim().split('\n');
-      assert.equal(lines.length, 4, r.stdout);
-      for (const l of lines) assert.doesNotMatch(l, /CONNECTED/, `no connection may succeed: ${l}`);
+      assert.equal(lines.length, targets.length, r.stdout);
+      // The last line is the proxy, the one thing that must answer (so the probe can tell).
+      for (const l of p ? lines.slice(0, -1) : lines) assert.doesNotMatch(l, /CONNECTED/, `no connection may succeed: ${l}`);
+      if (p) assert.match(lines.at(-1), /CONNECTED/, `the egress proxy answers: ${lines.at(-1)}`);
     });
 
     test('kill ends the sandbox; commands on it fail with SANDBOX_NOT_RUNNING', async () => {

@@ -4,10 +4,10 @@
  * placeholders a sandbox gets instead of them, and the audit log. The proxy that applies
  * all of this lives in `@space/egress`; the sandbox network in `@space/sandbox-net`.
  */
-import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import net from 'node:net';
 import { SpaceError } from './errors.js';
-import type { KeyService } from './keys.js';
+import { seal, unseal, type KeyService } from './keys.js';
 import type { MetadataStore } from './store.js';
 
 /**
@@ -230,10 +230,6 @@ export class SecretService {
     }
     if (spec.format !== undefined && spec.header === undefined) throw new SpaceError('SECRET_INVALID', 'format needs header (the header it formats)', { details: { field: 'format' } });
     const { dataKey, record } = await this.opts.keys.newDataKey(tenantId, `secret/${tenantId}/${name}`);
-    const iv = randomBytes(12);
-    const c = createCipheriv('aes-256-gcm', dataKey, iv);
-    c.setAAD(aad(tenantId, name));
-    const ct = Buffer.concat([c.update(spec.value, 'utf8'), c.final()]);
     const now = new Date().toISOString();
     const prev = await this.opts.store.getSecret(tenantId, name);
     const rec: SecretRecord = {
@@ -244,7 +240,7 @@ export class SecretService {
       ...(spec.header ? { format: spec.format ?? '{value}' } : {}),
       createdAt: prev?.createdAt ?? now,
       updatedAt: now,
-      sealed: Buffer.concat([iv, c.getAuthTag(), ct]),
+      sealed: seal(dataKey, Buffer.from(spec.value, 'utf8'), aad(tenantId, name)),
     };
     // The data key first: a crash between the two leaves an unused key, never an unreadable secret.
     await this.opts.store.putDataKey(record);
@@ -280,11 +276,7 @@ export class SecretService {
     if (!r) return undefined;
     const d = await this.opts.store.getDataKey(`secret/${tenantId}/${name}`);
     if (!d) throw new SpaceError('INTERNAL', `The data key of secret ${name} is missing`);
-    const key = await this.opts.keys.unwrapRecord(d);
-    const dc = createDecipheriv('aes-256-gcm', key, r.sealed.subarray(0, 12));
-    dc.setAAD(aad(tenantId, name));
-    dc.setAuthTag(r.sealed.subarray(12, 28));
-    const value = Buffer.concat([dc.update(r.sealed.subarray(28)), dc.final()]).toString('utf8');
+    const value = unseal(await this.opts.keys.unwrapRecord(d), r.sealed, aad(tenantId, name)).toString('utf8');
     return { ...info(r), value };
   }
 

@@ -26,7 +26,7 @@ export type { PoolHooks, PoolStatus } from './pool.js';
 export type { CreateSandboxOpts, ForkResult, ListSandboxesOpts, Logger, SandboxEgressOptions, SandboxServiceOptions } from './service.js';
 export { ApiKeys, publicKey } from './auth.js';
 export type { CreatedApiKey, Principal } from './auth.js';
-export { KeyService, LocalKeyProvider, NODE_TENANT } from './keys.js';
+export { KeyService, LocalKeyProvider, NODE_TENANT, seal, unseal } from './keys.js';
 export type { DataKeyRecord, KeyProvider, TenantKey } from './keys.js';
 export { EncryptedBlobStore, ENCRYPTION_CHUNK } from './encrypted-blobs.js';
 export { DedupBlobStore, cutPoint } from './dedup-blobs.js';

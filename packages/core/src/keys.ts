@@ -35,8 +35,15 @@ export interface KeyProvider {
   health(): Promise<{ ok: boolean; detail: string }>;
 }
 
-/** AES-256-GCM with a random 96-bit nonce: nonce | tag | ciphertext. */
-function seal(key: Buffer, plain: Buffer, aad: Buffer): Buffer {
+/**
+ * AES-256-GCM with a random 96-bit nonce: nonce | tag | ciphertext. `aad` binds what the
+ * ciphertext belongs to (it must be given again to open it).
+ *
+ * @example
+ * const sealed = seal(dataKey, Buffer.from('value'), Buffer.from('secret\0tenant-a\0NAME'));
+ * unseal(dataKey, sealed, Buffer.from('secret\0tenant-a\0NAME')).toString(); // "value"
+ */
+export function seal(key: Buffer, plain: Buffer, aad: Buffer): Buffer {
   const nonce = randomBytes(12);
   const c = createCipheriv('aes-256-gcm', key, nonce);
   c.setAAD(aad);
@@ -44,7 +51,8 @@ function seal(key: Buffer, plain: Buffer, aad: Buffer): Buffer {
   return Buffer.concat([nonce, c.getAuthTag(), ct]);
 }
 
-function open(key: Buffer, sealed: Buffer, aad: Buffer): Buffer {
+/** Opens what {@link seal} sealed; throws if the key, the data or `aad` differ. */
+export function unseal(key: Buffer, sealed: Buffer, aad: Buffer): Buffer {
   const d = createDecipheriv('aes-256-gcm', key, sealed.subarray(0, 12));
   d.setAAD(aad);
   d.setAuthTag(sealed.subarray(12, 28));
@@ -91,7 +99,7 @@ export class LocalKeyProvider implements KeyProvider {
   async unwrap(ref: string, wrapped: Buffer): Promise<Buffer> {
     const kek = await this.load(ref);
     try {
-      return open(kek, wrapped, Buffer.from(`space-dek:${ref}`));
+      return unseal(kek, wrapped, Buffer.from(`space-dek:${ref}`));
     } catch (err) {
       throw new SpaceError('KEY_INVALID', `Key ${ref} does not unwrap this data key (the key file changed?)`, { cause: err });
     }

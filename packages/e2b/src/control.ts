@@ -80,8 +80,10 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
   const create = async (req: FastifyRequest) => {
     const tenantId = await tenantOf(req);
     const b = (req.body ?? {}) as Body;
-    for (const k of ['network', 'iam', 'mcp', 'volumeMounts'] as const) if (b[k] !== undefined && b[k] !== null) throw unsupported(`"${k}"`);
-    if (b.allow_internet_access === true) throw unsupported('Internet access from the sandbox', 'SPACE sandboxes have no network of their own');
+    const egressHint = "a SPACE sandbox reaches only its egress proxy: allow destinations with SPACE's API (PUT /v1/sandboxes/{id}/egress, `space egress allow ID --domain HOST`), see docs/egress.md";
+    if (b.network !== undefined && b.network !== null) throw unsupported('"network"', egressHint);
+    for (const k of ['iam', 'mcp', 'volumeMounts'] as const) if (b[k] !== undefined && b[k] !== null) throw unsupported(`"${k}"`);
+    if (b.allow_internet_access === true) throw unsupported('Open internet access from the sandbox', egressHint);
     if (b.autoPauseMemory === false) throw unsupported('Pausing without memory (autoPauseMemory: false)');
     if ((b.autoResume as { enabled?: boolean } | undefined)?.enabled) throw unsupported('Resuming on traffic (autoResume)');
     if (b.secure === false) throw unsupported('Sandboxes without an access token (secure: false)');

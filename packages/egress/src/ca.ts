@@ -6,10 +6,10 @@
  */
 import 'reflect-metadata';
 import * as x509 from '@peculiar/x509';
-import { createCipheriv, createDecipheriv, randomBytes, webcrypto } from 'node:crypto';
+import { randomBytes, webcrypto } from 'node:crypto';
 import net from 'node:net';
 import tls from 'node:tls';
-import type { KeyService, MetadataStore, TenantCaRecord } from '@space/core';
+import { seal, unseal, type KeyService, type MetadataStore, type TenantCaRecord } from '@space/core';
 
 x509.cryptoProvider.set(webcrypto as unknown as Crypto);
 
@@ -27,21 +27,6 @@ interface LiveCa {
   /** One key pair for every server certificate of the tenant. */
   leafKeys: CryptoKeyPair;
   leafKeyPem: string;
-}
-
-function seal(key: Buffer, plain: Buffer, aad: Buffer): Buffer {
-  const iv = randomBytes(12);
-  const c = createCipheriv('aes-256-gcm', key, iv);
-  c.setAAD(aad);
-  const ct = Buffer.concat([c.update(plain), c.final()]);
-  return Buffer.concat([iv, c.getAuthTag(), ct]);
-}
-
-function unseal(key: Buffer, sealed: Buffer, aad: Buffer): Buffer {
-  const d = createDecipheriv('aes-256-gcm', key, sealed.subarray(0, 12));
-  d.setAAD(aad);
-  d.setAuthTag(sealed.subarray(12, 28));
-  return Buffer.concat([d.update(sealed.subarray(28)), d.final()]);
 }
 
 const pem = (label: string, der: ArrayBuffer) => `-----BEGIN ${label}-----\n${Buffer.from(der).toString('base64').replace(/.{64}/g, '$&\n').replace(/\n?$/, '\n')}-----END ${label}-----\n`;

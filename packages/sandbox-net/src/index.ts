@@ -30,6 +30,9 @@ export interface SandboxNetOptions {
 /** The default range of sandbox links. */
 export const DEFAULT_SANDBOX_RANGE = '10.231.0.0/16';
 
+/** Ranges a daemon picks from, in order, when it is given none: the first one no other daemon holds. */
+export const DEFAULT_SANDBOX_RANGES = Array.from({ length: 9 }, (_, i) => `10.${231 + i}.0.0/16`);
+
 const toInt = (a: string) => a.split('.').reduce((n, o) => n * 256 + Number(o), 0);
 const toIp = (n: number) => [24, 16, 8, 0].map((s) => (n >>> s) & 255).join('.');
 
@@ -129,8 +132,30 @@ export class SandboxNet implements SandboxNetwork {
     }
   }
 
+  /**
+   * True when this range's proxy address is already on the host (another daemon uses the
+   * range, or one that stopped with sandboxes left running).
+   */
+  async taken(): Promise<boolean> {
+    const lo = JSON.parse((await run('ip', ['-j', '-4', 'addr', 'show', 'dev', 'lo'], 5_000)).stdout || '[]') as { addr_info?: { local: string }[] }[];
+    return lo.some((l) => (l.addr_info ?? []).some((a) => a.local === this.proxyAddress));
+  }
+
+  /**
+   * The first of `ranges` that is free on this host: no other daemon's proxy address, no host
+   * route overlapping it.
+   */
+  static async pickFree(ranges: string[], proxyPort?: number): Promise<string> {
+    for (const r of ranges) {
+      const n = new SandboxNet({ range: r, ...(proxyPort ? { proxyPort } : {}) });
+      if (await n.taken()) continue;
+      if (await n.checkOverlap().then(() => true, () => false)) return r;
+    }
+    throw new SpaceError('EGRESS_UNAVAILABLE', `None of the sandbox networks ${ranges.join(', ')} is free on this host: pass one with --sandbox-net`);
+  }
+
   /** Refuses a range that a route of the host already covers (it would shadow or be shadowed). */
-  private async checkOverlap(): Promise<void> {
+  async checkOverlap(): Promise<void> {
     const routes = JSON.parse((await run('ip', ['-j', '-4', 'route', 'show', 'table', 'all'], 10_000)).stdout || '[]') as { dst: string; dev?: string; type?: string }[];
     const mine = new RegExp(`^sx${this.tag}i`);
     const size = this.slots * 4;

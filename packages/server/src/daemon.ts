@@ -149,7 +149,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   }
   let egress: Awaited<ReturnType<typeof prepareEgress>>;
   try {
-    egress = await prepareEgress({ ...egressFromEnv(), ...(opts.egress ?? {}) }, { store, keys: encryptionKeys, logger });
+    egress = await prepareEgress({ ...egressFromEnv(), ...(opts.egress ?? {}) }, { dataDir, store, keys: encryptionKeys, logger });
   } catch (err) {
     pkcs11?.close();
     await store.close();

@@ -2,18 +2,22 @@
  * Wires sandbox networking into the daemon: the sandbox network (links into each sandbox's
  * namespace), the egress proxy on the network's proxy address, tenants' CAs and secrets.
  */
-import { readFileSync } from 'node:fs';
+import { existsSync, promises as fs, readFileSync } from 'node:fs';
+import path from 'node:path';
 import net from 'node:net';
 import { SecretService, SpaceError, type KeyService, type Logger, type MetadataStore, type SandboxEgressOptions, type SandboxService } from '@space/core';
 import { EgressProxy, TenantCas } from '@space/egress';
-import { DEFAULT_SANDBOX_RANGE, SandboxNet } from '@space/sandbox-net';
+import { DEFAULT_SANDBOX_RANGES, SandboxNet } from '@space/sandbox-net';
 import { TRUST_FILES } from '@space/protocol';
 
 /** Egress settings of the daemon (flags `--egress`, `--sandbox-net`, `--egress-port`, `--egress-ca-file`, `--egress-host`). */
 export interface EgressOptions {
   /** "off": sandboxes get no network at all. @default "on" */
   mode?: 'on' | 'off';
-  /** IPv4 range of sandbox links. @default "10.231.0.0/16" */
+  /**
+   * IPv4 range of sandbox links. @default the one this data directory used before, else the
+   * first free of 10.231.0.0/16 … 10.239.0.0/16 (kept in `<data>/sandbox-net`)
+   */
   range?: string;
   /** Port of the egress proxy. @default 3128 */
   port?: number;
@@ -51,11 +55,17 @@ export interface Egress {
  * Prepares sandbox networking. Sets up the host side now (so a host that cannot do it stops
  * the daemon with a clear error); the proxy starts with {@link Egress.start}.
  */
-export async function prepareEgress(opts: EgressOptions, deps: { store: MetadataStore; keys: KeyService; logger: Logger }): Promise<Egress | undefined> {
+export async function prepareEgress(opts: EgressOptions, deps: { dataDir: string; store: MetadataStore; keys: KeyService; logger: Logger }): Promise<Egress | undefined> {
   if (opts.mode === 'off') return undefined;
-  const network = new SandboxNet({ ...(opts.range ? { range: opts.range } : {}), ...(opts.port ? { proxyPort: opts.port } : {}) });
+  // The range must stay the same across restarts (running sandboxes keep their links).
+  const rangeFile = path.join(deps.dataDir, 'sandbox-net');
+  let range: string;
+  let network: SandboxNet;
   try {
+    range = opts.range ?? (existsSync(rangeFile) ? (await fs.readFile(rangeFile, 'utf8')).trim() : await SandboxNet.pickFree(DEFAULT_SANDBOX_RANGES, opts.port));
+    network = new SandboxNet({ range, ...(opts.port ? { proxyPort: opts.port } : {}) });
     await network.init();
+    await fs.writeFile(rangeFile, `${range}\n`, { mode: 0o600 });
   } catch (err) {
     if (err instanceof SpaceError && err.code === 'EGRESS_UNAVAILABLE') throw err;
     throw new SpaceError('EGRESS_UNAVAILABLE', `Cannot set up the sandbox network (${err instanceof Error ? err.message : String(err)}): run as root with iproute2 and nftables, or start with --egress off`, { cause: err });
@@ -91,7 +101,7 @@ export async function prepareEgress(opts: EgressOptions, deps: { store: Metadata
         reveal: (tenantId, name) => secrets.reveal(tenantId, name),
         cas,
         audit: (e) => void secrets.audit(e).catch((err) => deps.logger.warn({ err }, 'egress audit entry lost')),
-        neverReach: [opts.range ?? DEFAULT_SANDBOX_RANGE],
+        neverReach: [range],
         forbiddenEndpoint: daemonEndpoint,
         ...(upstreamCa ? { upstreamCa } : {}),
         ...(opts.hosts ? { hosts: opts.hosts } : {}),
@@ -102,7 +112,7 @@ export async function prepareEgress(opts: EgressOptions, deps: { store: Metadata
       } catch (err) {
         throw new SpaceError('EGRESS_UNAVAILABLE', `The egress proxy cannot listen on ${proxyUrl} (${(err as NodeJS.ErrnoException).code ?? String(err)}): is another daemon using this sandbox network? Pass another --sandbox-net`, { cause: err });
       }
-      deps.logger.info({ proxy: proxyUrl }, 'egress proxy listening');
+      deps.logger.info({ proxy: proxyUrl, sandboxNet: range }, 'egress proxy listening');
     },
     async close() {
       await proxy?.close();
