@@ -3,38 +3,36 @@
 // directly from the host, and through the proxy (CONNECT, TLS terminated with the tenant's CA,
 // policy check, secret swap, audit, a new verified TLS connection upstream).
 //   node scripts/bench-egress.mjs [--requests 500] [--rounds 3] [--mb 100] [--write]
+// SPACE_BENCH_PROF=1 writes a CPU profile of the proxy process to /tmp/prof.
+import { fork } from 'node:child_process';
+import { once } from 'node:events';
 import http from 'node:http';
 import https from 'node:https';
-import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import tls from 'node:tls';
 import { parseArgs } from 'node:util';
-import { openKeys, quantile, writeSection } from './bench-lib.mjs';
-import { SecretService } from '../packages/core/dist/index.js';
-import { EgressProxy, TenantCas } from '../packages/egress/dist/index.js';
-import { startUpstream } from '../test/tls-server.mjs';
+import { quantile, writeSection } from './bench-lib.mjs';
 
 const { values } = parseArgs({ options: { requests: { type: 'string', default: '500' }, rounds: { type: 'string', default: '3' }, mb: { type: 'string', default: '100' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.requests);
 const ROUNDS = Number(values.rounds);
 const BYTES = Number(values.mb) * 1048576;
 const HOST = 'api.example.test';
+const PARTS = new URL('./bench-egress-parts.mjs', import.meta.url).pathname;
 
-const dir = mkdtempSync('/tmp/spbeg-');
-const up = await startUpstream([HOST]);
-let proxy;
+/** Starts one part in its own process (as in production: the server elsewhere, the proxy in the daemon). */
+async function part(...args) {
+  const child = fork(PARTS, args, { stdio: ['ignore', 'inherit', 'inherit', 'ipc'], execArgv: process.env.SPACE_BENCH_PROF && args[0] === 'proxy' ? ['--cpu-prof', '--cpu-prof-dir=/tmp/prof'] : [] });
+  const [msg] = await once(child, 'message');
+  return { child, ...msg };
+}
+
+const placeholder = 'space_ph_0123456789abcdef0123456789abcdef';
+const up = await part('upstream');
+const proxy = await part('proxy', JSON.stringify({ httpsPort: up.httpsPort, caPem: up.caPem }), placeholder);
 try {
-  const { store, keys } = await openKeys(dir);
-  const secrets = new SecretService({ store, keys });
-  await secrets.set('bench', { name: 'API_TOKEN', value: 'the-real-value', hosts: [HOST] });
-  const cas = new TenantCas({ store, keys });
-  const placeholder = 'space_ph_0123456789abcdef0123456789abcdef';
-  const ctx = { sandboxId: 'sbbench', tenantId: 'bench', policy: { domains: [HOST], cidrs: ['127.0.0.1/32'], ports: [up.httpsPort], passthrough: [] }, secrets: [{ name: 'API_TOKEN', placeholder }] };
-  // The daemon's audit goes to SQLite the same way.
-  proxy = new EgressProxy({ host: '127.0.0.1', port: 0, sandboxAt: () => 'sbbench', context: async () => ctx, reveal: (t, n) => secrets.reveal(t, n), cas, audit: (e) => void secrets.audit(e), upstreamCa: up.caPem, hosts: { [HOST]: '127.0.0.1' } });
-  await proxy.listen();
-  const tenantCa = await cas.certificate('bench');
-
+  const tenantCa = proxy.tenantCa;
+  const upPort = up.httpsPort;
   /** An agent whose connections are CONNECT tunnels through the proxy (what a sandbox's client does). */
   class TunnelAgent extends https.Agent {
     createConnection(o, cb) {
@@ -54,7 +52,7 @@ try {
   const get = (via, p) =>
     new Promise((resolve, reject) => {
       const t0 = performance.now();
-      const req = https.get({ host: HOST, port: up.httpsPort, path: p, headers: { 'x-api-key': placeholder }, ...via }, (res) => {
+      const req = https.get({ host: HOST, port: upPort, path: p, headers: { 'x-api-key': placeholder }, ...via }, (res) => {
         let n = 0;
         res.on('data', (d) => (n += d.length));
         res.on('end', () => (res.statusCode === 200 ? resolve({ ms: performance.now() - t0, bytes: n }) : reject(new Error(`HTTP ${res.statusCode}`))));
@@ -64,6 +62,17 @@ try {
 
   const lat = { direct: [], proxied: [], directNew: [], proxiedNew: [] };
   const tput = { direct: [], proxied: [] };
+  /** CPU time of each process so far, ms. */
+  const cpuOf = async () => {
+    const out = { client: (process.cpuUsage().user + process.cpuUsage().system) / 1000 };
+    for (const [w, p] of [['upstream', up], ['proxy', proxy]]) {
+      p.child.send('cpu');
+      const [{ cpu: c }] = await once(p.child, 'message');
+      out[w] = (c.user + c.system) / 1000;
+    }
+    return out;
+  };
+  const cpu = { direct: { client: [], upstream: [], proxy: [] }, proxied: { client: [], upstream: [], proxy: [] } };
   for (let r = 0; r < ROUNDS; r++) {
     for (let i = 0; i < N; i++) {
       // Interleaved, so both see the same machine.
@@ -75,12 +84,16 @@ try {
       lat.proxiedNew.push((await get(fresh.proxied(), '/small')).ms);
     }
     for (const [k, via] of [['direct', direct], ['proxied', proxied]]) {
+      const before = await cpuOf();
       const { ms, bytes } = await get(via, `/bytes/${BYTES}`);
+      const after = await cpuOf();
       if (bytes !== BYTES) throw new Error(`${k}: got ${bytes} of ${BYTES} bytes`);
       tput[k].push(bytes / 1048576 / (ms / 1000));
+      for (const w of ['client', 'upstream', 'proxy']) cpu[k][w].push((after[w] - before[w]) / ms);
     }
   }
-  const injected = up.seen.filter((s) => s.headers['x-api-key'] === 'the-real-value').length;
+  up.child.send('injected');
+  const [{ injected }] = await once(up.child, 'message');
   if (injected < ROUNDS * N) throw new Error(`the proxy swapped the placeholder in only ${injected} requests`);
 
   const p50 = (xs) => quantile(xs, 50);
@@ -92,17 +105,19 @@ try {
     ['HTTPS GET, new connection each: p50 / p95 ms', `${f(p50(lat.directNew))} / ${f(p95(lat.directNew))}`, `${f(p50(lat.proxiedNew))} / ${f(p95(lat.proxiedNew))}`, `+${f(p50(lat.proxiedNew) - p50(lat.directNew))} ms`, '-', ''],
     [`${values.mb} MB download: MB/s (median of ${ROUNDS})`, f(med(tput.direct), 0), f(med(tput.proxied), 0), `${f(med(tput.proxied) / med(tput.direct))}x`, '≥ 0.8x', med(tput.proxied) / med(tput.direct) >= 0.8 ? '✓' : '✗'],
   ];
+  const busy = (k) => ['client', 'upstream', 'proxy'].map((w) => `${w} ${f(med(cpu[k][w]) * 100, 0)}%`).join(', ');
+  rows.push([`${values.mb} MB download: CPU busy (of one core)`, busy('direct'), busy('proxied'), '', '', '']);
   const table = ['| measure | direct | through the proxy | difference | target | |', '|---|---|---|---|---|---|', ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
   const body = `Command: \`node scripts/bench-egress.mjs --requests ${N} --rounds ${ROUNDS} --mb ${values.mb}${values.write ? ' --write' : ''}\` (${os.cpus().length} cores, ${new Date().toISOString().slice(0, 10)}).
-From the host to an HTTPS server on loopback, direct and through the egress proxy in the same process, interleaved.
+From the host to an HTTPS server on loopback (its own process), directly and through the egress proxy (its own process, as in the daemon), interleaved in one run.
 Through the proxy every request is checked against a policy, has a secret placeholder swapped for its value (verified at the server: ${injected} requests), is audited to SQLite, and goes upstream over a verified TLS connection; the client's TLS ends at the proxy with a certificate from the tenant's CA.
 
 ${table}`;
   console.log(body);
   if (values.write) writeSection('egress', 'Egress proxy', body);
-  await store.close();
 } finally {
-  await proxy?.close();
-  await up.close();
-  rmSync(dir, { recursive: true, force: true });
+  for (const p of [proxy, up]) {
+    p.child.send('stop');
+    await once(p.child, 'exit');
+  }
 }

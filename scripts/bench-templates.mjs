@@ -6,7 +6,7 @@
 //   - 20 concurrent creates vs 20 sequential: throughput (target ≥ 1.3x) and p95 latency;
 //   - host memory per pooled sandbox.
 //   node scripts/bench-templates.mjs [--iterations 30] [--write]
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -25,7 +25,14 @@ const dataDir = mkdtempSync('/tmp/spbt-');
 const spaced = await startSpaced(dataDir);
 const { conn } = spaced;
 const bareRoot = path.join(dataDir, 'bare');
-const R = (...a) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), '--network=none', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
+/** Runs a command to its end without blocking the event loop (the SDK's keep-alive connections stay served). */
+const exec = (cmd, args, input) =>
+  new Promise((resolve) => {
+    const c = spawn(cmd, args, { stdio: [input === undefined ? 'ignore' : 'pipe', 'ignore', 'ignore'] });
+    if (input !== undefined) c.stdin.end(input);
+    c.on('close', resolve);
+  });
+const R = (...a) => exec('runsc', ['--root', path.join(bareRoot, 'state'), '--network=none', '--overlay2=root:memory', ...a]);
 
 /** Host memory of sandboxes whose cgroup is not in `except`: RSS of their processes and cgroup usage. */
 function spaceMemory(except = new Set()) {
@@ -84,13 +91,39 @@ try {
     delete cfg.linux.cgroupsPath;
     writeFileSync(path.join(b, 'config.json'), JSON.stringify(cfg));
     const t = now();
-    R('restore', '--image-path', imageDir, '--detach', '--bundle', b, `bare${i}`);
-    R('exec', `bare${i}`, '/bin/true');
+    await R('restore', '--image-path', imageDir, '--detach', '--bundle', b, `bare${i}`);
+    await R('exec', `bare${i}`, '/bin/true');
     bare.push(now() - t);
-    R('kill', `bare${i}`, 'KILL');
-    R('delete', '--force', `bare${i}`);
+    await R('kill', `bare${i}`, 'KILL');
+    await R('delete', '--force', `bare${i}`);
   }
-  add('create + `true`, restored from the template snapshot (SDK)', restore, 'bare `runsc restore` + `runsc exec` of the same image', bare, '≤ 1.2x bare');
+  // The same with the least a networked sandbox needs: a netns with a veth, --network=sandbox
+  // (through the /proc/sys/net/core tmpfs this runsc needs on a 6.x kernel), as SPACE does.
+  const bareNet = [];
+  for (let i = 0; i < N; i++) {
+    const b = path.join(bareRoot, `n${i}`);
+    const sock = path.join(bareRoot, `nsock${i}`);
+    const ns = `spbench-${process.pid}-${i}`;
+    mkdirSync(b, { recursive: true });
+    mkdirSync(sock, { recursive: true });
+    const cfg = structuredClone(bundleConfig);
+    cfg.mounts = cfg.mounts.map((m) => (m.destination === '/run/space' ? { ...m, source: sock } : m));
+    cfg.linux.namespaces = cfg.linux.namespaces.map((n) => (n.type === 'network' ? { type: 'network', path: `/var/run/netns/${ns}` } : n));
+    delete cfg.linux.cgroupsPath;
+    writeFileSync(path.join(b, 'config.json'), JSON.stringify(cfg));
+    const t = now();
+    await exec('ip', ['netns', 'add', ns]);
+    await exec('ip', ['-b', '-'], `link add spbv${i} type veth peer name eth0 netns ${ns}\naddr add 10.254.${i}.1/30 dev spbv${i}\nlink set spbv${i} up\n`);
+    await exec('ip', ['-n', ns, '-b', '-'], `addr add 10.254.${i}.2/30 dev eth0\nlink set eth0 up\nlink set lo up\n`);
+    await exec('unshare', ['-m', '--propagation', 'private', 'sh', '-c', `nsenter --net=/var/run/netns/${ns} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, 'runsc', '--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', 'restore', '--image-path', imageDir, '--detach', '--bundle', b, `baren${i}`]);
+    await R('exec', `baren${i}`, '/bin/true');
+    bareNet.push(now() - t);
+    await R('kill', `baren${i}`, 'KILL');
+    await R('delete', '--force', `baren${i}`);
+    await exec('ip', ['netns', 'del', ns]);
+  }
+  add('create + `true`, restored from the template snapshot (SDK)', restore, 'bare `runsc restore` + `runsc exec`, netns + veth, `--network=sandbox`', bareNet, '≤ 1.2x bare');
+  add('  the same bare, without a network (`--network=none`)', bare, undefined, undefined, 'reported');
   add('  of which the runtime\'s restore', parts.restoreMs, undefined, undefined, '—');
   add('  of which the agent\'s reconnect', parts.agentMs, undefined, undefined, '—');
   add('  of which identity (id, hostname, env)', parts.identityMs, undefined, undefined, '—');
@@ -139,7 +172,7 @@ try {
   const table = lines.join('\n');
   console.log(table);
   if (values.write) {
-    writeSection('templates', 'Fast start: template snapshots, warm pools, concurrent creates (issue 3)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-templates.mjs --write\` (part of \`./space bench\`). The bare baseline restores the very image creates restore, with the same bundle (minus the daemon's socket, netns and cgroup), and runs \`/bin/true\` with \`runsc exec\`.\n\n${table}`);
+    writeSection('templates', 'Fast start: template snapshots, warm pools, concurrent creates (issue 3)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-templates.mjs --write\` (part of \`./space bench\`). The bare baseline restores the very image creates restore, with the same bundle (minus the daemon's socket and cgroup) in a netns with one veth and \`--network=sandbox\` (what any networked runsc sandbox needs; SPACE adds its nftables rules, the agent's identity and trust store), and runs \`/bin/true\` with \`runsc exec\`; the same without any network is reported too.\n\n${table}`);
   }
 } finally {
   const st = path.join(bareRoot, 'state');

@@ -20,7 +20,7 @@ import {
   type IdentityRequest,
   TRUST_FILES,
 } from '@space/protocol';
-import { promises as fs } from 'node:fs';
+import { appendFileSync, mkdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import * as files from './files.js';
 import { snapshotBlockers } from './snapshot.js';
 import { AgentError, ProcessTable, setHostname, type Proc } from './processes.js';
@@ -50,19 +50,30 @@ async function takeIdentity(req: IdentityRequest): Promise<void> {
     for (const [k, v] of Object.entries(req.env)) if (typeof v === 'string') baseEnv[k] = v;
   }
   baseEnv.SPACE_SANDBOX_ID = sandboxId;
-  if (req.trust !== undefined) await trust(req.trust);
+  if (req.trust !== undefined) trust(req.trust);
 }
 
-/** Installs the egress CA: its own file, a bundle with the system roots, and the system bundle. */
-async function trust(pem: string): Promise<void> {
+/** The egress CA this agent has installed (a sandbox belongs to one tenant: at most one). */
+let trusted: string | undefined;
+
+/**
+ * Installs the egress CA: its own file, appended to the system bundle when the image has one
+ * (which the bundle path then links to), else the bundle path holds the CA alone. It runs on
+ * every create, so it is cheap: a few small synchronous writes (the promise API would cost a
+ * thread hop per call, which is slow under gVisor's ptrace platform).
+ */
+function trust(pem: string): void {
   if (typeof pem !== 'string' || !/^-----BEGIN CERTIFICATE-----\n[A-Za-z0-9+/=\n]+-----END CERTIFICATE-----\n?$/.test(pem)) throw new AgentError('BAD_REQUEST', 'trust must be one PEM certificate');
   const cert = pem.endsWith('\n') ? pem : `${pem}\n`;
-  await fs.mkdir(path.dirname(TRUST_FILES.ca), { recursive: true, mode: 0o755 });
-  const system = await fs.readFile(TRUST_FILES.system, 'utf8').catch(() => undefined);
-  const roots = (system ?? '').split(cert).join('');
-  await fs.writeFile(TRUST_FILES.ca, cert, { mode: 0o644 });
-  await fs.writeFile(TRUST_FILES.bundle, `${roots}${roots && !roots.endsWith('\n') ? '\n' : ''}${cert}`, { mode: 0o644 });
-  if (system !== undefined && !system.includes(cert)) await fs.appendFile(TRUST_FILES.system, `${system.endsWith('\n') || !system ? '' : '\n'}${cert}`);
+  if (trusted === cert) return;
+  mkdirSync(path.dirname(TRUST_FILES.ca), { recursive: true, mode: 0o755 });
+  writeFileSync(TRUST_FILES.ca, cert, { mode: 0o644 });
+  rmSync(TRUST_FILES.bundle, { force: true });
+  if (statSync(TRUST_FILES.system, { throwIfNoEntry: false })?.isFile()) {
+    appendFileSync(TRUST_FILES.system, `\n${cert}`);
+    symlinkSync(TRUST_FILES.system, TRUST_FILES.bundle);
+  } else writeFileSync(TRUST_FILES.bundle, cert, { mode: 0o644 });
+  trusted = cert;
 }
 
 let conn: Connection | undefined;

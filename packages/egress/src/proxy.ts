@@ -400,7 +400,8 @@ export class EgressProxy {
         });
       });
       up.once('timeout', () => up.destroy(new Error('upstream timed out')));
-      up.once('socket', (s) => s.once('connect', () => up.setTimeout(0)));
+      // The timeout is for connecting: a reused keep-alive socket is connected already.
+      up.once('socket', (s) => (s.connecting ? s.once('connect', () => up.setTimeout(0)) : up.setTimeout(0)));
       up.once('error', (e: NodeJS.ErrnoException) => {
         const reason = `upstream ${to.host}:${to.port}: ${e.code ?? ''} ${e.message}`.replace(/\s+/g, ' ').trim();
         if (!res.headersSent) {

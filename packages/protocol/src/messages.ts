@@ -209,7 +209,7 @@ export interface IdentityRequest {
 export const TRUST_FILES = {
   /** The egress CA alone (NODE_EXTRA_CA_CERTS). */
   ca: '/etc/space/egress-ca.pem',
-  /** The system's roots plus the egress CA (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE). */
+  /** The system's roots plus the egress CA (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE): a link to the system bundle, or the CA alone. */
   bundle: '/etc/space/ca-bundle.pem',
   /** The system bundle the CA is appended to, when the image has one. */
   system: '/etc/ssl/certs/ca-certificates.crt',
