@@ -30,7 +30,7 @@ if (role === 'upstream') {
   await secrets.set('bench', { name: 'API_TOKEN', value: 'the-real-value', hosts: [HOST] });
   const cas = new TenantCas({ store, keys });
   const ctx = { sandboxId: 'sbbench', tenantId: 'bench', policy: { domains: [HOST], cidrs: ['127.0.0.1/32'], ports: [httpsPort], passthrough: [] }, secrets: [{ name: 'API_TOKEN', placeholder: process.argv[4] }] };
-  const proxy = new EgressProxy({ host: '127.0.0.1', port: 0, sandboxAt: () => 'sbbench', context: async () => ctx, reveal: (t, n) => secrets.reveal(t, n), cas, audit: (e) => void secrets.audit(e), upstreamCa: caPem, hosts: { [HOST]: '127.0.0.1' } });
+  const proxy = new EgressProxy({ host: '127.0.0.1', port: 0, sandboxAt: () => 'sbbench', context: async () => ctx, describe: (t, n) => secrets.get(t, n).catch(() => undefined), reveal: (t, n) => secrets.reveal(t, n), cas, audit: (e) => void secrets.audit(e), upstreamCa: caPem, hosts: { [HOST]: '127.0.0.1' } });
   await proxy.listen();
   process.on('message', async (m) => {
     if (m === 'cpu') process.send({ cpu: process.cpuUsage() });

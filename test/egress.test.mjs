@@ -255,6 +255,20 @@ for i in range(3):
     assert.equal(up.seen.find((r) => r.url === '/reattached').headers['x-api-key'], `${VALUE}-rotated`);
   });
 
+  it('passthrough destinations are tunnelled as raw TCP: no interception, no secrets, one audit entry', async () => {
+    const dest = `api.example.test:${up.httpPort}`;
+    // Through CONNECT (curl -p), a plain HTTP request: refused until the policy lists it as passthrough.
+    const cmd = `curl -sS -p -o /dev/null -w '%{http_code}' http://${dest}/passthrough -H "X-Api-Key: $API_TOKEN" 2>&1`;
+    assert.match((await sh(sb, cmd)).stdout, /403/);
+    await sb.setEgress({ domains: ['api.example.test'], cidrs: ['127.0.0.1/32'], ports: [up.httpsPort], passthrough: [dest] });
+    assert.equal((await sh(sb, cmd)).stdout, '200');
+    const ph = sb.info.secrets.find((a) => a.name === 'API_TOKEN').placeholder;
+    assert.equal(up.seen.find((r) => r.url === '/passthrough').headers['x-api-key'], ph, 'not intercepted: the placeholder went through unchanged');
+    const e = await eventually(async () => (await sb.egressLog({ limit: 20 })).items.find((x) => x.method === 'TCP' && x.port === up.httpPort));
+    assert.deepEqual([e.scheme, e.decision, e.secrets], ['tcp', 'allowed', []]);
+    assert.ok(e.bytesOut > 0 && e.bytesIn > 0);
+  });
+
   it('forks and a hibernated-then-woken sandbox still reach only the proxy and still get secrets injected', async () => {
     const url = `https://api.example.test:${up.httpsPort}`;
     const [child] = await sb.fork({ count: 1 });

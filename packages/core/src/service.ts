@@ -645,10 +645,6 @@ export class SandboxService {
     }
   }
 
-  /**
-   * Sets a new timeout, counted from now (`0` = none). A hibernated sandbox keeps it for when
-   * it wakes.
-   */
   /** The environment of a sandbox's processes: template, request, proxy settings, placeholders. */
   private envOf(templateEnv: Record<string, string>, env: Record<string, string>, secrets: SecretAttachment[] | undefined): Record<string, string> {
     return { ...templateEnv, ...env, ...(this.egress?.env ?? {}), ...Object.fromEntries((secrets ?? []).map((a) => [a.name, a.placeholder])) };
@@ -712,6 +708,10 @@ export class SandboxService {
     return { sandboxId: sb.id, tenantId: sb.tenantId, policy: sb.egress ?? DEFAULT_EGRESS_POLICY, secrets: sb.secrets ?? [] };
   }
 
+  /**
+   * Sets a new timeout, counted from now (`0` = none). A hibernated sandbox keeps it for when
+   * it wakes.
+   */
   setTimeout(tenantId: string, id: string, timeoutMs: number): Promise<Sandbox> {
     const ms = range('timeoutMs', timeoutMs);
     return this.withLock(id, async () => {

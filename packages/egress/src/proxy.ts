@@ -37,7 +37,9 @@ export interface EgressProxyOptions {
   sandboxAt(address: string): string | undefined;
   /** A sandbox's current policy and secrets (asked for every request, so changes apply at once). */
   context(sandboxId: string): Promise<EgressContext | undefined>;
-  /** A secret with its value (undefined when it no longer exists). */
+  /** A secret without its value (undefined when it no longer exists). */
+  describe(tenantId: string, name: string): Promise<SecretInfo | undefined>;
+  /** A secret with its value, unsealed only when a request needs it (undefined when it no longer exists). */
   reveal(tenantId: string, name: string): Promise<(SecretInfo & { value: string }) | undefined>;
   cas: TenantCas;
   /** Receives every request's audit entry. */
@@ -205,7 +207,7 @@ export class EgressProxy {
   private async secretHosts(ctx: EgressContext): Promise<string[]> {
     const out: string[] = [];
     for (const a of ctx.secrets) {
-      const s = await this.opts.reveal(ctx.tenantId, a.name).catch(() => undefined);
+      const s = await this.opts.describe(ctx.tenantId, a.name).catch(() => undefined);
       if (s) out.push(...s.hosts);
     }
     return out;
@@ -336,12 +338,15 @@ export class EgressProxy {
       for (const a of ctx.secrets) {
         const inHeaders = Object.entries(headers).some(([k, v]) => carries(k, v, a.placeholder));
         const inPath = path.includes(a.placeholder);
+        const info = await this.opts.describe(ctx.tenantId, a.name);
+        if (!info) continue;
+        secretHosts.push(...info.hosts);
+        const forHost = info.hosts.some((h) => hostMatches(h, host));
+        if ((inHeaders || inPath) && !forHost) throw new Refusal(403, `The placeholder of secret ${a.name} was sent to ${host}, which is not one of its hosts (${info.hosts.join(', ')}); the request was not sent`);
+        if (!forHost || (!inHeaders && !inPath && !info.header)) continue;
+        // Unsealed only now, for a request that carries it (revocation applies at once).
         const s = await this.opts.reveal(ctx.tenantId, a.name);
         if (!s) continue;
-        secretHosts.push(...s.hosts);
-        const forHost = s.hosts.some((h) => hostMatches(h, host));
-        if ((inHeaders || inPath) && !forHost) throw new Refusal(403, `The placeholder of secret ${a.name} was sent to ${host}, which is not one of its hosts (${s.hosts.join(', ')}); the request was not sent`);
-        if (!forHost) continue;
         if (inHeaders || inPath) {
           for (const [k, v] of Object.entries(headers)) headers[k] = Array.isArray(v) ? v.map((x) => substitute(k, x, a.placeholder, s.value)) : substitute(k, v, a.placeholder, s.value);
           if (inPath) path = path.split(a.placeholder).join(encodeURIComponent(s.value));

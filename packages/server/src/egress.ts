@@ -98,6 +98,7 @@ export async function prepareEgress(opts: EgressOptions, deps: { dataDir: string
         port: network.proxyPort,
         sandboxAt: (address) => network.sandboxAt(address),
         context: (id) => service.egressContext(id),
+        describe: (tenantId, name) => secrets.get(tenantId, name).catch(() => undefined),
         reveal: (tenantId, name) => secrets.reveal(tenantId, name),
         cas,
         audit: (e) => void secrets.audit(e).catch((err) => deps.logger.warn({ err }, 'egress audit entry lost')),
