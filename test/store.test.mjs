@@ -63,4 +63,36 @@ describe('SqliteStore', () => {
     await assert.rejects(keys.create({ tenantId: 'Bad Tenant!' }), (e) => e.code === 'BAD_REQUEST');
     await s.close();
   });
+
+  it('secrets (sealed bytes kept as they are), egress log pages and pruning, one CA per tenant, data key counts', async () => {
+    const s = SqliteStore.open(`${dir}/d.db`);
+    const sealed = Buffer.from([0, 1, 2, 255]);
+    await s.putSecret({ tenantId: 't1', name: 'B', hosts: ['b.example'], createdAt: 'x', updatedAt: 'x', sealed });
+    await s.putSecret({ tenantId: 't1', name: 'A', hosts: ['a.example'], createdAt: 'x', updatedAt: 'x', sealed });
+    await s.putSecret({ tenantId: 't2', name: 'A', hosts: ['other'], createdAt: 'x', updatedAt: 'x', sealed });
+    assert.deepEqual((await s.listSecrets('t1')).map((x) => x.name), ['A', 'B']);
+    assert.deepEqual((await s.getSecret('t1', 'A')).sealed, sealed);
+    assert.deepEqual((await s.getSecret('t2', 'A')).hosts, ['other']);
+    await s.deleteSecret('t1', 'A');
+    assert.equal(await s.getSecret('t1', 'A'), undefined);
+
+    const entry = (i, at) => ({ sandboxId: 'sb1', tenantId: 't1', at, method: 'GET', scheme: 'https', host: 'h', port: 443, path: `/${i}`, status: 200, bytesOut: 0, bytesIn: i, secrets: [], decision: 'allowed', durationMs: 1 });
+    for (let i = 0; i < 5; i++) await s.insertEgressLog(entry(i, `2026-01-0${i + 1}T00:00:00.000Z`));
+    await s.insertEgressLog({ ...entry(9, '2026-01-09T00:00:00.000Z'), sandboxId: 'sb2' });
+    const p1 = await s.listEgressLog('sb1', 3);
+    assert.deepEqual(p1.items.map((e) => e.path), ['/4', '/3', '/2']);
+    const p2 = await s.listEgressLog('sb1', 3, p1.nextCursor);
+    assert.deepEqual([p2.items.map((e) => e.path), p2.nextCursor], [['/1', '/0'], undefined]);
+    assert.equal(await s.pruneEgressLog('2026-01-03T00:00:00.000Z'), 2);
+    assert.equal((await s.listEgressLog('sb1', 10)).items.length, 3);
+    await assert.rejects(s.listEgressLog('sb1', 3, '!!'), (e) => e.code === 'BAD_REQUEST');
+
+    const first = await s.putTenantCaIfAbsent({ tenantId: 't1', certPem: 'one', sealedKey: sealed, createdAt: 'x' });
+    const second = await s.putTenantCaIfAbsent({ tenantId: 't1', certPem: 'two', sealedKey: sealed, createdAt: 'y' });
+    assert.deepEqual([first.certPem, second.certPem], ['one', 'one'], 'the first CA stays');
+
+    for (const [o, t, k] of [['a', 't1', 'k1'], ['b', 't1', 'k1'], ['c', 't1', 'k2'], ['d', 't2', 'k1']]) await s.putDataKey({ objectKey: o, tenantId: t, keyId: k, wrapped: sealed });
+    assert.deepEqual([await s.countDataKeys('t1', 'k1'), await s.countDataKeys('t1', 'k2'), await s.countDataKeys('t1', 'k3')], [2, 1, 0]);
+    await s.close();
+  });
 });

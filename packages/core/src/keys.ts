@@ -314,7 +314,7 @@ export class KeyService {
   async destroy(tenantId: string, id: string, shred = false): Promise<TenantKey> {
     const k = await this.own(tenantId, id);
     if (k.state === 'rotating') throw new SpaceError('SANDBOX_INVALID_STATE', 'The key is still being rotated out; wait until it is retired');
-    const wraps = (await this.opts.store.listDataKeys(tenantId, 100_000)).filter((d) => d.keyId === id).length;
+    const wraps = await this.opts.store.countDataKeys(tenantId, id);
     if (wraps > 0 && !shred) throw new SpaceError('BAD_REQUEST', `Key ${id} still protects ${wraps} object(s); destroying it makes them unreadable for good — pass shred to confirm`);
     const next: TenantKey = { ...k, state: 'destroyed' };
     await this.opts.store.putTenantKey(next);

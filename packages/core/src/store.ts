@@ -89,6 +89,8 @@ export interface MetadataStore {
   /** Up to `limit` data keys of a tenant (only those not wrapped by `exceptKeyId`, if given). */
   listDataKeys(tenantId: string, limit: number, exceptKeyId?: string): Promise<DataKeyRecord[]>;
   deleteDataKey(objectKey: string): Promise<void>;
+  /** How many data keys of a tenant its key `keyId` wraps. */
+  countDataKeys(tenantId: string, keyId: string): Promise<number>;
 
   /** Inserts or replaces a secret (tenantId, name). */
   putSecret(s: SecretRecord): Promise<void>;

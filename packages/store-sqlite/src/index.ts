@@ -291,6 +291,11 @@ export class SqliteStore implements MetadataStore {
     return rows.reverse().map((r) => ({ sandboxId: r.sandbox_id, at: r.at, type: r.type, message: r.message }));
   }
 
+  async countDataKeys(tenantId: string, keyId: string): Promise<number> {
+    const r = await this.db.selectFrom('data_keys').select((eb) => eb.fn.countAll<number>().as('n')).where('tenant_id', '=', tenantId).where('key_id', '=', keyId).executeTakeFirstOrThrow();
+    return Number(r.n);
+  }
+
   async putSecret(r: SecretRecord): Promise<void> {
     const { sealed, ...rest } = r;
     const doc = JSON.stringify(rest);
