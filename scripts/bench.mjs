@@ -81,6 +81,8 @@ try {
   for (const s of created) await s.kill();
   const bareDir = mkdtempSync('/tmp/spbare-');
   const rootfs = path.join(TEMPLATES_DIR, 'minimal', 'rootfs');
+  // Same-length ids: runsc takes a unique prefix as an id, so `bare1` would be ambiguous beside `bare10`.
+  const bareId = (i) => `bare${String(i).padStart(4, '0')}`;
   const bare = await series(N, async (i) => {
     const b = path.join(bareDir, `b${i}`);
     mkdirSync(b);
@@ -92,10 +94,10 @@ try {
       mounts: [{ destination: '/proc', type: 'proc', source: 'proc' }],
       linux: { namespaces: [{ type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }], resources: { memory: { limit: 256 * 1048576 } } },
     }));
-    spawnSync('runsc', ['--root', path.join(bareDir, 'state'), '--network=none', '--overlay2=root:memory', 'run', '--detach', '--bundle', b, `bare${i}`], { stdio: 'ignore' });
-    spawnSync('runsc', ['--root', path.join(bareDir, 'state'), 'exec', `bare${i}`, '/bin/true'], { stdio: 'ignore' });
+    spawnSync('runsc', ['--root', path.join(bareDir, 'state'), '--network=none', '--overlay2=root:memory', 'run', '--detach', '--bundle', b, bareId(i)], { stdio: 'ignore' });
+    spawnSync('runsc', ['--root', path.join(bareDir, 'state'), 'exec', bareId(i), '/bin/true'], { stdio: 'ignore' });
   });
-  for (let i = 0; i < N; i++) spawnSync('runsc', ['--root', path.join(bareDir, 'state'), 'delete', '--force', `bare${i}`], { stdio: 'ignore' });
+  for (let i = 0; i < N; i++) spawnSync('runsc', ['--root', path.join(bareDir, 'state'), 'delete', '--force', bareId(i)], { stdio: 'ignore' });
   rmSync(bareDir, { recursive: true, force: true });
   row('create-to-first-command, restored from the template snapshot (SDK)', ours, 'bare `runsc run` + `runsc exec` (busybox sleep as init)', bare, '≤ 1.2x the bare figure', slower);
 
