@@ -13,9 +13,10 @@ import tls from 'node:tls';
 import { parseArgs } from 'node:util';
 import { quantile, writeSection } from './bench-lib.mjs';
 
-const { values } = parseArgs({ options: { requests: { type: 'string', default: '500' }, rounds: { type: 'string', default: '3' }, mb: { type: 'string', default: '100' }, write: { type: 'boolean', default: false } } });
+// --iterations (what `./space bench` passes to every benchmark) sets the rounds.
+const { values } = parseArgs({ options: { requests: { type: 'string', default: '500' }, rounds: { type: 'string', default: '3' }, iterations: { type: 'string' }, mb: { type: 'string', default: '100' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.requests);
-const ROUNDS = Number(values.rounds);
+const ROUNDS = Number(values.iterations ?? values.rounds);
 const BYTES = Number(values.mb) * 1048576;
 const HOST = 'api.example.test';
 const PARTS = new URL('./bench-egress-parts.mjs', import.meta.url).pathname;
