@@ -96,7 +96,16 @@ https.get({host:'api.example.test',port:${up.httpsPort},path:'/node',headers:{'x
     const node = await sh(sb, `${NODE} /tmp/req.js`);
     assert.equal(node.stdout.trim(), '200', node.stderr);
 
-    for (const p of ['/curl', '/python', '/node']) {
+    // `GET https://…` sent to the proxy as a plain request (busybox wget does this): TLS upstream from the proxy.
+    const absolute = `import socket,os
+p=os.environ['HTTP_PROXY'].split('//')[1].rstrip('/').split(':')
+s=socket.create_connection((p[0],int(p[1])),timeout=10)
+s.sendall(('GET ${url}/absolute HTTP/1.1\\r\\nHost: api.example.test:${up.httpsPort}\\r\\nX-Api-Key: %s\\r\\nConnection: close\\r\\n\\r\\n' % os.environ['API_TOKEN']).encode())
+print(s.recv(4096).split(b'\\r\\n')[0].decode())`;
+    await sb.files.write('/tmp/absolute.py', absolute);
+    assert.equal((await sh(sb, 'python3 /tmp/absolute.py')).stdout.trim(), 'HTTP/1.1 200 OK');
+
+    for (const p of ['/curl', '/python', '/node', '/absolute']) {
       const got = up.seen.find((r) => r.url === p);
       assert.ok(got, `the server got ${p}`);
       assert.equal(got.headers['x-api-key'], VALUE, `${p}: the placeholder was replaced by the value`);

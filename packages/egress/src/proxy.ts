@@ -1,6 +1,6 @@
 /**
  * The egress proxy: the only destination a sandbox's network reaches. An HTTP forward proxy
- * (absolute-form requests) and CONNECT. Tunnels are intercepted: TLS is terminated with a
+ * (absolute-form requests, `http://` and `https://`: the proxy speaks TLS upstream) and CONNECT. Tunnels are intercepted: TLS is terminated with a
  * certificate from the tenant's CA, each request inside is checked and forwarded over a new,
  * verified TLS connection; `passthrough` destinations are tunnelled as raw TCP instead.
  *
@@ -121,6 +121,7 @@ export class EgressProxy {
       // one (a failed checkpoint kills it). The reset takes the endpoint straight to CLOSED; it
       // must go out before Node's own graceful end (so it runs first), as TIME_WAIT ignores resets.
       s.prependOnceListener('end', () => s.resetAndDestroy());
+      lingerInsteadOfFin(s);
       const id = this.opts.sandboxAt(unmap(s.remoteAddress ?? ''));
       if (id) this.owners.set(s, id);
       else s.destroy();
@@ -291,7 +292,7 @@ export class EgressProxy {
     const tunnel = this.tunnels.get(req.socket);
     const ctx = await this.contextOf(req.socket);
     if (!ctx) return void req.socket.destroy();
-    const scheme: 'http' | 'https' = tunnel ? 'https' : 'http';
+    let scheme: 'http' | 'https' = tunnel ? 'https' : 'http';
     let dest: { host: string; port: number } | undefined;
     let path = '/';
     const base = { sandboxId: ctx.sandboxId, tenantId: ctx.tenantId, method: req.method ?? 'GET', scheme, host: '', port: 0, bytesIn: 0, bytesOut: 0, secrets: [] as string[] };
@@ -320,11 +321,15 @@ export class EgressProxy {
         } catch {
           throw new Refusal(400, 'This is the egress proxy: send absolute URLs (http://host/path), e.g. through HTTP_PROXY, or CONNECT for https');
         }
-        if (url.protocol !== 'http:') throw new Refusal(400, `Send ${url.protocol} requests through CONNECT (HTTPS_PROXY), not as a plain proxy request`);
+        // `GET https://…` to the proxy (busybox wget, some older clients): the proxy speaks TLS upstream.
+        if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new Refusal(400, `Only http and https URLs go through the egress proxy, not ${url.protocol}`);
         if (url.username || url.password) throw new Refusal(400, 'Credentials in the URL are not forwarded');
-        dest = splitAuthority(url.host, 80);
+        scheme = url.protocol === 'https:' ? 'https' : 'http';
+        base.scheme = scheme;
+        const defaultPort = scheme === 'https' ? 443 : 80;
+        dest = splitAuthority(url.host, defaultPort);
         if (!dest) throw new Refusal(400, `Invalid host ${url.host}`);
-        const h = hostHeader ? splitAuthority(hostHeader, 80) : undefined;
+        const h = hostHeader ? splitAuthority(hostHeader, defaultPort) : undefined;
         if (h && (h.host !== dest.host || h.port !== dest.port)) throw new Refusal(400, `Host header ${JSON.stringify(hostHeader)} does not match the request's URL host ${url.host}`);
         path = `${url.pathname}${url.search}`;
       }
@@ -360,7 +365,7 @@ export class EgressProxy {
       base.secrets = injected;
       this.checkDestination(ctx, host, port, secretHosts);
       const address = await this.pickAddress(ctx, host, port);
-      headers.host = port === (tunnel ? 443 : 80) ? (net.isIPv6(host) ? `[${host}]` : host) : `${net.isIPv6(host) ? `[${host}]` : host}:${port}`;
+      headers.host = port === (scheme === 'https' ? 443 : 80) ? (net.isIPv6(host) ? `[${host}]` : host) : `${net.isIPv6(host) ? `[${host}]` : host}:${port}`;
       await this.forward(req, res, { scheme, host, port, address, path, headers }, base, t0);
     } catch (err) {
       if (err instanceof Refusal) return refuse(err.status, err.message);
@@ -436,6 +441,30 @@ export class EgressProxy {
       s.end(`HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nX-Space-Egress-Error: EGRESS_DENIED\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
     } else s.destroy();
   }
+}
+
+/** How long the proxy waits for a sandbox to close a connection the proxy is done with. */
+const CLOSE_GRACE_MS = 2_000;
+
+/**
+ * Makes the proxy never the first to send a FIN to a sandbox: when it would end a connection
+ * (a `Connection: close` response, an upstream that ended a passthrough tunnel), it sends what
+ * it has and waits for the sandbox to close (answered with a reset, see above), resetting
+ * after {@link CLOSE_GRACE_MS} if it does not. Two FINs crossing (both sides closing at once)
+ * would leave the sandbox's end in TIME_WAIT, which this runsc cannot checkpoint. Responses
+ * are delimited by length or chunks, so no client waits for the close to read them.
+ */
+function lingerInsteadOfFin(s: net.Socket): void {
+  let timer: NodeJS.Timeout | undefined;
+  const end = ((chunk?: unknown, encoding?: unknown, cb?: unknown) => {
+    const done = [chunk, encoding, cb].find((x) => typeof x === 'function') as (() => void) | undefined;
+    if (chunk !== undefined && chunk !== null && typeof chunk !== 'function') s.write(chunk as Buffer, typeof encoding === 'string' ? (encoding as BufferEncoding) : undefined);
+    timer ??= setTimeout(() => s.resetAndDestroy(), CLOSE_GRACE_MS);
+    s.once('close', () => clearTimeout(timer));
+    done?.();
+    return s;
+  }) as typeof s.end;
+  s.end = end;
 }
 
 /** True when header `k` carries `ph` (also inside HTTP Basic credentials). */
