@@ -16,7 +16,7 @@ import https from 'node:https';
 import net from 'node:net';
 import tls from 'node:tls';
 import type { Duplex } from 'node:stream';
-import { SpaceError, cidrList, hostMatches, type EgressLogEntry, type EgressPolicy, type SecretAttachment, type SecretInfo } from '@space/core';
+import { cidrList, hostMatches, type EgressLogEntry, type EgressPolicy, type SecretAttachment, type SecretInfo } from '@space/core';
 import { AddressRules, Resolver, unmap } from './addresses.js';
 import type { TenantCas } from './ca.js';
 
@@ -369,7 +369,7 @@ export class EgressProxy {
       await this.forward(req, res, { scheme, host, port, address, path, headers }, base, t0);
     } catch (err) {
       if (err instanceof Refusal) return refuse(err.status, err.message);
-      refuse(502, err instanceof SpaceError || err instanceof Error ? err.message : String(err));
+      refuse(502, err instanceof Error ? err.message : String(err));
     }
   }
 
@@ -459,8 +459,10 @@ function lingerInsteadOfFin(s: net.Socket): void {
   const end = ((chunk?: unknown, encoding?: unknown, cb?: unknown) => {
     const done = [chunk, encoding, cb].find((x) => typeof x === 'function') as (() => void) | undefined;
     if (chunk !== undefined && chunk !== null && typeof chunk !== 'function') s.write(chunk as Buffer, typeof encoding === 'string' ? (encoding as BufferEncoding) : undefined);
-    timer ??= setTimeout(() => s.resetAndDestroy(), CLOSE_GRACE_MS);
-    s.once('close', () => clearTimeout(timer));
+    if (!timer) {
+      timer = setTimeout(() => s.resetAndDestroy(), CLOSE_GRACE_MS);
+      s.once('close', () => clearTimeout(timer));
+    }
     done?.();
     return s;
   }) as typeof s.end;
