@@ -18,9 +18,12 @@ import {
   type ExecRequest,
   type Frame,
   type IdentityRequest,
+  type SerialOpen,
   TRUST_FILES,
 } from '@space/protocol';
 import { appendFileSync, mkdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { SerialPort, type SerialConnection } from './serial.js';
 import * as files from './files.js';
 import { snapshotBlockers } from './snapshot.js';
 import { AgentError, ProcessTable, setHostname, type Proc } from './processes.js';
@@ -85,11 +88,14 @@ let conn: Connection | undefined;
 let quiesced = false;
 const procs = new ProcessTable((p) => conn?.event({ event: 'process-exit', pid: p.info.pid, exitCode: p.info.exitCode, signal: p.signal }));
 
+/** The part of a connection the agent uses: a unix socket (gVisor) or a serial-port connection (microVM). */
+type Link = net.Socket | SerialConnection;
+
 class Connection implements FrameSink {
   private readonly streams = new Map<number, Stream>();
   alive = true;
 
-  constructor(private readonly socket: net.Socket) {
+  constructor(private readonly socket: Link) {
     const reader = new FrameReader((f) => this.onFrame(f));
     socket.on('data', (d) => {
       try {
@@ -114,6 +120,8 @@ class Connection implements FrameSink {
 
   /** Closes the connection on purpose (before a checkpoint): processes keep running. */
   drop(): void {
+    // The host end of a serial port stays open: tell the daemon to close it.
+    if (serialPath) this.event({ event: 'bye' });
     this.socket.destroy();
   }
 
@@ -126,7 +134,8 @@ class Connection implements FrameSink {
     this.streams.clear();
     if (!quiesced) procs.killForeground();
     if (conn === this) conn = undefined;
-    setTimeout(connect, 50);
+    // A serial port waits for the daemon's next open by itself.
+    if (!serialPath) setTimeout(connect, 50);
   }
 
   private onFrame(f: Frame): void {
@@ -303,7 +312,47 @@ function connect(): void {
   });
 }
 
+/** In a microVM: the virtio-serial port to serve on (found by the guest's init). */
+const serialPath = process.env.SPACE_AGENT_PORT;
+/** The guest's busybox (on the microVM runtime disk), for what Node cannot do: addresses, clock. */
+const BUSYBOX = '/.space/busybox';
+let booted = false;
+
+/** Applies what the daemon sends when it opens a serial connection (see {@link SerialOpen}). */
+function applyOpen(open: SerialOpen): void {
+  if (open.boot && !booted && typeof open.boot.sandboxId === 'string') {
+    sandboxId = open.boot.sandboxId;
+    for (const [k, v] of Object.entries(open.boot.env ?? {})) if (typeof v === 'string') baseEnv[k] = v;
+    baseEnv.SPACE_SANDBOX_ID = sandboxId;
+  }
+  booted = true;
+  try {
+    if (typeof open.seed === 'string') writeFileSync('/dev/urandom', Buffer.from(open.seed, 'base64'));
+    if (typeof open.now === 'number') execFileSync(BUSYBOX, ['date', '-u', '-s', `@${Math.round(open.now / 1000)}`], { stdio: 'ignore', timeout: 5000 });
+    const n = open.net;
+    if (n && /^[0-9.]+$/.test(n.address) && /^[0-9.]+$/.test(n.gateway) && Number.isInteger(n.prefixLength)) {
+      const ip = (...args: string[]) => execFileSync(BUSYBOX, ['ip', ...args], { stdio: 'ignore', timeout: 5000 });
+      ip('addr', 'flush', 'dev', 'eth0');
+      ip('neigh', 'flush', 'dev', 'eth0');
+      ip('link', 'set', 'eth0', 'up');
+      ip('addr', 'add', `${n.address}/${n.prefixLength}`, 'dev', 'eth0');
+      for (const r of n.routes) if (/^[0-9./]+$/.test(r)) ip('route', 'replace', r, 'via', n.gateway, 'dev', 'eth0');
+    }
+  } catch (err) {
+    log('cannot apply the connection settings', err);
+  }
+}
+
 process.on('uncaughtException', (err) => log('uncaught exception', err));
 process.on('unhandledRejection', (err) => log('unhandled rejection', err));
 process.on('SIGTERM', () => process.exit(0));
-connect();
+if (serialPath) {
+  new SerialPort(serialPath, (link, open) => {
+    applyOpen(open);
+    if (quiesced) {
+      quiesced = false;
+      procs.setKeepForeground(false);
+    }
+    conn = new Connection(link);
+  }).start();
+} else connect();

@@ -284,7 +284,10 @@ export class AgentChannel extends EventEmitter<AgentChannelEvents> {
 
   private dispatch(f: Frame): void {
     if (f.kind === FrameKind.Event) {
-      this.emit('event', parseJson(f.payload));
+      const ev = parseJson(f.payload);
+      // The agent is leaving on purpose over a transport it cannot close itself (microVM serial port).
+      if (ev.event === 'bye') return this.destroy();
+      this.emit('event', ev);
       return;
     }
     const c = this.calls.get(f.stream);

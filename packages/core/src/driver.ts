@@ -75,6 +75,12 @@ export interface DriverEvents {
  */
 export interface SandboxDriver {
   readonly name: string;
+  /**
+   * True when a checkpoint holds any state a sandbox can be in (a full-machine snapshot: the
+   * guest kernel owns every socket). Otherwise core asks the agent first what would block one
+   * (gVisor refuses open TCP connections) and refuses with `SNAPSHOT_UNSUPPORTED_STATE`.
+   */
+  readonly checkpointsAnyState?: boolean;
   /** Registers core's callbacks; called once before any other method. */
   bind(events: DriverEvents): void;
   /** Checks the host (binaries, cgroups, namespaces) without changing it. */

@@ -36,3 +36,4 @@ export type { EgressLogEntry, EgressLogPage, EgressPolicy, SecretAttachment, Sec
 export type { SandboxNetwork } from './driver.js';
 export { run, tryRun } from './exec.js';
 export type { RunResult } from './exec.js';
+export { AGENT_ARGV, RUNTIME, ensureRuntime } from './agent-runtime.js';

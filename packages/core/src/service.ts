@@ -1082,6 +1082,7 @@ export class SandboxService {
 
   /** Refuses (SNAPSHOT_UNSUPPORTED_STATE, naming the process) what this runtime cannot checkpoint; changes nothing. */
   private async assertSnapshottable(ch: AgentChannel, what: string): Promise<void> {
+    if (this.driver.checkpointsAnyState) return;
     const check = await ch.unary({ op: 'snapshot-check' }, 30_000);
     const blockers = (Array.isArray(check.blockers) ? check.blockers : []).slice(0, 20) as { pid?: unknown; command?: unknown; socket?: unknown; reason?: unknown }[];
     if (!blockers.length) return;

@@ -14,7 +14,7 @@ import { SpaceError, randomString, run, tryRun, type DriverCreateSpec, type Driv
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_HELPER } from '@space/agent';
 
-import { AGENT_ARGV, ensureRuntime } from './runtime.js';
+import { AGENT_ARGV, ensureRuntime } from '@space/core';
 
 /** Options of {@link GvisorDriver}. */
 export interface GvisorDriverOptions {

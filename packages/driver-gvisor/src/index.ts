@@ -3,4 +3,4 @@
  */
 export { GvisorDriver } from './driver.js';
 export type { GvisorDriverOptions } from './driver.js';
-export { ensureRuntime, AGENT_ARGV } from './runtime.js';
+export { ensureRuntime, AGENT_ARGV } from '@space/core';

@@ -22,6 +22,38 @@ export interface HelloEvent {
   startedAt: number;
 }
 
+/**
+ * Sent by the agent as its last frame when it leaves on purpose (a `quiesce` before a
+ * checkpoint) over a transport that it cannot close itself, such as a microVM's virtio-serial
+ * port, whose host end belongs to the VMM. The daemon closes the connection when it sees it.
+ */
+export interface ByeEvent {
+  event: 'bye';
+}
+
+/**
+ * How the daemon opens a connection over a serial transport (microVM): it writes
+ * {@link SERIAL_OPEN_MAGIC}, the base64 of a JSON {@link SerialOpen}, and a newline. The agent
+ * discards everything before the magic, so nothing left over from an earlier connection is
+ * read as a frame, and answers with its hello.
+ */
+export const SERIAL_OPEN_MAGIC = '\0SPACE-OPEN ';
+
+/** What the daemon tells a microVM's agent when it opens a connection. */
+export interface SerialOpen {
+  /** The sandbox's first environment; applied once, by an agent that has not had one yet (a fresh boot). */
+  boot?: { sandboxId: string; env: Record<string, string> };
+  /**
+   * The sandbox's network on this incarnation (a restore or fork gets a new link): the agent
+   * gives `eth0` this address and a route to `gateway` for `routes`.
+   */
+  net?: { address: string; prefixLength: number; gateway: string; routes: string[] };
+  /** Host wall clock (ms since epoch): a restored guest's clock is as old as its snapshot. */
+  now?: number;
+  /** Fresh entropy (base64) for the guest kernel's pool: a restored guest would repeat its random numbers. */
+  seed?: string;
+}
+
 /** Sent by the agent when a process it started has exited (whether or not a stream is attached). */
 export interface ProcessExitEvent {
   event: 'process-exit';

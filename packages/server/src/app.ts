@@ -7,7 +7,7 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, t
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiKeys, SpaceError, type KeyService, type Principal, type SandboxService, type SecretService } from '@space/core';
-import type { GvisorDriver } from '@space/driver-gvisor';
+import type { SandboxDriver } from '@space/core';
 import { registerRoutes } from './routes.js';
 import { VERSION } from './version.js';
 
@@ -25,7 +25,7 @@ export interface AppDeps {
   encryptionKeys: KeyService;
   /** Collects snapshot chunks nothing references; resolves to how many went. */
   gc?: () => Promise<number>;
-  driver: GvisorDriver;
+  driver: SandboxDriver;
   /** Largest file upload, bytes. */
   maxUploadBytes: number;
   /** A pino logger instance, or false for none. */

@@ -6,8 +6,9 @@
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import pino from 'pino';
-import { ApiKeys, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, type MetadataStore } from '@space/core';
+import { ApiKeys, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, type MetadataStore, type SandboxDriver } from '@space/core';
 import { GvisorDriver } from '@space/driver-gvisor';
+import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { LocalBlobStore } from '@space/blob-local';
 import { RootfsStore } from '@space/templates';
@@ -50,6 +51,22 @@ export interface DaemonOptions {
   pools?: Record<string, number>;
   /** Sandbox networking and the egress proxy. @default on, range 10.231.0.0/16, port 3128 */
   egress?: EgressOptions;
+  /** The isolation driver of this daemon's sandboxes. @default "gvisor" */
+  driver?: 'gvisor' | 'microvm';
+  /** microVM driver settings (with `driver: "microvm"`). */
+  microvm?: { accel?: 'auto' | 'kvm' | 'tcg'; kernelDeb?: string; cacheDir?: string };
+}
+
+/** Checks a driver name (flag `--driver`, `SPACE_DRIVER`). */
+export function parseDriver(s: string): 'gvisor' | 'microvm' {
+  if (s !== 'gvisor' && s !== 'microvm') throw new SpaceError('BAD_REQUEST', `Unknown driver ${JSON.stringify(s)}: use gvisor or microvm`);
+  return s;
+}
+
+/** Checks an acceleration setting (flag `--microvm-accel`, `SPACE_MICROVM_ACCEL`). */
+export function parseAccel(s: string): 'auto' | 'kvm' | 'tcg' {
+  if (s !== 'auto' && s !== 'kvm' && s !== 'tcg') throw new SpaceError('BAD_REQUEST', `Unknown acceleration ${JSON.stringify(s)}: use auto, kvm or tcg`);
+  return s;
 }
 
 /** Egress settings from SPACE_* environment variables (flags override them). */
@@ -155,7 +172,15 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     await store.close();
     throw err;
   }
-  const driver = new GvisorDriver({ dataDir, ...(egress ? { network: egress.network } : {}) });
+  const driverName = opts.driver ?? parseDriver(process.env.SPACE_DRIVER ?? 'gvisor');
+  const accel = opts.microvm?.accel ?? (process.env.SPACE_MICROVM_ACCEL ? parseAccel(process.env.SPACE_MICROVM_ACCEL) : undefined);
+  const kernelDeb = opts.microvm?.kernelDeb ?? process.env.SPACE_MICROVM_KERNEL_DEB;
+  const cacheDir = opts.microvm?.cacheDir ?? process.env.SPACE_MICROVM_CACHE_DIR;
+  const network = egress ? { network: egress.network } : {};
+  const driver: SandboxDriver =
+    driverName === 'microvm'
+      ? new MicrovmDriver({ dataDir, ...network, ...(accel ? { accel } : {}), ...(kernelDeb ? { kernelDeb } : {}), ...(cacheDir ? { cacheDir } : {}) })
+      : new GvisorDriver({ dataDir, ...network });
   const gcFault = process.env.SPACE_FAULT_INJECT?.startsWith('gc:after-') ? Number(process.env.SPACE_FAULT_INJECT.slice('gc:after-'.length)) : undefined;
   const blobs = new DedupBlobStore(new EncryptedBlobStore(localBlobs, encryptionKeys, store), encryptionKeys, gcFault);
   const service = new SandboxService({

@@ -1,0 +1,595 @@
+/**
+ * The microVM driver: each sandbox is a QEMU `microvm` machine with its own guest kernel,
+ * under KVM where /dev/kvm works and software emulation (TCG) otherwise. The guest boots the
+ * project's kernel + initramfs (see {@link GuestBuilder}); its root is the template's ext4 disk
+ * (shared, read-only) under an in-memory overlay, and the agent runtime is a second read-only
+ * disk. The agent speaks the same protocol as on gVisor over a virtio-serial port whose host end
+ * is a unix socket the driver connects to. Snapshots are QEMU migration streams (the whole
+ * machine: memory, devices, every socket), written to and read from unix sockets the daemon
+ * holds, so QEMU never spawns anything and runs under its seccomp sandbox with `spawn=deny`.
+ * The network is the same per-sandbox namespace as on gVisor: the sandbox link joins a
+ * bridge with the VM's tap device, so egress control and credential brokering apply unchanged.
+ */
+import { randomBytes } from 'node:crypto';
+import { closeSync, createReadStream, createWriteStream, existsSync, openSync, promises as fs, readFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import net from 'node:net';
+import path from 'node:path';
+import { pipeline } from 'node:stream/promises';
+import { SpaceError, randomString, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
+import { SERIAL_OPEN_MAGIC, type SerialOpen } from '@space/protocol';
+import { AGENT_BUNDLE, AGENT_HELPER } from '@space/agent';
+import { GuestBuilder, type GuestKernel } from './guest.js';
+import { qmp } from './qmp.js';
+
+/** Options of {@link MicrovmDriver}. */
+export interface MicrovmDriverOptions {
+  /** The daemon's data directory; the driver keeps its files under `microvm/`. */
+  dataDir: string;
+  /** Where the agent runtime is kept (shared with the gVisor driver). @default `<dataDir>/runtime` */
+  runtimeDir?: string;
+  /** @default "qemu-system-x86_64" */
+  qemu?: string;
+  /**
+   * Hardware acceleration. `auto` uses KVM when /dev/kvm exists and a guest actually boots
+   * under it (nested KVM can be present and hang), else software emulation.
+   * @default "auto"
+   */
+  accel?: 'auto' | 'kvm' | 'tcg';
+  /** A Debian linux-image .deb to boot instead of the one `linux-image-amd64` names. */
+  kernelDeb?: string;
+  /** Where guest kernels, initramfs and disk images are cached (shareable between daemons). @default `<dataDir>/microvm` */
+  cacheDir?: string;
+  /** The sandbox network (as for gVisor). Without it the guest has no network but loopback. */
+  network?: SandboxNetwork;
+  /** Processes the sandbox's non-root user may run at once. @default memory / 4 MiB, 32..1024 */
+  maxProcesses?: number;
+}
+
+/** Host memory QEMU needs beyond the guest's RAM (device model, TCG translation cache). */
+const VMM_OVERHEAD_MB = 160;
+const CGROUP_ROOT = '/sys/fs/cgroup';
+const CGROUP_PARENT = 'space';
+const NETNS_PREFIX = 'space-';
+/** The sandbox's link inside its namespace, which the bridge joins to the VM's tap. */
+const SANDBOX_IF = 'eth0';
+
+/** What a VM was started with; a restore must use exactly the same machine. */
+interface VmConfig {
+  memoryMb: number;
+  cpus: number;
+  vmlinux: string;
+  initramfs: string;
+  rootDisk: string;
+  runtimeDisk: string;
+  cmdline: string;
+  network: boolean;
+}
+
+/** What the driver knows of one sandbox's current incarnation. */
+interface Box {
+  /** Connected agent socket, if any. */
+  agent?: net.Socket;
+  /** Set by detachAgent: do not reconnect until the next restore/adopt. */
+  detached: boolean;
+  /** What the next connection's open message carries (boot env, network, clock, entropy). */
+  open: SerialOpen;
+  /** Bumped per incarnation, so an old reconnect loop stops. */
+  generation: number;
+}
+
+function newRid(id: string): string {
+  return `${id}-${randomString(8)}`;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * The microVM driver.
+ *
+ * @example
+ * const driver = new MicrovmDriver({ dataDir: '/var/lib/space' });
+ * driver.bind({ agentConnected: (id, s) => service.onAgent(id, s) });
+ * await driver.init();
+ */
+export class MicrovmDriver implements SandboxDriver {
+  readonly name = 'microvm';
+  readonly checkpointsAnyState = true;
+  private events?: DriverEvents;
+  private readonly dir: string;
+  private readonly boxesDir: string;
+  private readonly qemu: string;
+  private readonly guest: GuestBuilder;
+  private readonly boxes = new Map<string, Box>();
+  private runtimeDir = '';
+  private accelP: Promise<{ accel: 'kvm' | 'tcg'; why: string }> | undefined;
+  private versionP: Promise<string> | undefined;
+
+  constructor(private readonly opts: MicrovmDriverOptions) {
+    this.dir = path.join(opts.dataDir, 'microvm');
+    this.boxesDir = path.join(this.dir, 'boxes');
+    this.qemu = opts.qemu ?? 'qemu-system-x86_64';
+    this.guest = new GuestBuilder({ dir: opts.cacheDir ?? this.dir, ...(opts.kernelDeb ? { kernelDeb: opts.kernelDeb } : {}) });
+  }
+
+  bind(events: DriverEvents): void {
+    this.events = events;
+  }
+
+  async init(): Promise<void> {
+    await fs.mkdir(this.boxesDir, { recursive: true, mode: 0o700 });
+    this.runtimeDir = await ensureRuntime(this.opts.runtimeDir ?? path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, AGENT_HELPER);
+    // Fails here (not at the first create) when QEMU or the kernel cannot be had.
+    await this.guest.kernel();
+  }
+
+  async doctor(): Promise<DriverReport> {
+    const checks: DriverReport['checks'] = [];
+    const v = await tryRun(this.qemu, ['--version'], 10_000);
+    checks.push({ name: 'qemu', ok: !!v, detail: v ? v.stdout.split('\n')[0]! : `${this.qemu} not found: apt-get install qemu-system-x86` });
+    const k = await this.guest.kernel().then(
+      (g) => ({ ok: true, detail: `kernel ${g.release}, initramfs ${path.basename(g.initramfs)}` }),
+      (err: unknown) => ({ ok: false, detail: err instanceof Error ? err.message : String(err) }),
+    );
+    checks.push({ name: 'guest kernel', ...k });
+    const mk = await tryRun('mke2fs', ['-V'], 5_000);
+    checks.push({ name: 'mke2fs', ok: !!mk, detail: mk ? (mk.stderr || mk.stdout).split('\n')[0]! : 'apt-get install e2fsprogs' });
+    if (v && k.ok) {
+      const a = await this.accel();
+      checks.push({ name: 'acceleration', ok: true, detail: `${a.accel}: ${a.why}` });
+    }
+    checks.push({ name: 'root', ok: process.getuid?.() === 0, detail: process.getuid?.() === 0 ? 'running as root' : 'network namespaces and cgroups need root' });
+    return { driver: this.name, available: checks.every((c) => c.ok), checks };
+  }
+
+  /** KVM if asked, or (auto) if a guest boots under it within seconds; else TCG. Probed once. */
+  private accel(): Promise<{ accel: 'kvm' | 'tcg'; why: string }> {
+    const want = this.opts.accel ?? 'auto';
+    if (want === 'tcg') return Promise.resolve({ accel: 'tcg', why: 'software emulation (configured)' });
+    this.accelP ??= (async () => {
+      if (want === 'kvm') return { accel: 'kvm' as const, why: 'configured' };
+      try {
+        await fs.access('/dev/kvm', fs.constants.R_OK | fs.constants.W_OK);
+      } catch {
+        return { accel: 'tcg' as const, why: 'software emulation: /dev/kvm is not usable' };
+      }
+      // /dev/kvm can exist and still not run a guest (e.g. nested KVM without VMX): boot the
+      // guest kernel with no disks; its /init reports and powers off within a second on KVM.
+      const k = await this.guest.kernel();
+      const r = await tryRun('timeout', ['-s', 'KILL', '6', this.qemu, '-M', 'microvm', '-accel', 'kvm', '-cpu', 'host', '-m', '128M', '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot', '-serial', 'stdio', '-kernel', k.vmlinux, '-initrd', k.initramfs, '-append', `console=ttyS0 quiet panic=-1 reboot=t ${tscArg()}`], 10_000);
+      if (r && r.stdout.includes('SPACE_INIT_FAILED')) return { accel: 'kvm' as const, why: 'KVM (a probe guest booted)' };
+      return { accel: 'tcg' as const, why: 'software emulation: /dev/kvm exists but a probe guest did not boot under it within 6 s' };
+    })();
+    return this.accelP;
+  }
+
+  private paths(id: string) {
+    const dir = path.join(this.boxesDir, id);
+    return {
+      dir,
+      qmp: path.join(dir, 'qmp.sock'),
+      agent: path.join(dir, 'agent.sock'),
+      migrate: path.join(dir, 'migrate.sock'),
+      pid: path.join(dir, 'qemu.pid'),
+      console: path.join(dir, 'console.log'),
+      rid: path.join(dir, 'runtime-id'),
+      config: path.join(dir, 'vm.json'),
+    };
+  }
+
+  private rid(id: string): string {
+    try {
+      return readFileSync(this.paths(id).rid, 'utf8').trim() || id;
+    } catch {
+      return id;
+    }
+  }
+
+  private box(id: string): Box {
+    let b = this.boxes.get(id);
+    if (!b) this.boxes.set(id, (b = { detached: false, open: {}, generation: 0 }));
+    return b;
+  }
+
+  async create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void> {
+    const k = await this.guest.kernel();
+    const rootDisk = await this.guest.disk(spec.rootfs, 'space-root');
+    const runtimeDisk = await this.guest.disk(this.runtimeDir, 'space-rt', { busybox: this.guestBusybox() });
+    signal?.throwIfAborted();
+    const cpus = Math.max(1, Math.ceil(spec.cpu));
+    const nproc = this.opts.maxProcesses ?? Math.min(1024, Math.max(32, Math.floor(spec.memoryMb / 4)));
+    // The in-memory root file system may use up to half of the guest's RAM (tmpfs default).
+    const cmdline = `console=ttyS0 quiet panic=-1 reboot=t ${tscArg()} space.id=${spec.id} space.nproc=${nproc} space.rwmb=${Math.floor(spec.memoryMb / 2)}`;
+    const config: VmConfig = { memoryMb: spec.memoryMb, cpus, vmlinux: k.vmlinux, initramfs: k.initramfs, rootDisk, runtimeDisk, cmdline, network: !!this.opts.network };
+    const b = this.box(spec.id);
+    b.open = { boot: { sandboxId: spec.id, env: spec.env } };
+    await this.start(spec.id, spec.cpu, config, undefined, signal);
+  }
+
+  /** The busybox copied onto the runtime disk (addresses and clock for the agent). */
+  private guestBusybox(): string {
+    return existsSync('/bin/busybox') ? '/bin/busybox' : '/usr/bin/busybox';
+  }
+
+  /**
+   * Starts QEMU for a new incarnation of sandbox `id`: a netns with the sandbox link bridged to
+   * a tap, a cgroup, and `qemu -daemonize`; with `incoming`, the VM waits for a migration stream.
+   */
+  private async start(id: string, cpuQuota: number, config: VmConfig, incoming: string | undefined, signal?: AbortSignal): Promise<void> {
+    if (!this.events) throw new Error('bind() first');
+    const p = this.paths(id);
+    const rid = newRid(id);
+    await fs.mkdir(p.dir, { recursive: true, mode: 0o700 });
+    await fs.writeFile(p.rid, rid);
+    for (const f of [p.qmp, p.agent, p.migrate, p.pid]) await fs.rm(f, { force: true });
+    if (p.agent.length > 107) throw new SpaceError('DRIVER_FAILED', `Socket path ${p.agent} is too long for a unix socket; use a shorter --data-dir`);
+    const b = this.box(id);
+    b.generation++;
+    b.detached = false;
+    const netns = `${NETNS_PREFIX}${rid}`;
+    await run('ip', ['netns', 'add', netns]);
+    await run('ip', ['-n', netns, 'link', 'set', 'lo', 'up']);
+    if (config.network) {
+      if (!this.opts.network) throw new SpaceError('DRIVER_FAILED', 'This snapshot was taken with a sandbox network and the daemon runs without one (--egress off)');
+      await this.opts.network.attach(id, netns, SANDBOX_IF);
+      b.open.net = await this.bridge(netns);
+    } else delete b.open.net;
+    signal?.throwIfAborted();
+    const { accel } = await this.accel();
+    const args = [
+      '-name', `space-${id},process=space-vm-${id}`,
+      '-M', 'microvm,pit=off,pic=off,isa-serial=on,rtc=on',
+      '-accel', accel === 'kvm' ? 'kvm' : 'tcg,tb-size=64',
+      '-cpu', accel === 'kvm' ? 'host' : 'max',
+      '-m', `${config.memoryMb}M`,
+      '-smp', String(config.cpus),
+      '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
+      '-serial', `file:${p.console}`,
+      '-kernel', config.vmlinux, '-initrd', config.initramfs, '-append', config.cmdline,
+      '-drive', `id=root,file=${config.rootDisk},format=raw,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=root',
+      '-drive', `id=rt,file=${config.runtimeDisk},format=raw,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=rt',
+      '-device', 'virtio-serial-device',
+      '-chardev', `socket,id=agent,path=${p.agent},server=on,wait=off`,
+      '-device', 'virtserialport,chardev=agent,name=space-agent',
+      '-object', 'rng-random,id=rng,filename=/dev/urandom', '-device', 'virtio-rng-device,rng=rng',
+      ...(config.network ? ['-netdev', 'tap,id=net0,ifname=tap0,script=no,downscript=no', '-device', 'virtio-net-device,netdev=net0'] : []),
+      '-qmp', `unix:${p.qmp},server=on,wait=off`,
+      // QEMU's seccomp filter: no exec, no privilege changes, no obsolete syscalls.
+      '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny',
+      ...(incoming ? ['-incoming', 'defer'] : []),
+    ];
+    await fs.writeFile(p.config, JSON.stringify(config));
+    const pid = await this.spawnVmm(netns, args, p);
+    await this.cgroup(rid, pid, config.memoryMb, cpuQuota);
+    if (incoming) await this.receive(p, incoming);
+    void this.connectAgent(id, b.generation);
+  }
+
+  /**
+   * Starts QEMU in the sandbox's netns, detached from the daemon (it outlives a daemon restart),
+   * and waits for its control socket. Not `-daemonize`: that forks after the seccomp filter
+   * forbids it. nsenter execs QEMU in place, so the child's pid is QEMU's.
+   */
+  private async spawnVmm(netns: string, args: string[], p: ReturnType<MicrovmDriver['paths']>): Promise<number> {
+    const log = path.join(p.dir, 'qemu.log');
+    const fd = openSync(log, 'w', 0o600);
+    const child = spawn('nsenter', [`--net=/var/run/netns/${netns}`, this.qemu, ...args], { stdio: ['ignore', fd, fd], detached: true });
+    closeSync(fd);
+    let exited: string | undefined;
+    child.on('error', (err) => (exited = `cannot run ${this.qemu}: ${err.message} (apt-get install qemu-system-x86)`));
+    child.on('exit', (code, sig) => (exited ??= sig ?? `exit ${code}`));
+    child.unref();
+    const pid = child.pid;
+    for (let i = 0; ; i++) {
+      if (exited !== undefined || !pid) {
+        const out = (await fs.readFile(log, 'utf8').catch(() => '')).trim().split('\n').slice(-3).join(' | ');
+        throw new SpaceError('DRIVER_FAILED', `QEMU did not start (${exited}): ${out || 'no output'}`);
+      }
+      if (await canConnect(p.qmp)) break;
+      if (i > 1500) {
+        process.kill(pid, 'SIGKILL');
+        throw new SpaceError('DRIVER_FAILED', 'QEMU did not open its control socket within 30 s');
+      }
+      await sleep(20);
+    }
+    await fs.writeFile(p.pid, String(pid));
+    return pid;
+  }
+
+  /** Joins the sandbox link and a new tap in one bridge; returns the guest's addresses (moved off the namespace). */
+  private async bridge(netns: string): Promise<SerialOpen['net']> {
+    const addrs = JSON.parse((await run('ip', ['-n', netns, '-j', 'addr', 'show', 'dev', SANDBOX_IF])).stdout) as { addr_info?: { family: string; local: string; prefixlen: number }[] }[];
+    const a = addrs[0]?.addr_info?.find((x) => x.family === 'inet');
+    const routes = JSON.parse((await run('ip', ['-n', netns, '-j', 'route', 'show', 'dev', SANDBOX_IF])).stdout) as { dst: string; gateway?: string }[];
+    const gw = routes.find((r) => r.gateway)?.gateway;
+    if (!a || !gw) throw new SpaceError('DRIVER_FAILED', `The sandbox link in ${netns} has no address or route`);
+    // The namespace itself must not own the guest's address (it would answer for it).
+    await tryRun('ip', ['netns', 'exec', netns, 'sysctl', '-q', '-w', 'net.ipv6.conf.all.disable_ipv6=1', 'net.ipv6.conf.default.disable_ipv6=1'], 10_000);
+    await run('ip', ['-n', netns, '-b', '-'], 10_000, [`route flush dev ${SANDBOX_IF}`, `addr flush dev ${SANDBOX_IF}`, 'link add br0 type bridge', 'tuntap add tap0 mode tap', `link set ${SANDBOX_IF} master br0`, 'link set tap0 master br0', 'link set tap0 up', 'link set br0 up', ''].join('\n'));
+    return { address: a.local, prefixLength: a.prefixlen, gateway: gw, routes: routes.filter((r) => r.gateway).map((r) => r.dst) };
+  }
+
+  /** A cgroup v1 memory + cpu group for the VMM process: guest RAM + device model, and the sandbox's CPU share. */
+  private async cgroup(rid: string, pid: number, memoryMb: number, cpu: number): Promise<void> {
+    const mem = path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid);
+    const cpuDir = path.join(CGROUP_ROOT, 'cpu', CGROUP_PARENT, rid);
+    await fs.mkdir(mem, { recursive: true });
+    await fs.writeFile(path.join(mem, 'memory.limit_in_bytes'), String((memoryMb + VMM_OVERHEAD_MB) * 1048576));
+    await fs.writeFile(path.join(mem, 'cgroup.procs'), String(pid));
+    await fs.mkdir(cpuDir, { recursive: true });
+    await fs.writeFile(path.join(cpuDir, 'cpu.cfs_period_us'), '100000');
+    await fs.writeFile(path.join(cpuDir, 'cpu.cfs_quota_us'), String(Math.max(1000, Math.round(cpu * 100_000))));
+    await fs.writeFile(path.join(cpuDir, 'cgroup.procs'), String(pid));
+  }
+
+  /** Streams a saved machine into a VM started with `-incoming defer`, then runs it. */
+  private async receive(p: ReturnType<MicrovmDriver['paths']>, file: string): Promise<void> {
+    await qmp(p.qmp, [{ execute: 'migrate-incoming', arguments: { uri: `unix:${p.migrate}` } }]);
+    const sock = await connectRetry(p.migrate, 10_000);
+    await pipeline(createReadStream(file, { highWaterMark: 1 << 20 }), sock);
+    for (let i = 0; ; i++) {
+      const [st] = (await qmp(p.qmp, [{ execute: 'query-status' }])) as { status: string }[];
+      if (st?.status !== 'inmigrate') {
+        if (st?.status !== 'running') await qmp(p.qmp, [{ execute: 'cont' }]);
+        return;
+      }
+      if (i > 3000) throw new SpaceError('DRIVER_FAILED', 'QEMU did not finish loading the snapshot within 60 s');
+      await sleep(20);
+    }
+  }
+
+  /**
+   * Connects to the agent's port (retrying while the VM boots), opens the connection and hands
+   * it to core; reconnects when it drops, unless detached or superseded by a new incarnation.
+   */
+  private async connectAgent(id: string, generation: number): Promise<void> {
+    const p = this.paths(id);
+    const b = this.box(id);
+    const deadline = Date.now() + 120_000;
+    while (b.generation === generation && !b.detached) {
+      const sock = await connectRetry(p.agent, 1_000).catch(() => undefined);
+      if (b.generation !== generation || b.detached) {
+        sock?.destroy();
+        return;
+      }
+      if (!sock) {
+        if (Date.now() > deadline || !(await this.alive(id))) return;
+        continue;
+      }
+      sock.setNoDelay(true);
+      const open = b.open;
+      // Boot settings, clock and entropy go with the first connection of an incarnation only.
+      b.open = open.net ? { net: open.net } : {};
+      sock.write(`${SERIAL_OPEN_MAGIC}${Buffer.from(JSON.stringify(open)).toString('base64')}\n`);
+      b.agent = sock;
+      const closed = new Promise<void>((r) => sock.once('close', () => r()));
+      this.events?.agentConnected(id, sock);
+      await closed;
+      if (b.agent === sock) b.agent = undefined;
+      await sleep(100);
+    }
+  }
+
+  async restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void> {
+    const config = JSON.parse(await fs.readFile(path.join(imageDir, 'vm.json'), 'utf8').catch((err: unknown) => {
+      throw new SpaceError('SNAPSHOT_CORRUPT', `The snapshot at ${imageDir} is not a microVM snapshot (no vm.json)`, { cause: err });
+    })) as VmConfig;
+    for (const f of [config.vmlinux, config.initramfs, config.rootDisk, config.runtimeDisk]) {
+      if (!existsSync(f)) throw new SpaceError('DRIVER_FAILED', `The snapshot needs ${f}, which is gone from this host`);
+    }
+    // In place: whatever is left of the old incarnation goes first.
+    if (existsSync(this.paths(spec.id).dir)) await this.stopVm(spec.id);
+    const b = this.box(spec.id);
+    b.open = { now: Date.now(), seed: randomBytes(64).toString('base64') };
+    await this.start(spec.id, spec.cpu, config, path.join(imageDir, 'memory'), signal);
+  }
+
+  /** Kills the VMM of the current incarnation and releases its netns and cgroups. */
+  private async stopVm(id: string): Promise<void> {
+    const b = this.boxes.get(id);
+    if (b) {
+      b.generation++;
+      b.agent?.destroy();
+    }
+    const pid = await this.pid(id);
+    if (pid) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+      for (let i = 0; i < 250 && (await this.isQemu(pid)); i++) await sleep(20);
+    }
+    await this.release(this.rid(id));
+  }
+
+  private async release(rid: string): Promise<void> {
+    const netns = `${NETNS_PREFIX}${rid}`;
+    await tryRun('ip', ['netns', 'del', netns], 10_000);
+    await this.opts.network?.detach(netns);
+    for (const ctl of ['memory', 'cpu', 'cpuacct']) {
+      const d = path.join(CGROUP_ROOT, ctl, CGROUP_PARENT, rid);
+      if (existsSync(d)) await fs.rmdir(d).catch(() => {});
+    }
+  }
+
+  async retire(id: string): Promise<void> {
+    // The VMM quit after the checkpoint; only its namespace and cgroups are left.
+    await this.stopVm(id);
+  }
+
+  async pause(id: string): Promise<void> {
+    await qmp(this.paths(id).qmp, [{ execute: 'stop' }]);
+  }
+
+  async resume(id: string): Promise<void> {
+    await qmp(this.paths(id).qmp, [{ execute: 'cont' }]);
+  }
+
+  async detachAgent(id: string): Promise<void> {
+    this.box(id).detached = true;
+  }
+
+  async checkpoint(id: string, imageDir: string): Promise<void> {
+    const p = this.paths(id);
+    await fs.mkdir(imageDir, { recursive: true, mode: 0o700 });
+    const out = path.join(imageDir, 'memory');
+    await fs.rm(p.migrate, { force: true });
+    // The daemon receives the stream itself: QEMU runs with spawn=deny, so no `exec:` migration.
+    let done!: Promise<void>;
+    const server = net.createServer({ allowHalfOpen: false }, (sock) => {
+      server.close();
+      done = pipeline(sock, createWriteStream(out, { mode: 0o600 }));
+    });
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(p.migrate, () => resolve());
+    });
+    try {
+      await qmp(p.qmp, [
+        { execute: 'stop' },
+        { execute: 'migrate-set-parameters', arguments: { 'max-bandwidth': 64 * 1024 ** 3 } },
+        { execute: 'migrate', arguments: { uri: `unix:${p.migrate}` } },
+      ]);
+      for (let i = 0; ; i++) {
+        const [m] = (await qmp(p.qmp, [{ execute: 'query-migrate' }])) as { status?: string; 'error-desc'?: string }[];
+        if (m?.status === 'completed') break;
+        if (m?.status === 'failed' || m?.status === 'cancelled') throw new SpaceError('DRIVER_FAILED', `QEMU could not save the machine: ${m['error-desc'] ?? m.status}`);
+        if (i > 15_000) throw new SpaceError('DRIVER_FAILED', 'QEMU did not finish saving the machine within 300 s');
+        await sleep(20);
+      }
+      await done;
+    } finally {
+      server.close();
+    }
+    await fs.copyFile(p.config, path.join(imageDir, 'vm.json'));
+    // A checkpointed sandbox is stopped; a restore brings it back.
+    await qmp(p.qmp, [{ execute: 'quit' }]).catch(() => {});
+  }
+
+  /** Everything inside a checkpoint: QEMU, kernel + initramfs, the agent runtime. */
+  version(): Promise<string> {
+    this.versionP ??= (async () => {
+      const v = await tryRun(this.qemu, ['--version'], 10_000);
+      const k = await this.guest.kernel();
+      return `qemu ${/version (\S+)/.exec(v?.stdout ?? '')?.[1] ?? 'unknown'} kernel ${k.release} ${path.basename(k.initramfs, '.cpio')} runtime ${path.basename(this.runtimeDir)}${this.opts.network ? ' net' : ''}`;
+    })();
+    return this.versionP;
+  }
+
+  private async pid(id: string): Promise<number | undefined> {
+    const n = Number((await fs.readFile(this.paths(id).pid, 'utf8').catch(() => '')).trim());
+    return n > 0 ? n : undefined;
+  }
+
+  /** Whether `pid` is still this driver's QEMU (not a reused pid). */
+  private async isQemu(pid: number): Promise<boolean> {
+    const cmd = await fs.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+    return cmd.includes('space-vm-') || cmd.includes('qemu');
+  }
+
+  private async alive(id: string): Promise<boolean> {
+    const pid = await this.pid(id);
+    return !!pid && (await this.isQemu(pid));
+  }
+
+  async adopt(id: string): Promise<boolean> {
+    if (!(await this.alive(id))) return false;
+    const rid = this.rid(id);
+    await this.opts.network?.attach(id, `${NETNS_PREFIX}${rid}`, SANDBOX_IF);
+    const b = this.box(id);
+    b.generation++;
+    b.detached = false;
+    b.open = {};
+    void this.connectAgent(id, b.generation);
+    return true;
+  }
+
+  async status(id: string): Promise<RuntimeStatus> {
+    if (await this.alive(id)) return { running: true };
+    const rid = this.rid(id);
+    const dir = path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid);
+    const ctl = await fs.readFile(path.join(dir, 'memory.oom_control'), 'utf8').catch(() => '');
+    const kills = /oom_kill (\d+)/.exec(ctl);
+    if (kills && Number(kills[1]) > 0) return { running: false, reason: 'oom', detail: 'the VM exceeded its memory limit on the host' };
+    const console = await fs.readFile(this.paths(id).console, 'utf8').catch(() => '');
+    const failed = /SPACE_INIT_FAILED (.*)/.exec(console)?.[1];
+    if (failed) return { running: false, reason: 'crashed', detail: `the guest did not start: ${failed}` };
+    const panic = /Kernel panic[^\n]*/.exec(console)?.[0];
+    return { running: false, reason: 'crashed', detail: panic ? `guest ${panic}` : 'the VM stopped' };
+  }
+
+  async usage(id: string): Promise<SandboxUsage> {
+    const pid = await this.pid(id);
+    if (!pid) return { rssBytes: 0 };
+    const st = await fs.readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
+    const rss = Number(/VmRSS:\s+(\d+) kB/.exec(st)?.[1] ?? 0) * 1024;
+    const stat = (await fs.readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '')).split(') ')[1]?.split(' ') ?? [];
+    // utime + stime (fields 14, 15; 12 and 13 after the command), in clock ticks of 10 ms.
+    const ticks = Number(stat[11] ?? 0) + Number(stat[12] ?? 0);
+    const cg = Number((await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, this.rid(id), 'memory.usage_in_bytes'), 'utf8').catch(() => '0')).trim());
+    return { rssBytes: rss, cgroupBytes: cg, ...(ticks > 0 ? { cpuNs: ticks * 10_000_000 } : {}) };
+  }
+
+  async destroy(id: string): Promise<void> {
+    await this.stopVm(id);
+    // Incarnations whose release a crash interrupted may have left a netns or cgroup behind.
+    const netns = (await tryRun('ip', ['netns', 'list'], 10_000))?.stdout ?? '';
+    for (const line of netns.split('\n')) {
+      const name = line.split(' ')[0] ?? '';
+      if (name.startsWith(`${NETNS_PREFIX}${id}-`)) await this.release(name.slice(NETNS_PREFIX.length));
+    }
+    for (const d of await fs.readdir(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT)).catch(() => [] as string[])) if (d.startsWith(`${id}-`)) await this.release(d);
+    this.boxes.delete(id);
+    await fs.rm(this.paths(id).dir, { recursive: true, force: true });
+  }
+
+  async list(): Promise<string[]> {
+    return (await fs.readdir(this.boxesDir).catch(() => [] as string[])).filter((d) => /^sb[a-z0-9]+$/.test(d));
+  }
+
+  async close(): Promise<void> {
+    for (const b of this.boxes.values()) {
+      b.generation++;
+      b.agent?.destroy();
+    }
+  }
+}
+
+/** `tsc_early_khz` for the guest: without it ~30% of microvm boots hang calibrating the TSC under emulation. */
+function tscArg(): string {
+  const mhz = /cpu MHz\s*:\s*([\d.]+)/.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1];
+  return mhz ? `tsc_early_khz=${Math.round(Number(mhz) * 1000)}` : '';
+}
+
+/** Whether a unix socket accepts connections now. */
+function canConnect(socketPath: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = net.connect(socketPath);
+    s.once('connect', () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once('error', () => resolve(false));
+  });
+}
+
+/** Connects to a unix socket, retrying while it does not exist yet or refuses. */
+async function connectRetry(socketPath: string, timeoutMs: number): Promise<net.Socket> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      return await new Promise<net.Socket>((resolve, reject) => {
+        const s = net.connect(socketPath);
+        s.once('connect', () => {
+          s.off('error', reject);
+          resolve(s);
+        });
+        s.once('error', reject);
+      });
+    } catch (err) {
+      if (Date.now() > end) throw err;
+      await sleep(10);
+    }
+  }
+}
