@@ -1349,6 +1349,12 @@ export class SandboxService {
     const sb = await this.store.getSandbox(id);
     if (!sb || TERMINAL_STATES.includes(sb.state)) return;
     this.log.warn({ sandboxId: id, reason: st.reason, detail: st.detail }, 'sandbox died');
+    // A crash (not an overrun of its own limits) is survivable when there is a snapshot to go back to.
+    if (st.reason !== 'oom' && sb.lastSnapshotId) {
+      await this.driver.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'cleanup of the crashed runtime failed'));
+      await this.recover(sb, `the sandbox crashed (${st.detail ?? 'the runtime stopped'})`);
+      return;
+    }
     await this.terminate(id, 'dead', st.reason ?? 'crashed', st.detail ?? 'the sandbox stopped unexpectedly');
   }
 

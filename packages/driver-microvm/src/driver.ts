@@ -541,7 +541,7 @@ export class MicrovmDriver implements SandboxDriver {
     }
     for (const d of await fs.readdir(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT)).catch(() => [] as string[])) if (d.startsWith(`${id}-`)) await this.release(d);
     this.boxes.delete(id);
-    await fs.rm(this.paths(id).dir, { recursive: true, force: true });
+    if (!process.env.SPACE_MICROVM_KEEP) await fs.rm(this.paths(id).dir, { recursive: true, force: true });
   }
 
   async list(): Promise<string[]> {

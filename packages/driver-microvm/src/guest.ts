@@ -102,6 +102,7 @@ export class GuestBuilder {
   private async makeKernel(): Promise<GuestKernel> {
     const kdir = path.join(this.opts.dir, 'kernel');
     await fs.mkdir(kdir, { recursive: true, mode: 0o700 });
+    if (this.opts.kernelDeb && !existsSync(this.opts.kernelDeb)) throw new SpaceError('DRIVER_UNAVAILABLE', `The kernel package ${this.opts.kernelDeb} does not exist: give a Debian linux-image .deb (apt-get download linux-image-amd64), or leave it out to fetch one`);
     const deb = this.opts.kernelDeb ?? (await this.downloadKernel(kdir));
     const debSum = (await sha(deb)).slice(0, 16);
     const extracted = await atomically(path.join(kdir, debSum), async (tmp) => {

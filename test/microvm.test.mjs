@@ -1,0 +1,133 @@
+// The microVM driver beyond the conformance suite: full-machine snapshots hold what gVisor
+// refuses (a TCP server with an open client connection) through snapshot, hibernate/wake and
+// fork; the guest clock and RNG after a restore; a VMM crash; bad configuration.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { startDaemon } from '../packages/server/dist/index.js';
+import { eventually, startTestDaemon } from './helpers.mjs';
+
+const CACHE = process.env.SPACE_MICROVM_CACHE_DIR ?? '/var/cache/space/microvm';
+const NODE = ['/.space/lib/ld-linux-x86-64.so.2', '--library-path', '/.space/lib', '/.space/node'];
+
+/**
+ * A TCP echo server on 127.0.0.1:7000, and a client that holds ONE connection open: each
+ * time /tmp/ask appears it sends a line and writes the echo to /tmp/answer. Both in one node
+ * process, so the open connection lives in the guest kernel only.
+ */
+const SERVER_AND_CLIENT = `
+const net = require('net'), fs = require('fs');
+net.createServer((s) => s.on('data', (d) => s.write('echo:' + d))).listen(7000, '127.0.0.1', () => {
+  const c = net.connect(7000, '127.0.0.1');
+  c.on('data', (d) => fs.writeFileSync('/tmp/answer', String(d)));
+  setInterval(() => { if (fs.existsSync('/tmp/ask')) { const q = fs.readFileSync('/tmp/ask', 'utf8'); fs.rmSync('/tmp/ask'); c.write(q); } }, 50);
+  fs.writeFileSync('/tmp/ready', 'yes');
+});`;
+
+/** Asks the held-open connection once; resolves to the echo. */
+async function ask(sb, q) {
+  await sb.commands.run(`rm -f /tmp/answer; echo -n ${q} > /tmp/ask`);
+  return eventually(async () => (await sb.files.exists('/tmp/answer')) && (await sb.files.read('/tmp/answer')));
+}
+
+/** A new connection to the server (busybox nc); resolves to the echo. */
+async function fresh(sb, q) {
+  return (await sb.commands.run(`echo ${q} | nc -w 2 127.0.0.1 7000`)).stdout.trim();
+}
+
+describe('microvm driver: full-machine snapshots', () => {
+  let fx;
+  before(async () => {
+    fx = await startTestDaemon({ driver: 'microvm', microvm: { cacheDir: CACHE } });
+  });
+  after(async () => assert.deepEqual(await fx.close(), []));
+
+  it('a TCP server with an open client connection snapshots, hibernates, wakes and forks, and still serves', async () => {
+    const sb = await fx.create({ memoryMb: 256 });
+    await sb.commands.run([...NODE, '-e', SERVER_AND_CLIENT], { background: true });
+    await eventually(() => sb.files.exists('/tmp/ready'));
+    assert.equal(await ask(sb, 'one'), 'echo:one');
+    const established = (await sb.commands.run('cat /proc/net/tcp')).stdout.split('\n').filter((l) => / 01 /.test(l.slice(30, 40)));
+    assert.ok(established.length >= 2, 'both ends of the connection are ESTABLISHED in the guest');
+
+    // gVisor refuses this state with SNAPSHOT_UNSUPPORTED_STATE; a VM snapshot takes it.
+    const snap = await sb.snapshot({ name: 'with-connection' });
+    assert.ok(snap.sizeBytes > 0);
+    assert.equal(await ask(sb, 'two'), 'echo:two', 'the same connection works after the snapshot');
+
+    await sb.hibernate();
+    assert.equal(sb.info.state, 'hibernated');
+    assert.equal((await sb.usage()).rssBytes, 0, 'no VMM runs while hibernated');
+    await sb.wake();
+    assert.equal(await ask(sb, 'three'), 'echo:three', 'the connection held open across hibernate/wake');
+    assert.equal(await fresh(sb, 'new'), 'echo:new', 'and the server takes new connections');
+    // The guest clock is the host's after a restore, not the snapshot's.
+    const guestNow = Number((await sb.commands.run('date +%s')).stdout.trim());
+    assert.ok(Math.abs(guestNow - Date.now() / 1000) < 5, `guest clock ${guestNow} is within 5 s of the host's`);
+
+    const copies = await sb.fork({ count: 2 });
+    for (const c of copies) fx.track(c);
+    for (const [i, c] of copies.entries()) {
+      assert.equal(await ask(c, `copy${i}`), `echo:copy${i}`, 'each copy has its own copy of the open connection');
+      assert.equal(await fresh(c, `n${i}`), `echo:n${i}`);
+      assert.equal((await c.commands.run('hostname')).stdout.trim(), c.id);
+    }
+    // Each restore reseeds the guest kernel's pool: copies of one machine draw different numbers.
+    const rand = await Promise.all(copies.map(async (c) => (await c.commands.run('head -c 16 /dev/urandom | od -An -tx1')).stdout));
+    assert.notEqual(rand[0], rand[1]);
+    assert.equal(await ask(sb, 'parent'), 'echo:parent', 'the parent is unaffected');
+
+    await sb.rollback(snap.id);
+    assert.equal(await ask(sb, 'after-rollback'), 'echo:after-rollback', 'the connection as it was in the snapshot');
+    for (const c of copies) await c.kill();
+    await sb.kill();
+  });
+
+  it('pause freezes the machine and resume continues it', async () => {
+    const sb = await fx.create({ memoryMb: 192 });
+    await sb.files.write('/tmp/x', 'kept');
+    await sb.pause();
+    assert.equal(sb.info.state, 'paused');
+    await sb.resume();
+    assert.equal(await sb.files.read('/tmp/x'), 'kept');
+    await sb.kill();
+  });
+
+  it('a VMM that dies mid-run: the sandbox comes back from its last snapshot, or ends dead if it has none', async () => {
+    const sb = await fx.create({ memoryMb: 192 });
+    await sb.files.write('/tmp/v', 'snapshotted');
+    await sb.snapshot();
+    await sb.files.write('/tmp/v', 'lost');
+    const pidFile = path.join(fx.dataDir, 'microvm', 'boxes', sb.id, 'qemu.pid');
+    process.kill(Number(readFileSync(pidFile, 'utf8')), 'SIGKILL');
+    const back = await eventually(async () => {
+      const ev = await sb.events();
+      return ev.some((e) => e.type === 'recovered') && (await sb.refresh()).state === 'running';
+    });
+    assert.ok(back);
+    assert.equal(await sb.files.read('/tmp/v'), 'snapshotted');
+
+    const bare = await fx.create({ memoryMb: 192 });
+    process.kill(Number(readFileSync(path.join(fx.dataDir, 'microvm', 'boxes', bare.id, 'qemu.pid'), 'utf8')), 'SIGKILL');
+    const info = await eventually(async () => {
+      const i = await bare.refresh();
+      return i.state === 'dead' ? i : undefined;
+    });
+    assert.equal(info.endReason, 'crashed');
+    assert.match(info.endDetail, /VM stopped/);
+    await sb.kill();
+  });
+});
+
+describe('microvm driver: configuration errors stop the daemon at start', () => {
+  it('a kernel package that is not there', async () => {
+    const dataDir = (await import('node:fs')).mkdtempSync('/tmp/spt-');
+    (await import('./helpers.mjs')).makeNodeKey(dataDir);
+    await assert.rejects(
+      startDaemon({ dataDir, listen: '127.0.0.1:0', logLevel: 'silent', egress: { mode: 'off' }, driver: 'microvm', microvm: { cacheDir: path.join(dataDir, 'cache'), kernelDeb: '/nonexistent/linux-image.deb' } }),
+      (e) => e.code === 'DRIVER_UNAVAILABLE' && /linux-image\.deb/.test(e.message),
+    );
+    (await import('node:fs')).rmSync(dataDir, { recursive: true, force: true });
+  });
+});
