@@ -62,7 +62,7 @@ export function makeNodeKey(dataDir) {
   if (!existsSync(path.join(dataDir, 'keys', 'node.key'))) writeFileSync(path.join(dataDir, 'keys', 'node.key'), randomBytes(32), { mode: 0o600 });
 }
 
-/** Host resources still held for these sandbox ids (runsc containers, netns, cgroups, mounts). */
+/** Host resources still held for these sandbox ids (runsc containers, QEMU processes, netns, cgroups, mounts). */
 export function leftovers(dataDir, ids) {
   const out = [];
   try {
@@ -82,6 +82,16 @@ export function leftovers(dataDir, ids) {
     if (mounts.includes(id)) out.push(`mount of ${id}`);
   }
   if (mounts.includes(dataDir)) out.push(`mount under ${dataDir}`);
+  // microVM sandboxes: a QEMU process per sandbox, named space-vm-<id>.
+  for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
+    let cmd = '';
+    try {
+      cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
+    } catch {
+      continue;
+    }
+    for (const id of ids) if (cmd.includes(`process=space-vm-${id}\0`)) out.push(`VMM process ${pid} of ${id}`);
+  }
   return out;
 }
 
