@@ -363,7 +363,18 @@ export class MicrovmDriver implements SandboxDriver {
       sock.write(`${SERIAL_OPEN_MAGIC}${Buffer.from(JSON.stringify(open)).toString('base64')}\n`);
       b.agent = sock;
       const closed = new Promise<void>((r) => sock.once('close', () => r()));
-      this.events?.agentConnected(id, sock);
+      sock.on('error', () => {});
+      // Core gets the stream once the agent speaks: QEMU accepts the connection at once, and a
+      // guest that is still booting must not run into core's hello timeout (a reconnect the
+      // agent does not notice would put a second open line into a live connection).
+      sock.once('data', (first: Buffer) => {
+        sock.pause();
+        sock.unshift(first);
+        if (b.generation !== generation) return sock.destroy();
+        this.events?.agentConnected(id, sock);
+        // Paused explicitly, the stream would not flow again by itself when core listens.
+        sock.resume();
+      });
       await closed;
       if (b.agent === sock) b.agent = undefined;
       await sleep(100);
@@ -541,7 +552,7 @@ export class MicrovmDriver implements SandboxDriver {
     }
     for (const d of await fs.readdir(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT)).catch(() => [] as string[])) if (d.startsWith(`${id}-`)) await this.release(d);
     this.boxes.delete(id);
-    if (!process.env.SPACE_MICROVM_KEEP) await fs.rm(this.paths(id).dir, { recursive: true, force: true });
+    await fs.rm(this.paths(id).dir, { recursive: true, force: true });
   }
 
   async list(): Promise<string[]> {
