@@ -82,7 +82,8 @@ export function leftovers(dataDir, ids) {
     if (mounts.includes(id)) out.push(`mount of ${id}`);
   }
   if (mounts.includes(dataDir)) out.push(`mount under ${dataDir}`);
-  // microVM sandboxes: a QEMU process per sandbox, named space-vm-<id>.
+  // microVM sandboxes: a QEMU process per sandbox, named space-vm-<id>, and its RAM file.
+  for (const f of existsSync('/dev/shm') ? readdirSync('/dev/shm') : []) for (const id of ids) if (f.startsWith(`space-${id}-`)) out.push(`RAM file /dev/shm/${f}`);
   for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
     let cmd = '';
     try {

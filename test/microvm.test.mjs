@@ -27,8 +27,9 @@ net.createServer((s) => s.on('data', (d) => s.write('echo:' + d))).listen(7000, 
 
 /** Asks the held-open connection once; resolves to the echo. */
 async function ask(sb, q) {
-  await sb.commands.run(`rm -f /tmp/answer; echo -n ${q} > /tmp/ask`);
-  return eventually(async () => (await sb.files.exists('/tmp/answer')) && (await sb.files.read('/tmp/answer')));
+  // Written aside and renamed: the server polls for the file and must never read it half-written.
+  await sb.commands.run(`rm -f /tmp/answer; echo -n ${q} > /tmp/ask.tmp && mv /tmp/ask.tmp /tmp/ask`);
+  return eventually(async () => (await sb.files.exists('/tmp/answer')) && (await sb.files.read('/tmp/answer')), { tries: 400, everyMs: 150 });
 }
 
 /** A new connection to the server (busybox nc); resolves to the echo. */
@@ -46,7 +47,8 @@ describe('microvm driver: full-machine snapshots', () => {
   it('a TCP server with an open client connection snapshots, hibernates, wakes and forks, and still serves', async () => {
     const sb = await fx.create({ memoryMb: 256 });
     await sb.commands.run([...NODE, '-e', SERVER_AND_CLIENT], { background: true });
-    await eventually(() => sb.files.exists('/tmp/ready'));
+    // Node's first start in a fresh guest is slow under emulation (seconds; more on a loaded host).
+    await eventually(() => sb.files.exists('/tmp/ready'), { tries: 600, everyMs: 250 });
     assert.equal(await ask(sb, 'one'), 'echo:one');
     const established = (await sb.commands.run('cat /proc/net/tcp')).stdout.split('\n').filter((l) => / 01 /.test(l.slice(30, 40)));
     assert.ok(established.length >= 2, 'both ends of the connection are ESTABLISHED in the guest');
@@ -120,6 +122,36 @@ describe('microvm driver: full-machine snapshots', () => {
   });
 });
 
+describe('one daemon, two drivers: each sandbox chooses at creation', () => {
+  let fx;
+  before(async () => {
+    fx = await startTestDaemon({ driver: 'gvisor', drivers: ['gvisor', 'microvm'], microvm: { cacheDir: CACHE } });
+  });
+  after(async () => assert.deepEqual(await fx.close(), []));
+
+  it('driver: "microvm" gets a guest kernel, the default gets gVisor; snapshots and forks stay on their driver', async () => {
+    const version = await (await fetch(`${fx.url}/v1/version`)).json();
+    assert.deepEqual(version.drivers, ['gvisor', 'microvm']);
+    const [g, m] = await Promise.all([fx.create({ memoryMb: 192 }), fx.create({ memoryMb: 192, driver: 'microvm' })]);
+    assert.equal(g.info.driver, 'gvisor');
+    assert.equal(m.info.driver, 'microvm');
+    // gVisor reports its own kernel version; the VM runs Debian's.
+    assert.doesNotMatch((await g.commands.run('uname -r')).stdout, /amd64/);
+    assert.match((await m.commands.run('uname -r')).stdout, /amd64/);
+    await m.files.write('/tmp/who', 'vm');
+    const [copy] = await m.fork({ count: 1 });
+    fx.track(copy);
+    assert.equal(copy.info.driver, 'microvm');
+    assert.equal(await copy.files.read('/tmp/who'), 'vm');
+    assert.match((await copy.commands.run('uname -r')).stdout, /amd64/);
+    await m.hibernate();
+    await m.wake();
+    assert.equal(await m.files.read('/tmp/who'), 'vm');
+    await assert.rejects(fx.create({ driver: 'firecracker' }), (e) => e.code === 'DRIVER_NOT_ENABLED' && e.status === 400 && /--drivers/.test(e.message));
+    for (const sb of [g, m, copy]) await sb.kill();
+  });
+});
+
 describe('microvm driver: configuration errors stop the daemon at start', () => {
   it('a kernel package that is not there', async () => {
     const dataDir = (await import('node:fs')).mkdtempSync('/tmp/spt-');
@@ -127,6 +159,18 @@ describe('microvm driver: configuration errors stop the daemon at start', () => 
     await assert.rejects(
       startDaemon({ dataDir, listen: '127.0.0.1:0', logLevel: 'silent', egress: { mode: 'off' }, driver: 'microvm', microvm: { cacheDir: path.join(dataDir, 'cache'), kernelDeb: '/nonexistent/linux-image.deb' } }),
       (e) => e.code === 'DRIVER_UNAVAILABLE' && /linux-image\.deb/.test(e.message),
+    );
+    (await import('node:fs')).rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  it('KVM asked for where no guest runs under it (this host: /dev/kvm exists, nested KVM without VMX)', async (t) => {
+    const probe = JSON.parse(readFileSync(path.join(CACHE, 'kvm-probe.json'), 'utf8'));
+    if (probe.ok) return t.skip('this host runs guests under KVM');
+    const dataDir = (await import('node:fs')).mkdtempSync('/tmp/spt-');
+    (await import('./helpers.mjs')).makeNodeKey(dataDir);
+    await assert.rejects(
+      startDaemon({ dataDir, listen: '127.0.0.1:0', logLevel: 'silent', egress: { mode: 'off' }, driver: 'microvm', microvm: { cacheDir: CACHE, accel: 'kvm' } }),
+      (e) => e.code === 'DRIVER_UNAVAILABLE' && /--microvm-accel kvm, but/.test(e.message),
     );
     (await import('node:fs')).rmSync(dataDir, { recursive: true, force: true });
   });

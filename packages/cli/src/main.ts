@@ -68,6 +68,7 @@ interface DaemonFlags {
   maxSandboxes?: string;
   pool?: string;
   driver?: string;
+  drivers?: string;
   microvmAccel?: string;
 }
 
@@ -81,12 +82,13 @@ function daemonCommand(name: string, description: string): Command {
     .option('--templates-dir <dir>', 'template cache directory')
     .option('--max-sandboxes <n>', 'most sandboxes at once')
     .option('--pool <template=n,...>', 'warm pools of the built-in templates, e.g. minimal=2')
-    .option('--driver <name>', 'isolation driver of the sandboxes: gvisor or microvm')
+    .option('--driver <name>', 'default isolation driver of the sandboxes: gvisor or microvm')
+    .option('--drivers <list>', 'drivers a sandbox may choose at creation, e.g. gvisor,microvm')
     .option('--microvm-accel <mode>', 'microvm acceleration: auto, kvm or tcg');
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : [])];
 }
 
 /**
@@ -188,6 +190,7 @@ program
   .command('create')
   .description('create a sandbox and print its id')
   .option('-t, --template <name>', 'template', 'minimal')
+  .option('--driver <name>', 'isolation driver: gvisor or microvm (one the daemon enables; default: the daemon\'s)')
   .option('--cpu <n>', 'CPU cores', Number)
   .option('--memory <mb>', 'memory limit in MiB', Number)
   .option('--timeout <duration>', 'kill it after this long (0 = never)', '30m')
@@ -201,7 +204,7 @@ program
   .option('--allow-port <port>', 'egress: allow a destination port (repeatable; default 80 and 443)', collectList)
   .option('--passthrough <host:port>', 'egress: raw TCP to this destination, no TLS interception (repeatable)', collectList)
   .option('--json', 'print the sandbox as JSON')
-  .action(async (o: { template: string; cpu?: number; memory?: number; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; secret?: string[]; json?: boolean } & EgressFlags) => {
+  .action(async (o: { template: string; driver?: string; cpu?: number; memory?: number; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; secret?: string[]; json?: boolean } & EgressFlags) => {
     if (o.onTimeout !== 'kill' && o.onTimeout !== 'hibernate') throw new Error('--on-timeout takes kill or hibernate');
     await ensureTemplate(o.template);
     const env = parsePairs(o.env, 'env');
@@ -209,6 +212,7 @@ program
     const sb = await Sandbox.create({
       ...connection(),
       template: o.template,
+      ...(o.driver ? { driver: o.driver } : {}),
       ...(o.cpu !== undefined ? { cpu: o.cpu } : {}),
       ...(o.memory !== undefined ? { memoryMb: o.memory } : {}),
       timeoutMs: parseDuration(o.timeout),

@@ -17,6 +17,8 @@ export interface DriverCreateSpec {
   memoryMb: number;
   /** Environment for the agent, applied to every process it starts. */
   env: Record<string, string>;
+  /** Which driver runs it, when several are enabled (see `DriverRouter`); the default when absent. */
+  driver?: string;
 }
 
 /**
@@ -81,6 +83,8 @@ export interface SandboxDriver {
    * (gVisor refuses open TCP connections) and refuses with `SNAPSHOT_UNSUPPORTED_STATE`.
    */
   readonly checkpointsAnyState?: boolean;
+  /** How long a boot or restore may take until the agent answers, if longer than core's default (30 s). */
+  readonly bootTimeoutMs?: number;
   /** Registers core's callbacks; called once before any other method. */
   bind(events: DriverEvents): void;
   /** Checks the host (binaries, cgroups, namespaces) without changing it. */

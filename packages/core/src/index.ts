@@ -37,3 +37,4 @@ export type { SandboxNetwork } from './driver.js';
 export { run, tryRun } from './exec.js';
 export type { RunResult } from './exec.js';
 export { AGENT_ARGV, RUNTIME, ensureRuntime } from './agent-runtime.js';
+export { DriverRouter } from './driver-router.js';

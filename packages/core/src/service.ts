@@ -10,6 +10,7 @@ import type { Duplex } from 'node:stream';
 import { PROTOCOL_VERSION, type AgentRequest } from '@space/protocol';
 import { AgentChannel, type AgentCall } from './agent-channel.js';
 import type { DriverCreateSpec, SandboxDriver } from './driver.js';
+import { DriverRouter } from './driver-router.js';
 import { SpaceError } from './errors.js';
 import type { BlobStore } from './blobs.js';
 import { LIMITS, TERMINAL_STATES, assertAllowed, newSandboxId, newSnapshotId, type CreateTimings, type EndReason, type Sandbox, type SandboxAction, type SandboxEvent, type Snapshot, type SnapshotPolicy, type SnapshotTrigger, type Template, type TemplateImage, type TemplateStart } from './model.js';
@@ -32,7 +33,10 @@ export interface Logger {
 /** Options of {@link SandboxService}. */
 export interface SandboxServiceOptions {
   store: MetadataStore;
+  /** The default driver: templates are snapshotted and pooled on it. */
   driver: SandboxDriver;
+  /** More drivers a sandbox may choose at creation (`driver: "microvm"`); they boot from the template without a template snapshot. */
+  drivers?: SandboxDriver[];
   logger: Logger;
   /** Most sandboxes alive at once on this node. @default 64 */
   maxSandboxes?: number;
@@ -82,6 +86,8 @@ export interface SandboxServiceOptions {
 export interface CreateSandboxOpts {
   /** Template. @default "minimal" */
   template?: string;
+  /** Isolation driver, one of the daemon's enabled drivers (`gvisor`, `microvm`). @default the daemon's default */
+  driver?: string;
   /** CPU cores (fractions allowed). @default 1 */
   cpu?: number;
   /** Memory limit, MiB. @default 512 */
@@ -157,7 +163,7 @@ export type ForkResult = { sandbox: Sandbox } | { error: { code: string; message
 export class SandboxService {
   private readonly live = new Map<string, Live>();
   private readonly store: MetadataStore;
-  private readonly driver: SandboxDriver;
+  private readonly driver: DriverRouter;
   private readonly log: Logger;
   private readonly maxSandboxes: number;
   private readonly startTimeoutMs: number;
@@ -190,7 +196,7 @@ export class SandboxService {
 
   constructor(opts: SandboxServiceOptions) {
     this.store = opts.store;
-    this.driver = opts.driver;
+    this.driver = new DriverRouter(opts.driver, opts.drivers ?? []);
     this.log = opts.logger;
     this.maxSandboxes = opts.maxSandboxes ?? 64;
     this.startTimeoutMs = opts.startTimeoutMs ?? 30_000;
@@ -319,6 +325,8 @@ export class SandboxService {
     for (const sb of active) {
       let alive = false;
       try {
+        // A sandbox of a driver this daemon no longer runs cannot be adopted (nor recovered: it ends dead, saying why).
+        this.driver.assign(sb.id, sb.driver);
         alive = sb.state !== 'starting' && (await this.driver.adopt(sb.id));
       } catch (err) {
         this.log.warn({ err, sandboxId: sb.id }, 'adopt failed');
@@ -388,6 +396,7 @@ export class SandboxService {
     const timeoutMs = range('timeoutMs', opts.timeoutMs);
     const env = checkMap('env', opts.env, LIMITS.envEntries);
     const metadata = checkMap('metadata', opts.metadata, LIMITS.metadataEntries);
+    const driver = this.driver.get(opts.driver).name;
     const idleTimeoutMs = opts.idleTimeoutMs ?? 0;
     if (!Number.isInteger(idleTimeoutMs) || (idleTimeoutMs !== 0 && (idleTimeoutMs < 1000 || idleTimeoutMs > LIMITS.timeoutMs.max))) {
       throw new SpaceError('INVALID_LIMITS', `idleTimeoutMs must be 0 (never) or between 1000 and ${LIMITS.timeoutMs.max}; got ${idleTimeoutMs}`, { details: { field: 'idleTimeoutMs' } });
@@ -399,7 +408,7 @@ export class SandboxService {
     const t0 = performance.now();
     const fullEnv = this.envOf(t.env, env, secrets);
     // A pooled sandbox already counts against the node: taking one needs no admission.
-    const poolable = cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB;
+    const poolable = cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB && driver === this.driver.name;
     let pooled = poolable ? this.pool.take(t) : undefined;
     let identityMs = 0;
     if (pooled && (Object.keys(env).length || trust)) {
@@ -422,7 +431,7 @@ export class SandboxService {
       id: pooled ?? newSandboxId(),
       tenantId,
       template: t.name,
-      driver: this.driver.name,
+      driver,
       state: 'starting',
       cpu,
       memoryMb,
@@ -477,11 +486,14 @@ export class SandboxService {
    * the background for the next create.
    */
   private async startSandbox(t: Template, sb: Sandbox, env: Record<string, string>, trust: string | undefined, signal?: AbortSignal): Promise<Omit<CreateTimings, 'queueMs' | 'totalMs'>> {
-    let image = await this.templates.usableImage(t);
+    // Template snapshots are taken on the default driver; another driver boots from the root file system.
+    const onDefault = sb.driver === this.driver.name;
+    if (!onDefault && t.start) throw new SpaceError('DRIVER_NOT_ENABLED', `Template ${t.name} has a start command, whose snapshot exists for the default driver (${this.driver.name}) only; create it without driver`, { details: { field: 'driver' } });
+    let image = onDefault ? await this.templates.usableImage(t) : undefined;
     // A start command must have run: without a current image, take one first.
     if (!image && t.start) image = (await this.templates.captureImage(t)).image;
     const rootfs = await this.templates.rootfsOf(t);
-    const spec = { id: sb.id, template: t.name, rootfs, cpu: sb.cpu, memoryMb: sb.memoryMb, env };
+    const spec = { id: sb.id, template: t.name, rootfs, cpu: sb.cpu, memoryMb: sb.memoryMb, env, driver: sb.driver };
     if (image) {
       try {
         return await this.restoreTemplate(image, spec, trust, signal);
@@ -490,13 +502,13 @@ export class SandboxService {
         this.log.warn({ err, sandboxId: sb.id, template: t.name }, 'restoring the template image failed; booting instead');
         await this.driver.destroy(sb.id).catch(() => {});
       }
-    } else if (!this.stopping) this.preparePool(t);
-    const connected = this.waitAgent(sb.id, this.startTimeoutMs);
+    } else if (!this.stopping && onDefault) this.preparePool(t);
+    const connected = this.waitAgent(sb.id, this.bootTimeout(sb.driver));
     const tA = performance.now();
     await this.driver.create(spec, signal);
     const tB = performance.now();
     const ch = await connected;
-    if (!ch) throw new SpaceError('TIMEOUT', `The sandbox agent did not connect within ${this.startTimeoutMs} ms`);
+    if (!ch) throw new SpaceError('TIMEOUT', `The sandbox agent did not connect within ${this.bootTimeout(sb.driver)} ms`);
     const agentMs = Math.round(performance.now() - tB);
     if (!trust) return { source: 'boot', bootMs: Math.round(tB - tA), agentMs, identityMs: 0 };
     const tI = performance.now();
@@ -511,11 +523,11 @@ export class SandboxService {
     e.identity = { hostname: spec.id, env: spec.env, ...(trust ? { trust } : {}) };
     e.identityMs = 0;
     try {
-      const connected = this.waitAgent(spec.id, this.startTimeoutMs);
+      const connected = this.waitAgent(spec.id, this.bootTimeout(spec.driver));
       const tA = performance.now();
       await this.driver.restore(spec, this.templates.imageDir(image), signal);
       const tB = performance.now();
-      if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${spec.id} did not connect within ${this.startTimeoutMs} ms after restoring the template image`);
+      if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${spec.id} did not connect within ${this.bootTimeout(spec.driver)} ms after restoring the template image`);
       const identityMs = e.identityMs ?? 0;
       // The agent may connect (and take its identity) before runsc's restore command returns.
       return { source: 'snapshot', restoreMs: Math.round(tB - tA), agentMs: Math.max(0, Math.round(performance.now() - tB - identityMs)), identityMs };
@@ -572,14 +584,14 @@ export class SandboxService {
     const release = await this.createSlot();
     try {
       progress(0, 'booting the template');
-      const connected = this.waitAgent(id, this.startTimeoutMs);
+      const connected = this.waitAgent(id, this.bootTimeout(undefined));
       await this.driver.create({ id, template: t.name, rootfs, cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env }, signal);
       const ch = await connected;
-      if (!ch) throw new SpaceError('TIMEOUT', `The template's agent did not connect within ${this.startTimeoutMs} ms`);
+      if (!ch) throw new SpaceError('TIMEOUT', `The template's agent did not connect within ${this.bootTimeout(undefined)} ms`);
       if (t.start) await this.startAndWait(ch, t.start, progress, signal);
       signal.throwIfAborted();
       progress(80, 'taking the template snapshot');
-      await this.assertSnapshottable(ch, `template ${t.name}`);
+      await this.assertSnapshottable(ch, id, `template ${t.name}`);
       await this.quiesceAndCheckpoint(id, ch, tmp);
       await fs.writeFile(path.join(tmp, '.space-complete'), new Date().toISOString());
       await fs.rm(dir, { recursive: true, force: true });
@@ -1075,14 +1087,19 @@ export class SandboxService {
     await this.blobs.delete(sn.blobKey);
   }
 
+  /** How long a start or restore on driver `name` may take until the agent answers (emulated VMs boot slowly). */
+  private bootTimeout(name: string | undefined): number {
+    return Math.max(this.startTimeoutMs, this.driver.get(name).bootTimeoutMs ?? 0);
+  }
+
   private async spec(sb: Sandbox): Promise<DriverCreateSpec> {
     const t = await this.templates.resolve(sb.tenantId, sb.template);
-    return { id: sb.id, template: sb.template, rootfs: await this.templates.rootfsOf(t), cpu: sb.cpu, memoryMb: sb.memoryMb, env: { ...t.env, ...sb.env } };
+    return { id: sb.id, template: sb.template, rootfs: await this.templates.rootfsOf(t), cpu: sb.cpu, memoryMb: sb.memoryMb, env: { ...t.env, ...sb.env }, driver: sb.driver };
   }
 
   /** Refuses (SNAPSHOT_UNSUPPORTED_STATE, naming the process) what this runtime cannot checkpoint; changes nothing. */
-  private async assertSnapshottable(ch: AgentChannel, what: string): Promise<void> {
-    if (this.driver.checkpointsAnyState) return;
+  private async assertSnapshottable(ch: AgentChannel, id: string, what: string): Promise<void> {
+    if (this.driver.checkpointsAnyStateOf(id)) return;
     const check = await ch.unary({ op: 'snapshot-check' }, 30_000);
     const blockers = (Array.isArray(check.blockers) ? check.blockers : []).slice(0, 20) as { pid?: unknown; command?: unknown; socket?: unknown; reason?: unknown }[];
     if (!blockers.length) return;
@@ -1137,7 +1154,7 @@ export class SandboxService {
 
   private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean): Promise<{ snapshot: Snapshot; imageDir: string }> {
     try {
-      await this.assertSnapshottable(ch, `sandbox ${sb.id}`);
+      await this.assertSnapshottable(ch, sb.id, `sandbox ${sb.id}`);
     } catch (err) {
       if (wasPaused) await this.driver.pause(sb.id);
       throw err;
@@ -1181,7 +1198,7 @@ export class SandboxService {
       tenantId: sb.tenantId,
       template: sb.template,
       driver: sb.driver,
-      driverVersion: await this.driver.version(),
+      driverVersion: await this.driver.versionOf(sb.driver),
       ...(sb.fromSnapshotId ? { parentSnapshotId: sb.fromSnapshotId } : {}),
       createdAt,
     });
@@ -1210,9 +1227,9 @@ export class SandboxService {
 
   /** Restores `target` from an image directory and waits for its agent. */
   private async bootFromImage(target: Sandbox, imageDir: string): Promise<void> {
-    const connected = this.waitAgent(target.id, this.startTimeoutMs);
+    const connected = this.waitAgent(target.id, this.bootTimeout(target.driver));
     await this.driver.restore(await this.spec(target), imageDir);
-    if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${target.id} did not reconnect within ${this.startTimeoutMs} ms after the restore`);
+    if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${target.id} did not reconnect within ${this.bootTimeout(target.driver)} ms after the restore`);
   }
 
   /** Fetches a snapshot and unpacks it into a scratch directory, verifying it (SNAPSHOT_CORRUPT). */

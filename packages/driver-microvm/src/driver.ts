@@ -51,6 +51,8 @@ const VMM_OVERHEAD_MB = 160;
 const CGROUP_ROOT = '/sys/fs/cgroup';
 const CGROUP_PARENT = 'space';
 const NETNS_PREFIX = 'space-';
+/** Where fresh guest RAM files live: tmpfs, never written back to disk. */
+const SHM_DIR = '/dev/shm';
 /** The sandbox's link inside its namespace, which the bridge joins to the VM's tap. */
 const SANDBOX_IF = 'eth0';
 
@@ -64,6 +66,19 @@ interface VmConfig {
   runtimeDisk: string;
   cmdline: string;
   network: boolean;
+  /**
+   * In an image: the guest RAM is the image's `ram` file, not in the migration stream (taken
+   * with `x-ignore-shared`). Restores map that file privately (copy on write), so every
+   * sandbox restored from one image shares its unchanged pages.
+   */
+  ramFile?: boolean;
+}
+
+/** Where the current incarnation's RAM lives (`<box>/ram.json`). */
+interface RamBacking {
+  path: string;
+  /** share=on: the VM writes into the file (a fresh RAM file); off: a private mapping of an image's RAM. */
+  shared: boolean;
 }
 
 /** What the driver knows of one sandbox's current incarnation. */
@@ -95,11 +110,14 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 export class MicrovmDriver implements SandboxDriver {
   readonly name = 'microvm';
   readonly checkpointsAnyState = true;
+  /** Under software emulation a boot takes 10–20 s, more with several at once. */
+  readonly bootTimeoutMs = 180_000;
   private events?: DriverEvents;
   private readonly dir: string;
   private readonly boxesDir: string;
   private readonly qemu: string;
   private readonly guest: GuestBuilder;
+  private readonly cacheDir: string;
   private readonly boxes = new Map<string, Box>();
   private runtimeDir = '';
   private accelP: Promise<{ accel: 'kvm' | 'tcg'; why: string }> | undefined;
@@ -109,7 +127,8 @@ export class MicrovmDriver implements SandboxDriver {
     this.dir = path.join(opts.dataDir, 'microvm');
     this.boxesDir = path.join(this.dir, 'boxes');
     this.qemu = opts.qemu ?? 'qemu-system-x86_64';
-    this.guest = new GuestBuilder({ dir: opts.cacheDir ?? this.dir, ...(opts.kernelDeb ? { kernelDeb: opts.kernelDeb } : {}) });
+    this.cacheDir = opts.cacheDir ?? this.dir;
+    this.guest = new GuestBuilder({ dir: this.cacheDir, ...(opts.kernelDeb ? { kernelDeb: opts.kernelDeb } : {}) });
   }
 
   bind(events: DriverEvents): void {
@@ -119,8 +138,9 @@ export class MicrovmDriver implements SandboxDriver {
   async init(): Promise<void> {
     await fs.mkdir(this.boxesDir, { recursive: true, mode: 0o700 });
     this.runtimeDir = await ensureRuntime(this.opts.runtimeDir ?? path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, AGENT_HELPER);
-    // Fails here (not at the first create) when QEMU or the kernel cannot be had.
+    // Fails here (not at the first create) when QEMU, the kernel or the asked-for KVM cannot be had.
     await this.guest.kernel();
+    await this.accel();
   }
 
   async doctor(): Promise<DriverReport> {
@@ -147,20 +167,45 @@ export class MicrovmDriver implements SandboxDriver {
     const want = this.opts.accel ?? 'auto';
     if (want === 'tcg') return Promise.resolve({ accel: 'tcg', why: 'software emulation (configured)' });
     this.accelP ??= (async () => {
-      if (want === 'kvm') return { accel: 'kvm' as const, why: 'configured' };
+      let usable = true;
       try {
         await fs.access('/dev/kvm', fs.constants.R_OK | fs.constants.W_OK);
       } catch {
-        return { accel: 'tcg' as const, why: 'software emulation: /dev/kvm is not usable' };
+        usable = false;
       }
-      // /dev/kvm can exist and still not run a guest (e.g. nested KVM without VMX): boot the
-      // guest kernel with no disks; its /init reports and powers off within a second on KVM.
-      const k = await this.guest.kernel();
-      const r = await tryRun('timeout', ['-s', 'KILL', '6', this.qemu, '-M', 'microvm', '-accel', 'kvm', '-cpu', 'host', '-m', '128M', '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot', '-serial', 'stdio', '-kernel', k.vmlinux, '-initrd', k.initramfs, '-append', `console=ttyS0 quiet panic=-1 reboot=t ${tscArg()}`], 10_000);
-      if (r && r.stdout.includes('SPACE_INIT_FAILED')) return { accel: 'kvm' as const, why: 'KVM (a probe guest booted)' };
-      return { accel: 'tcg' as const, why: 'software emulation: /dev/kvm exists but a probe guest did not boot under it within 6 s' };
-    })();
+      const booted = usable && (await this.probeKvm());
+      if (booted) return { accel: 'kvm' as const, why: 'KVM (a probe guest booted under it)' };
+      const why = usable ? '/dev/kvm exists but a probe guest did not boot under it within 6 s (nested KVM without VMX?)' : '/dev/kvm is missing or not accessible';
+      if (want === 'kvm') throw new SpaceError('DRIVER_UNAVAILABLE', `--microvm-accel kvm, but ${why}: use --microvm-accel auto or tcg (software emulation) on this host`);
+      return { accel: 'tcg' as const, why: `software emulation: ${why}` };
+    })().catch((err: unknown) => {
+      this.accelP = undefined;
+      throw err;
+    });
     return this.accelP;
+  }
+
+  /**
+   * Whether a guest runs under KVM here: boots the guest kernel with no disks, whose /init
+   * reports and powers off within a second on KVM. /dev/kvm can exist, even create VMs, and
+   * never run one (nested KVM without VMX, as on this project's CI host). The answer is kept
+   * per host boot in the cache directory, so daemons after the first do not wait for it.
+   */
+  private async probeKvm(): Promise<boolean> {
+    const k = await this.guest.kernel();
+    const bootId = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
+    const key = `${bootId} ${k.vmlinux} ${k.initramfs}`;
+    const file = path.join(this.cacheDir, 'kvm-probe.json');
+    try {
+      const cached = JSON.parse(readFileSync(file, 'utf8')) as { key: string; ok: boolean };
+      if (cached.key === key) return cached.ok;
+    } catch {
+      // not probed on this boot yet
+    }
+    const r = await tryRun('timeout', ['-s', 'KILL', '6', this.qemu, '-M', 'microvm', '-accel', 'kvm', '-cpu', 'host', '-m', '128M', '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot', '-serial', 'stdio', '-kernel', k.vmlinux, '-initrd', k.initramfs, '-append', `console=ttyS0 quiet panic=-1 reboot=t ${tscArg()}`], 10_000);
+    const ok = !!r && r.stdout.includes('SPACE_INIT_FAILED');
+    await fs.writeFile(file, JSON.stringify({ key, ok })).catch(() => {});
+    return ok;
   }
 
   private paths(id: string) {
@@ -174,6 +219,7 @@ export class MicrovmDriver implements SandboxDriver {
       console: path.join(dir, 'console.log'),
       rid: path.join(dir, 'runtime-id'),
       config: path.join(dir, 'vm.json'),
+      ram: path.join(dir, 'ram.json'),
     };
   }
 
@@ -206,6 +252,11 @@ export class MicrovmDriver implements SandboxDriver {
     await this.start(spec.id, spec.cpu, config, undefined, signal);
   }
 
+  /** The RAM file of a fresh incarnation: on tmpfs, so guest memory is never written back to disk. */
+  private freshRam(rid: string): string {
+    return path.join(SHM_DIR, `space-${rid}.ram`);
+  }
+
   /** The busybox copied onto the runtime disk (addresses and clock for the agent). */
   private guestBusybox(): string {
     return existsSync('/bin/busybox') ? '/bin/busybox' : '/usr/bin/busybox';
@@ -215,7 +266,7 @@ export class MicrovmDriver implements SandboxDriver {
    * Starts QEMU for a new incarnation of sandbox `id`: a netns with the sandbox link bridged to
    * a tap, a cgroup, and `qemu -daemonize`; with `incoming`, the VM waits for a migration stream.
    */
-  private async start(id: string, cpuQuota: number, config: VmConfig, incoming: string | undefined, signal?: AbortSignal): Promise<void> {
+  private async start(id: string, cpuQuota: number, config: VmConfig, incoming: { memory: string; ram?: string } | undefined, signal?: AbortSignal): Promise<void> {
     if (!this.events) throw new Error('bind() first');
     const p = this.paths(id);
     const rid = newRid(id);
@@ -236,9 +287,12 @@ export class MicrovmDriver implements SandboxDriver {
     } else delete b.open.net;
     signal?.throwIfAborted();
     const { accel } = await this.accel();
+    const ram: RamBacking = incoming?.ram ? { path: incoming.ram, shared: false } : { path: this.freshRam(rid), shared: true };
+    await fs.writeFile(p.ram, JSON.stringify(ram));
     const args = [
       '-name', `space-${id},process=space-vm-${id}`,
-      '-M', 'microvm,pit=off,pic=off,isa-serial=on,rtc=on',
+      '-M', 'microvm,pit=off,pic=off,isa-serial=on,rtc=on,memory-backend=ram0',
+      '-object', `memory-backend-file,id=ram0,size=${config.memoryMb}M,mem-path=${ram.path},share=${ram.shared ? 'on' : 'off'}`,
       '-accel', accel === 'kvm' ? 'kvm' : 'tcg,tb-size=64',
       '-cpu', accel === 'kvm' ? 'host' : 'max',
       '-m', `${config.memoryMb}M`,
@@ -261,7 +315,7 @@ export class MicrovmDriver implements SandboxDriver {
     await fs.writeFile(p.config, JSON.stringify(config));
     const pid = await this.spawnVmm(netns, args, p);
     await this.cgroup(rid, pid, config.memoryMb, cpuQuota);
-    if (incoming) await this.receive(p, incoming);
+    if (incoming) await this.receive(p, incoming.memory, !!incoming.ram);
     void this.connectAgent(id, b.generation);
   }
 
@@ -323,14 +377,33 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** Streams a saved machine into a VM started with `-incoming defer`, then runs it. */
-  private async receive(p: ReturnType<MicrovmDriver['paths']>, file: string): Promise<void> {
-    await qmp(p.qmp, [{ execute: 'migrate-incoming', arguments: { uri: `unix:${p.migrate}` } }]);
+  private async receive(p: ReturnType<MicrovmDriver['paths']>, file: string, ramFromFile: boolean): Promise<void> {
+    await qmp(p.qmp, [
+      // With the image's RAM mapped from its file, the stream carries only the devices.
+      { execute: 'migrate-set-capabilities', arguments: { capabilities: [{ capability: 'x-ignore-shared', state: ramFromFile }] } },
+      { execute: 'migrate-incoming', arguments: { uri: `unix:${p.migrate}` } },
+    ]);
     const sock = await connectRetry(p.migrate, 10_000);
-    await pipeline(createReadStream(file, { highWaterMark: 1 << 20 }), sock);
+    // QEMU closes its end as soon as it has read the end of the stream, which can be before
+    // this side sees its own write finish: whether the load worked is QEMU's to say, below.
+    await new Promise<void>((resolve, reject) => {
+      const rs = createReadStream(file, { highWaterMark: 1 << 20 });
+      rs.on('error', (err) => {
+        sock.destroy();
+        reject(new SpaceError('DRIVER_FAILED', `Cannot read the machine state ${file}: ${err.message}`, { cause: err }));
+      });
+      sock.on('error', () => rs.destroy());
+      sock.on('close', () => resolve());
+      rs.pipe(sock);
+    });
     for (let i = 0; ; i++) {
-      const [st] = (await qmp(p.qmp, [{ execute: 'query-status' }])) as { status: string }[];
-      if (st?.status !== 'inmigrate') {
-        if (st?.status !== 'running') await qmp(p.qmp, [{ execute: 'cont' }]);
+      const st = (await qmp(p.qmp, [{ execute: 'query-status' }]).catch(() => [undefined]))[0] as { status: string } | undefined;
+      if (!st) {
+        const out = (await fs.readFile(path.join(p.dir, 'qemu.log'), 'utf8').catch(() => '')).trim().split('\n').slice(-3).join(' | ');
+        throw new SpaceError('DRIVER_FAILED', `QEMU could not load the machine state: ${out || 'it exited'}`);
+      }
+      if (st.status !== 'inmigrate') {
+        if (st.status !== 'running') await qmp(p.qmp, [{ execute: 'cont' }]);
         return;
       }
       if (i > 3000) throw new SpaceError('DRIVER_FAILED', 'QEMU did not finish loading the snapshot within 60 s');
@@ -385,14 +458,14 @@ export class MicrovmDriver implements SandboxDriver {
     const config = JSON.parse(await fs.readFile(path.join(imageDir, 'vm.json'), 'utf8').catch((err: unknown) => {
       throw new SpaceError('SNAPSHOT_CORRUPT', `The snapshot at ${imageDir} is not a microVM snapshot (no vm.json)`, { cause: err });
     })) as VmConfig;
-    for (const f of [config.vmlinux, config.initramfs, config.rootDisk, config.runtimeDisk]) {
+    for (const f of [config.vmlinux, config.initramfs, config.rootDisk, config.runtimeDisk, ...(config.ramFile ? [path.join(imageDir, 'ram')] : [])]) {
       if (!existsSync(f)) throw new SpaceError('DRIVER_FAILED', `The snapshot needs ${f}, which is gone from this host`);
     }
     // In place: whatever is left of the old incarnation goes first.
     if (existsSync(this.paths(spec.id).dir)) await this.stopVm(spec.id);
     const b = this.box(spec.id);
     b.open = { now: Date.now(), seed: randomBytes(64).toString('base64') };
-    await this.start(spec.id, spec.cpu, config, path.join(imageDir, 'memory'), signal);
+    await this.start(spec.id, spec.cpu, config, { memory: path.join(imageDir, 'memory'), ...(config.ramFile ? { ram: path.join(imageDir, 'ram') } : {}) }, signal);
   }
 
   /** Kills the VMM of the current incarnation and releases its netns and cgroups. */
@@ -403,24 +476,30 @@ export class MicrovmDriver implements SandboxDriver {
       b.agent?.destroy();
     }
     const pid = await this.pid(id);
-    if (pid) {
+    if (pid && (await this.isQemu(pid, id))) {
       try {
         process.kill(pid, 'SIGKILL');
       } catch {
         // already gone
       }
-      for (let i = 0; i < 250 && (await this.isQemu(pid)); i++) await sleep(20);
+      // Gone means gone from /proc (a zombie still holds its cgroup, which then cannot be removed).
+      for (let i = 0; i < 250 && existsSync(`/proc/${pid}`); i++) await sleep(20);
     }
     await this.release(this.rid(id));
   }
 
   private async release(rid: string): Promise<void> {
+    await fs.rm(this.freshRam(rid), { force: true });
     const netns = `${NETNS_PREFIX}${rid}`;
     await tryRun('ip', ['netns', 'del', netns], 10_000);
     await this.opts.network?.detach(netns);
     for (const ctl of ['memory', 'cpu', 'cpuacct']) {
       const d = path.join(CGROUP_ROOT, ctl, CGROUP_PARENT, rid);
-      if (existsSync(d)) await fs.rmdir(d).catch(() => {});
+      // A VMM that just quit may still be leaving the group (EBUSY) for a moment.
+      for (let i = 0; i < 100 && existsSync(d); i++) {
+        if (await fs.rmdir(d).then(() => true, () => false)) break;
+        await sleep(20);
+      }
     }
   }
 
@@ -456,9 +535,15 @@ export class MicrovmDriver implements SandboxDriver {
       server.once('error', reject);
       server.listen(p.migrate, () => resolve());
     });
+    // A VM writing into its own RAM file: the stream skips the RAM, which is copied as a file
+    // (sparse) and mapped copy-on-write by every restore. A VM on a private mapping of an
+    // image's RAM has its changes in anonymous pages: the stream carries all of it.
+    const ram = JSON.parse(await fs.readFile(p.ram, 'utf8').catch(() => '{"path":"","shared":false}')) as RamBacking;
+    const ramFile = ram.shared && existsSync(ram.path);
     try {
       await qmp(p.qmp, [
         { execute: 'stop' },
+        { execute: 'migrate-set-capabilities', arguments: { capabilities: [{ capability: 'x-ignore-shared', state: ramFile }] } },
         { execute: 'migrate-set-parameters', arguments: { 'max-bandwidth': 64 * 1024 ** 3 } },
         { execute: 'migrate', arguments: { uri: `unix:${p.migrate}` } },
       ]);
@@ -473,7 +558,10 @@ export class MicrovmDriver implements SandboxDriver {
     } finally {
       server.close();
     }
-    await fs.copyFile(p.config, path.join(imageDir, 'vm.json'));
+    // The guest is stopped, so its RAM file no longer changes.
+    if (ramFile) await run('cp', ['--sparse=always', ram.path, path.join(imageDir, 'ram')], 300_000);
+    const config = JSON.parse(await fs.readFile(p.config, 'utf8')) as VmConfig;
+    await fs.writeFile(path.join(imageDir, 'vm.json'), JSON.stringify({ ...config, ramFile }));
     // A checkpointed sandbox is stopped; a restore brings it back.
     await qmp(p.qmp, [{ execute: 'quit' }]).catch(() => {});
   }
@@ -493,15 +581,15 @@ export class MicrovmDriver implements SandboxDriver {
     return n > 0 ? n : undefined;
   }
 
-  /** Whether `pid` is still this driver's QEMU (not a reused pid). */
-  private async isQemu(pid: number): Promise<boolean> {
+  /** Whether `pid` is still the QEMU of sandbox `id` (not a reused pid). */
+  private async isQemu(pid: number, id: string): Promise<boolean> {
     const cmd = await fs.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
-    return cmd.includes('space-vm-') || cmd.includes('qemu');
+    return cmd.includes(`process=space-vm-${id}\0`);
   }
 
   private async alive(id: string): Promise<boolean> {
     const pid = await this.pid(id);
-    return !!pid && (await this.isQemu(pid));
+    return !!pid && (await this.isQemu(pid, id));
   }
 
   async adopt(id: string): Promise<boolean> {

@@ -25,7 +25,8 @@ export interface AppDeps {
   encryptionKeys: KeyService;
   /** Collects snapshot chunks nothing references; resolves to how many went. */
   gc?: () => Promise<number>;
-  driver: SandboxDriver;
+  /** The enabled drivers, the default first (for /v1/version and /v1/doctor). */
+  drivers: SandboxDriver[];
   /** Largest file upload, bytes. */
   maxUploadBytes: number;
   /** A pino logger instance, or false for none. */
@@ -68,7 +69,7 @@ export function sendError(reply: FastifyReply, err: unknown): FastifyReply {
  * Builds the Fastify app (not listening).
  *
  * @example
- * const app = await buildApp({ service, keys, driver, maxUploadBytes: 1 << 30, logger: true });
+ * const app = await buildApp({ service, keys, drivers: [driver], maxUploadBytes: 1 << 30, logger: true });
  * await app.listen({ host: '127.0.0.1', port: 7070 });
  */
 export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {

@@ -51,8 +51,10 @@ export interface DaemonOptions {
   pools?: Record<string, number>;
   /** Sandbox networking and the egress proxy. @default on, range 10.231.0.0/16, port 3128 */
   egress?: EgressOptions;
-  /** The isolation driver of this daemon's sandboxes. @default "gvisor" */
+  /** The default isolation driver of this daemon's sandboxes. @default "gvisor" */
   driver?: 'gvisor' | 'microvm';
+  /** Every driver a sandbox may choose at creation (the default is always one). @default [driver] */
+  drivers?: ('gvisor' | 'microvm')[];
   /** microVM driver settings (with `driver: "microvm"`). */
   microvm?: { accel?: 'auto' | 'kvm' | 'tcg'; kernelDeb?: string; cacheDir?: string };
 }
@@ -61,6 +63,11 @@ export interface DaemonOptions {
 export function parseDriver(s: string): 'gvisor' | 'microvm' {
   if (s !== 'gvisor' && s !== 'microvm') throw new SpaceError('BAD_REQUEST', `Unknown driver ${JSON.stringify(s)}: use gvisor or microvm`);
   return s;
+}
+
+/** Parses a comma-separated driver list (flag `--drivers`, `SPACE_DRIVERS`). */
+export function parseDrivers(s: string): ('gvisor' | 'microvm')[] {
+  return [...new Set(s.split(',').map((x) => x.trim()).filter(Boolean).map(parseDriver))];
 }
 
 /** Checks an acceleration setting (flag `--microvm-accel`, `SPACE_MICROVM_ACCEL`). */
@@ -177,15 +184,18 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const kernelDeb = opts.microvm?.kernelDeb ?? process.env.SPACE_MICROVM_KERNEL_DEB;
   const cacheDir = opts.microvm?.cacheDir ?? process.env.SPACE_MICROVM_CACHE_DIR;
   const network = egress ? { network: egress.network } : {};
-  const driver: SandboxDriver =
-    driverName === 'microvm'
+  const make = (name: 'gvisor' | 'microvm'): SandboxDriver =>
+    name === 'microvm'
       ? new MicrovmDriver({ dataDir, ...network, ...(accel ? { accel } : {}), ...(kernelDeb ? { kernelDeb } : {}), ...(cacheDir ? { cacheDir } : {}) })
       : new GvisorDriver({ dataDir, ...network });
+  const driver = make(driverName);
+  const extra = (opts.drivers ?? (process.env.SPACE_DRIVERS ? parseDrivers(process.env.SPACE_DRIVERS) : [])).filter((n) => n !== driverName).map(make);
   const gcFault = process.env.SPACE_FAULT_INJECT?.startsWith('gc:after-') ? Number(process.env.SPACE_FAULT_INJECT.slice('gc:after-'.length)) : undefined;
   const blobs = new DedupBlobStore(new EncryptedBlobStore(localBlobs, encryptionKeys, store), encryptionKeys, gcFault);
   const service = new SandboxService({
     store,
     driver,
+    drivers: extra,
     logger,
     blobs,
     rootfs,
@@ -248,7 +258,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   gcLater();
   const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
-  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, driver, maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}), ...(egress ? { secrets: egress.secrets } : {}) });
+  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, drivers: [driver, ...extra], maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}), ...(egress ? { secrets: egress.secrets } : {}) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;

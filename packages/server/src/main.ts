@@ -6,11 +6,11 @@
  * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off]
  *        [--pkcs11-module LIB --pkcs11-token LABEL --pkcs11-pin-file FILE]
  *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
- *        [--driver gvisor|microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
+ *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
-import { parseAccel, parseDriver, parsePools, startDaemon } from './daemon.js';
+import { parseAccel, parseDriver, parseDrivers, parsePools, startDaemon } from './daemon.js';
 import { parseEgressHosts } from './egress.js';
 
 const { values } = parseArgs({
@@ -33,6 +33,7 @@ const { values } = parseArgs({
     'egress-ca-file': { type: 'string' },
     'egress-host': { type: 'string', multiple: true },
     driver: { type: 'string' },
+    drivers: { type: 'string' },
     'microvm-accel': { type: 'string' },
     'microvm-kernel-deb': { type: 'string' },
   },
@@ -50,6 +51,7 @@ try {
   const d = await startDaemon({
     egress,
     ...(values.driver ? { driver: parseDriver(values.driver) } : {}),
+    ...(values.drivers ? { drivers: parseDrivers(values.drivers) } : {}),
     ...(values['microvm-accel'] || values['microvm-kernel-deb'] ? { microvm: { ...(values['microvm-accel'] ? { accel: parseAccel(values['microvm-accel']) } : {}), ...(values['microvm-kernel-deb'] ? { kernelDeb: values['microvm-kernel-deb'] } : {}) } } : {}),
     ...(values['data-dir'] ? { dataDir: values['data-dir'] } : {}),
     ...(values.listen ? { listen: values.listen } : {}),

@@ -124,6 +124,7 @@ export const PolicyBody = Type.Union([Type.Object({ intervalMs: Type.Integer({ m
 export const CreateSandboxBody = Type.Object(
   {
     template: Type.Optional(Type.String({ maxLength: 128, description: 'Template name. @default "minimal"' })),
+    driver: Type.Optional(Type.String({ maxLength: 32, description: 'Isolation driver, one the daemon enables (`gvisor`, `microvm`). @default the daemon\'s default' })),
     cpu: Type.Optional(Type.Number({ description: 'CPU cores (fractional allowed). @default 1' })),
     memoryMb: Type.Optional(Type.Integer({ description: 'Memory limit in MiB. @default 512' })),
     timeoutMs: Type.Optional(Type.Integer({ description: 'Kill the sandbox this many ms after creation; 0 = never. @default 1800000' })),

@@ -1,0 +1,149 @@
+/**
+ * Several drivers behind one: each sandbox runs on the driver it was created with
+ * (`DriverCreateSpec.driver`, default: the first). Calls about a sandbox go to the driver that
+ * holds it; which one that is comes from its create/restore, from core after a restart
+ * ({@link DriverRouter.assign}), or from the drivers' own {@link SandboxDriver.list}.
+ */
+import type { DriverCreateSpec, DriverEvents, DriverReport, RuntimeStatus, SandboxDriver, SandboxUsage } from './driver.js';
+import { SpaceError } from './errors.js';
+
+/**
+ * Routes sandbox calls to the driver each sandbox runs on.
+ *
+ * @example
+ * const drivers = new DriverRouter(gvisor, [microvm]);
+ * await drivers.create({ ...spec, driver: 'microvm' }); // later calls about spec.id go to microvm
+ */
+export class DriverRouter implements SandboxDriver {
+  /** The default driver's name. */
+  readonly name: string;
+  private readonly byName = new Map<string, SandboxDriver>();
+  private readonly owner = new Map<string, SandboxDriver>();
+
+  constructor(
+    private readonly def: SandboxDriver,
+    others: SandboxDriver[] = [],
+  ) {
+    this.name = def.name;
+    for (const d of [def, ...others]) this.byName.set(d.name, d);
+  }
+
+  /** Names of the enabled drivers, the default first. */
+  names(): string[] {
+    return [...this.byName.keys()];
+  }
+
+  /** The driver called `name`; `DRIVER_NOT_ENABLED` if this daemon does not run it. */
+  get(name: string | undefined): SandboxDriver {
+    if (name === undefined) return this.def;
+    const d = this.byName.get(name);
+    if (!d) throw new SpaceError('DRIVER_NOT_ENABLED', `Driver ${JSON.stringify(name)} is not enabled on this daemon (enabled: ${this.names().join(', ')}); start spaced with --drivers ${[...this.names(), name].join(',')}`, { details: { field: 'driver' } });
+    return d;
+  }
+
+  /** Records which driver holds sandbox `id` (after a daemon restart, from its stored record). */
+  assign(id: string, name: string): void {
+    this.owner.set(id, this.get(name));
+  }
+
+  /** Whether the driver holding `id` checkpoints any state (see {@link SandboxDriver.checkpointsAnyState}). */
+  checkpointsAnyStateOf(id: string): boolean {
+    return this.of(id).checkpointsAnyState === true;
+  }
+
+  /** The version of driver `name` (recorded in its snapshots). */
+  versionOf(name: string): Promise<string> {
+    return this.get(name).version();
+  }
+
+  private of(id: string): SandboxDriver {
+    return this.owner.get(id) ?? this.def;
+  }
+
+  bind(events: DriverEvents): void {
+    for (const d of this.byName.values()) d.bind(events);
+  }
+
+  doctor(): Promise<DriverReport> {
+    return this.def.doctor();
+  }
+
+  /** Every enabled driver's report. */
+  doctorAll(): Promise<DriverReport[]> {
+    return Promise.all([...this.byName.values()].map((d) => d.doctor()));
+  }
+
+  async init(): Promise<void> {
+    for (const d of this.byName.values()) await d.init();
+  }
+
+  create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void> {
+    const d = this.get(spec.driver);
+    this.owner.set(spec.id, d);
+    return d.create(spec, signal);
+  }
+
+  restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void> {
+    const d = this.get(spec.driver);
+    this.owner.set(spec.id, d);
+    return d.restore(spec, imageDir, signal);
+  }
+
+  adopt(id: string): Promise<boolean> {
+    return this.of(id).adopt(id);
+  }
+
+  status(id: string): Promise<RuntimeStatus> {
+    return this.of(id).status(id);
+  }
+
+  usage(id: string): Promise<SandboxUsage> {
+    return this.of(id).usage(id);
+  }
+
+  pause(id: string): Promise<void> {
+    return this.of(id).pause(id);
+  }
+
+  resume(id: string): Promise<void> {
+    return this.of(id).resume(id);
+  }
+
+  detachAgent(id: string): Promise<void> {
+    return this.of(id).detachAgent(id);
+  }
+
+  checkpoint(id: string, imageDir: string): Promise<void> {
+    return this.of(id).checkpoint(id, imageDir);
+  }
+
+  retire(id: string): Promise<void> {
+    return this.of(id).retire(id);
+  }
+
+  /** The default driver's version (template snapshots are taken on the default driver). */
+  version(): Promise<string> {
+    return this.def.version();
+  }
+
+  async destroy(id: string): Promise<void> {
+    await this.of(id).destroy(id);
+    this.owner.delete(id);
+  }
+
+  /** Every driver's sandboxes; learns which driver holds each. */
+  async list(): Promise<string[]> {
+    const out: string[] = [];
+    for (const d of this.byName.values()) {
+      for (const id of await d.list()) {
+        if (!this.owner.has(id)) this.owner.set(id, d);
+        out.push(id);
+      }
+    }
+    return out;
+  }
+
+  async close(): Promise<void> {
+    for (const d of this.byName.values()) await d.close();
+  }
+}
