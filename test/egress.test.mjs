@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { Sandbox, Secrets } from '../packages/sdk/dist/index.js';
-import { RUNTIME } from '../packages/driver-gvisor/dist/runtime.js';
+import { RUNTIME } from '../packages/core/dist/index.js';
 import { api, cliRunner, eventually, startTestDaemon } from './helpers.mjs';
 import { snapshotContents } from './statefile.mjs';
 import { startUpstream } from './tls-server.mjs';
