@@ -84,6 +84,7 @@ export function leftovers(dataDir, ids) {
   if (mounts.includes(dataDir)) out.push(`mount under ${dataDir}`);
   // microVM sandboxes: a QEMU process per sandbox, named space-vm-<id>, and its RAM file.
   for (const f of existsSync('/dev/shm') ? readdirSync('/dev/shm') : []) for (const id of ids) if (f.startsWith(`space-${id}-`)) out.push(`RAM file /dev/shm/${f}`);
+  for (const f of existsSync('/run/space-vmm') ? readdirSync('/run/space-vmm') : []) for (const id of ids) if (f.endsWith(`-${id}`)) out.push(`VMM directory /run/space-vmm/${f}`);
   for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
     let cmd = '';
     try {

@@ -6,6 +6,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
+import { Templates } from '../packages/sdk/dist/index.js';
 import { eventually, startTestDaemon } from './helpers.mjs';
 
 const CACHE = process.env.SPACE_MICROVM_CACHE_DIR ?? '/var/cache/space/microvm';
@@ -86,14 +87,34 @@ describe('microvm driver: full-machine snapshots', () => {
     await sb.kill();
   });
 
-  it('pause freezes the machine and resume continues it', async () => {
+  it('the VMM runs as its own unprivileged user under a seccomp filter; pause freezes the machine and resume continues it', async () => {
     const sb = await fx.create({ memoryMb: 192 });
+    const pid = Number(readFileSync(path.join(fx.dataDir, 'microvm', 'boxes', sb.id, 'qemu.pid'), 'utf8'));
+    const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+    const uid = Number(/^Uid:\s+(\d+)\s+(\d+)\s+(\d+)/m.exec(status)[1]);
+    assert.notEqual(uid, 0, 'QEMU dropped root');
+    assert.equal(Number(/^Uid:\s+\d+\s+(\d+)\s+(\d+)/m.exec(status)[2]), uid, 'saved uid dropped too');
+    assert.match(status, /^CapEff:\s+0+$/m, 'no capabilities left');
+    assert.match(status, /^Seccomp:\s+2$/m, 'seccomp filter mode');
     await sb.files.write('/tmp/x', 'kept');
     await sb.pause();
     assert.equal(sb.info.state, 'paused');
     await sb.resume();
     assert.equal(await sb.files.read('/tmp/x'), 'kept');
     await sb.kill();
+  });
+
+  it('creates restore the template snapshot, and a warm pool hands out ready VMs that take their identity', async () => {
+    const s = await fx.create({ memoryMb: 256 });
+    assert.equal(s.info.createTimings.source, 'snapshot');
+    await Templates.setPool('minimal', 1, fx.conn);
+    await eventually(async () => (await Templates.get('minimal', fx.conn)).pool.ready === 1, { tries: 600, everyMs: 250 });
+    const p = await fx.create({ memoryMb: 512, env: { WHO: 'pooled' } });
+    assert.equal(p.info.createTimings.source, 'pool');
+    assert.equal((await p.commands.run('echo $WHO $SPACE_SANDBOX_ID; hostname')).stdout, `pooled ${p.id}\n${p.id}\n`);
+    await Templates.setPool('minimal', 0, fx.conn);
+    await s.kill();
+    await p.kill();
   });
 
   it('a VMM that dies mid-run: the sandbox comes back from its last snapshot, or ends dead if it has none', async () => {

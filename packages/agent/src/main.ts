@@ -7,6 +7,7 @@
 import net from 'node:net';
 import path from 'node:path';
 import {
+  AGENT_RUNTIME_DIR,
   AGENT_SOCKET_DIR,
   AGENT_SOCKET_NAME,
   Channel,
@@ -327,7 +328,8 @@ function applyOpen(open: SerialOpen): void {
   }
   booted = true;
   try {
-    if (typeof open.seed === 'string') writeFileSync('/dev/urandom', Buffer.from(open.seed, 'base64'));
+    // Mixed in and the CRNG reseeded at once: a plain write would wait for the next periodic reseed.
+    if (typeof open.seed === 'string') execFileSync(`${AGENT_RUNTIME_DIR}/space-helper`, ['reseed'], { input: Buffer.from(open.seed, 'base64'), stdio: ['pipe', 'ignore', 'pipe'], timeout: 5000 });
     if (typeof open.now === 'number') execFileSync(BUSYBOX, ['date', '-u', '-s', `@${Math.round(open.now / 1000)}`], { stdio: 'ignore', timeout: 5000 });
     const n = open.net;
     if (n && /^[0-9.]+$/.test(n.address) && /^[0-9.]+$/.test(n.gateway) && Number.isInteger(n.prefixLength)) {

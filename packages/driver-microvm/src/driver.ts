@@ -10,7 +10,7 @@
  * The network is the same per-sandbox namespace as on gVisor: the sandbox link joins a
  * bridge with the VM's tap device, so egress control and credential brokering apply unchanged.
  */
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { closeSync, createReadStream, createWriteStream, existsSync, openSync, promises as fs, readFileSync } from 'node:fs';
 import { spawn } from 'node:child_process';
 import net from 'node:net';
@@ -44,6 +44,12 @@ export interface MicrovmDriverOptions {
   network?: SandboxNetwork;
   /** Processes the sandbox's non-root user may run at once. @default memory / 4 MiB, 32..1024 */
   maxProcesses?: number;
+  /**
+   * The unprivileged user QEMU drops to once its devices are open (`-runas`); created as a
+   * system user when missing. `null` keeps QEMU as root (still under seccomp).
+   * @default "space-vmm"
+   */
+  vmmUser?: string | null;
 }
 
 /** Host memory QEMU needs beyond the guest's RAM (device model, TCG translation cache). */
@@ -51,6 +57,8 @@ const VMM_OVERHEAD_MB = 160;
 const CGROUP_ROOT = '/sys/fs/cgroup';
 const CGROUP_PARENT = 'space';
 const NETNS_PREFIX = 'space-';
+/** Parent of each VM's writable directory (see `paths().vmm`): traversable, not listable. */
+const VMM_RUN_DIR = '/run/space-vmm';
 /** Where fresh guest RAM files live: tmpfs, never written back to disk. */
 const SHM_DIR = '/dev/shm';
 /** The sandbox's link inside its namespace, which the bridge joins to the VM's tap. */
@@ -118,6 +126,9 @@ export class MicrovmDriver implements SandboxDriver {
   private readonly qemu: string;
   private readonly guest: GuestBuilder;
   private readonly cacheDir: string;
+  private vmmUser: { name: string; uid: number; gid: number } | undefined;
+  /** Tells this daemon's VM directories under /run from another daemon's. */
+  private readonly tag: string;
   private readonly boxes = new Map<string, Box>();
   private runtimeDir = '';
   private accelP: Promise<{ accel: 'kvm' | 'tcg'; why: string }> | undefined;
@@ -128,6 +139,7 @@ export class MicrovmDriver implements SandboxDriver {
     this.boxesDir = path.join(this.dir, 'boxes');
     this.qemu = opts.qemu ?? 'qemu-system-x86_64';
     this.cacheDir = opts.cacheDir ?? this.dir;
+    this.tag = createHash('sha256').update(path.resolve(opts.dataDir)).digest('hex').slice(0, 8);
     this.guest = new GuestBuilder({ dir: this.cacheDir, ...(opts.kernelDeb ? { kernelDeb: opts.kernelDeb } : {}) });
   }
 
@@ -137,6 +149,8 @@ export class MicrovmDriver implements SandboxDriver {
 
   async init(): Promise<void> {
     await fs.mkdir(this.boxesDir, { recursive: true, mode: 0o700 });
+    const user = this.opts.vmmUser === undefined ? 'space-vmm' : this.opts.vmmUser;
+    if (user) this.vmmUser = await ensureSystemUser(user);
     this.runtimeDir = await ensureRuntime(this.opts.runtimeDir ?? path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, AGENT_HELPER);
     // Fails here (not at the first create) when QEMU, the kernel or the asked-for KVM cannot be had.
     await this.guest.kernel();
@@ -157,6 +171,11 @@ export class MicrovmDriver implements SandboxDriver {
     if (v && k.ok) {
       const a = await this.accel();
       checks.push({ name: 'acceleration', ok: true, detail: `${a.accel}: ${a.why}` });
+    }
+    const u = this.opts.vmmUser === undefined ? 'space-vmm' : this.opts.vmmUser;
+    if (u) {
+      const id = await tryRun('id', ['-u', u], 5_000);
+      checks.push({ name: 'vmm user', ok: true, detail: id ? `QEMU drops to ${u} (uid ${id.stdout.trim()})` : `${u} is created (useradd --system) when the driver starts` });
     }
     checks.push({ name: 'root', ok: process.getuid?.() === 0, detail: process.getuid?.() === 0 ? 'running as root' : 'network namespaces and cgroups need root' });
     return { driver: this.name, available: checks.every((c) => c.ok), checks };
@@ -214,7 +233,12 @@ export class MicrovmDriver implements SandboxDriver {
       dir,
       qmp: path.join(dir, 'qmp.sock'),
       agent: path.join(dir, 'agent.sock'),
-      migrate: path.join(dir, 'migrate.sock'),
+      /**
+       * The one directory the VMM's user may write (its migration socket). Under /run, not the
+       * data directory: the user must be able to reach it, and may reach nothing else of ours.
+       */
+      vmm: path.join(VMM_RUN_DIR, `${this.tag}-${id}`),
+      migrate: path.join(VMM_RUN_DIR, `${this.tag}-${id}`, 'migrate.sock'),
       pid: path.join(dir, 'qemu.pid'),
       console: path.join(dir, 'console.log'),
       rid: path.join(dir, 'runtime-id'),
@@ -271,6 +295,9 @@ export class MicrovmDriver implements SandboxDriver {
     const p = this.paths(id);
     const rid = newRid(id);
     await fs.mkdir(p.dir, { recursive: true, mode: 0o700 });
+    await fs.mkdir(VMM_RUN_DIR, { recursive: true, mode: 0o711 });
+    await fs.mkdir(p.vmm, { recursive: true, mode: 0o700 });
+    if (this.vmmUser) await fs.chown(p.vmm, this.vmmUser.uid, this.vmmUser.gid);
     await fs.writeFile(p.rid, rid);
     for (const f of [p.qmp, p.agent, p.migrate, p.pid]) await fs.rm(f, { force: true });
     if (p.agent.length > 107) throw new SpaceError('DRIVER_FAILED', `Socket path ${p.agent} is too long for a unix socket; use a shorter --data-dir`);
@@ -308,8 +335,11 @@ export class MicrovmDriver implements SandboxDriver {
       '-object', 'rng-random,id=rng,filename=/dev/urandom', '-device', 'virtio-rng-device,rng=rng',
       ...(config.network ? ['-netdev', 'tap,id=net0,ifname=tap0,script=no,downscript=no', '-device', 'virtio-net-device,netdev=net0'] : []),
       '-qmp', `unix:${p.qmp},server=on,wait=off`,
-      // QEMU's seccomp filter: no exec, no privilege changes, no obsolete syscalls.
-      '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny',
+      // QEMU's seccomp filter: no exec, no obsolete syscalls, no scheduler/affinity changes. It
+      // is installed before QEMU drops to its own user (-runas), so set*id calls stay allowed;
+      // without CAP_SETUID after the drop they cannot raise anything.
+      '-sandbox', `on,obsolete=deny,elevateprivileges=${this.vmmUser ? 'allow' : 'deny'},spawn=deny,resourcecontrol=deny`,
+      ...(this.vmmUser ? ['-runas', this.vmmUser.name] : []),
       ...(incoming ? ['-incoming', 'defer'] : []),
     ];
     await fs.writeFile(p.config, JSON.stringify(config));
@@ -535,6 +565,8 @@ export class MicrovmDriver implements SandboxDriver {
       server.once('error', reject);
       server.listen(p.migrate, () => resolve());
     });
+    // QEMU runs as its own user by now: the socket must be its to connect to.
+    if (this.vmmUser) await fs.chown(p.migrate, this.vmmUser.uid, this.vmmUser.gid);
     // A VM writing into its own RAM file: the stream skips the RAM, which is copied as a file
     // (sparse) and mapped copy-on-write by every restore. A VM on a private mapping of an
     // image's RAM has its changes in anonymous pages: the stream carries all of it.
@@ -640,6 +672,7 @@ export class MicrovmDriver implements SandboxDriver {
     }
     for (const d of await fs.readdir(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT)).catch(() => [] as string[])) if (d.startsWith(`${id}-`)) await this.release(d);
     this.boxes.delete(id);
+    await fs.rm(this.paths(id).vmm, { recursive: true, force: true });
     await fs.rm(this.paths(id).dir, { recursive: true, force: true });
   }
 
@@ -653,6 +686,25 @@ export class MicrovmDriver implements SandboxDriver {
       b.agent?.destroy();
     }
   }
+}
+
+/** The uid/gid of system user `name`, made with useradd when missing (no home, no login). */
+async function ensureSystemUser(name: string): Promise<{ name: string; uid: number; gid: number }> {
+  const look = async () => {
+    const r = await tryRun('id', ['-u', name], 5_000);
+    const g = await tryRun('id', ['-g', name], 5_000);
+    return r && g ? { name, uid: Number(r.stdout.trim()), gid: Number(g.stdout.trim()) } : undefined;
+  };
+  const found = await look();
+  if (found) return found;
+  await run('useradd', ['--system', '--no-create-home', '--home-dir', '/nonexistent', '--shell', '/usr/sbin/nologin', name], 30_000).catch(async (err: unknown) => {
+    // Another daemon may have made it meanwhile.
+    if (await look()) return;
+    throw new SpaceError('DRIVER_UNAVAILABLE', `Cannot create the system user ${name} that QEMU runs as: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+  });
+  const made = await look();
+  if (!made) throw new SpaceError('DRIVER_UNAVAILABLE', `The system user ${name} does not exist after useradd`);
+  return made;
 }
 
 /** `tsc_early_khz` for the guest: without it ~30% of microvm boots hang calibrating the TSC under emulation. */
