@@ -4,7 +4,7 @@
 // host memory of 4 copies vs 4 independent sandboxes). Under software emulation (this machine)
 // the microVM numbers are correctness checks, not performance figures.
 //   node scripts/bench-microvm.mjs [--iterations 3] [--write]
-import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { AgentChannel } from '../packages/core/dist/index.js';
@@ -76,10 +76,20 @@ async function harness(name, driver) {
       for (const id of ids) s += (await driver.usage(id)).rssBytes;
       return s;
     },
+    /** Proportional set size of the VMM processes (shared pages split between their users); microVM only. */
+    pss(ids) {
+      let s = 0;
+      for (const id of ids) {
+        const pid = readFileSync(path.join(dataDir, 'm', 'microvm', 'boxes', id, 'qemu.pid'), 'utf8').trim();
+        s += Number(/^Pss:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'))[1]) * 1024;
+      }
+      return s;
+    },
   };
 }
 
-const dirSize = (d) => readdirSync(d).reduce((a, f) => a + statSync(path.join(d, f)).size, 0);
+/** Bytes a checkpoint occupies on disk (the microVM RAM file is sparse: its holes are not stored). */
+const dirSize = (d) => readdirSync(d).reduce((a, f) => a + statSync(path.join(d, f)).blocks * 512, 0);
 const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
 const mib = (b) => (b / 1048576).toFixed(0);
 
@@ -89,7 +99,7 @@ const results = {};
 const ids = [];
 try {
   for (const h of [gv, mv]) {
-    const r = (results[h.name] = { boot: [], ckpt: [], size: [], restore: [], pause: [], resume: [], fork4: [], rss4fork: 0, rss4indep: 0 });
+    const r = (results[h.name] = { boot: [], ckpt: [], size: [], restore: [], pause: [], resume: [], fork4: [], rss4fork: 0, rss4indep: 0, pss4fork: 0, pss4indep: 0, fork4own: [], rss4forkOwn: 0, pss4forkOwn: 0 });
     const tag = h.name[0];
     for (let i = 0; i < N; i++) {
       const id = `sb${tag}b${i}x`;
@@ -117,12 +127,32 @@ try {
         r.fork4.push(now() - t);
         await new Promise((res) => setTimeout(res, 3000));
         r.rss4fork = await h.rss(forks);
+        if (h.name === 'microvm') r.pss4fork = h.pss(forks);
         for (const f of forks) await h.driver.destroy(f);
+        // The same from a VM that was booted, not restored: it owns its RAM file, so the
+        // checkpoint leaves RAM out of the stream and its restores map that file copy-on-write.
+        const src = `sb${tag}s${i}x`;
+        ids.push([h, src]);
+        await h.boot(src);
+        await h.checkpoint(src, `${img}-g`);
+        await h.driver.retire(src);
+        const forks2 = [0, 1, 2, 3].map((k) => `sb${tag}g${k}x`);
+        forks2.forEach((f) => ids.push([h, f]));
+        t = now();
+        await Promise.all(forks2.map((f) => h.restore(f, `${img}-g`)));
+        r.fork4own.push(now() - t);
+        await new Promise((res) => setTimeout(res, 3000));
+        r.rss4forkOwn = await h.rss(forks2);
+        if (h.name === 'microvm') r.pss4forkOwn = h.pss(forks2);
+        for (const f of [...forks2, src]) await h.driver.destroy(f);
+        rmSync(`${img}-g`, { recursive: true, force: true });
+        rmSync(`${img}-f`, { recursive: true, force: true });
         const indep = [0, 1, 2, 3].map((k) => `sb${tag}i${k}x`);
         indep.forEach((f) => ids.push([h, f]));
         for (const f of indep) await h.boot(f);
         await new Promise((res) => setTimeout(res, 3000));
         r.rss4indep = await h.rss(indep);
+        if (h.name === 'microvm') r.pss4indep = h.pss(indep);
         for (const f of indep) await h.driver.destroy(f);
       }
       await h.driver.destroy(id);
@@ -143,13 +173,18 @@ const accel = (await mv.driver.doctor()).checks.find((c) => c.name === 'accelera
 const rows = [
   ['boot to agent hello (ms)', q(g.boot), q(m.boot)],
   ['checkpoint (ms)', q(g.ckpt), q(m.ckpt)],
-  ['checkpoint size (MiB)', mib(quantile(g.size, 50)), mib(quantile(m.size, 50))],
+  ['checkpoint on disk (MiB)', mib(quantile(g.size, 50)), mib(quantile(m.size, 50))],
   ['restore to agent hello (ms)', q(g.restore), q(m.restore)],
   ['pause (ms)', q(g.pause), q(m.pause)],
   ['resume (ms)', q(g.resume), q(m.resume)],
-  ['fork into 4, all agents up (ms)', q(g.fork4), q(m.fork4)],
-  ['host RSS of 4 forks (MiB)', mib(g.rss4fork), mib(m.rss4fork)],
-  ['host RSS of 4 independent boots (MiB)', mib(g.rss4indep), mib(m.rss4indep)],
+  ['fork into 4 a booted VM, all agents up (ms)', q(g.fork4own), q(m.fork4own)],
+  ['fork into 4 a restored VM, all agents up (ms)', q(g.fork4), q(m.fork4)],
+  ['host RSS: 4 forks of a booted VM (MiB)', mib(g.rss4forkOwn), mib(m.rss4forkOwn)],
+  ['host RSS: 4 forks of a restored VM (MiB)', mib(g.rss4fork), mib(m.rss4fork)],
+  ['host RSS: 4 independent boots (MiB)', mib(g.rss4indep), mib(m.rss4indep)],
+  ['host PSS: 4 forks of a booted VM (MiB)', '—', mib(m.pss4forkOwn)],
+  ['host PSS: 4 forks of a restored VM (MiB)', '—', mib(m.pss4fork)],
+  ['host PSS: 4 independent boots (MiB)', '—', mib(m.pss4indep)],
 ];
 const table = ['| measure (p50 of ' + N + ') | gVisor (runsc, ptrace) | microVM (QEMU microvm, ' + accel.split(':')[0] + ') | microVM / gVisor |', '|---|---:|---:|---:|'];
 for (const [name, a, b] of rows) table.push(`| ${name} | ${a} | ${b} | ${Number(a) > 0 && Number(b) > 0 ? (Number(b) / Number(a)).toFixed(2) + 'x' : '—'} |`);
@@ -165,6 +200,9 @@ if (values.write) {
     '',
     out,
     '',
-    'Forks restore full copies of the machine\'s memory (no shared memory file yet), so 4 forks cost about what 4 independent VMs cost.',
+    'RSS counts a page in every process that maps it; PSS splits shared pages between them. A booted microVM owns its RAM file: its',
+    'checkpoint leaves RAM out of the stream and the forks map that file copy-on-write, so their PSS shows what they share. A VM that',
+    'was itself restored runs on a private mapping; its checkpoint carries all RAM in the stream and its forks load full copies',
+    '(each then owns its RAM file again, so forks of those share). gVisor forks restore private copies (RSS is their measure).',
   ].join('\n'));
 }
