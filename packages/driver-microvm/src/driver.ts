@@ -19,7 +19,7 @@ import { pipeline } from 'node:stream/promises';
 import { SpaceError, randomString, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
 import { SERIAL_OPEN_MAGIC, type SerialOpen } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_HELPER } from '@space/agent';
-import { GuestBuilder, type GuestKernel } from './guest.js';
+import { GuestBuilder } from './guest.js';
 import { qmp } from './qmp.js';
 
 /** Options of {@link MicrovmDriver}. */
@@ -169,8 +169,11 @@ export class MicrovmDriver implements SandboxDriver {
     const mk = await tryRun('mke2fs', ['-V'], 5_000);
     checks.push({ name: 'mke2fs', ok: !!mk, detail: mk ? (mk.stderr || mk.stdout).split('\n')[0]! : 'apt-get install e2fsprogs' });
     if (v && k.ok) {
-      const a = await this.accel();
-      checks.push({ name: 'acceleration', ok: true, detail: `${a.accel}: ${a.why}` });
+      const a = await this.accel().then(
+        (x) => ({ ok: true, detail: `${x.accel}: ${x.why}` }),
+        (err: unknown) => ({ ok: false, detail: err instanceof Error ? err.message : String(err) }),
+      );
+      checks.push({ name: 'acceleration', ...a });
     }
     const u = this.opts.vmmUser === undefined ? 'space-vmm' : this.opts.vmmUser;
     if (u) {
@@ -288,7 +291,8 @@ export class MicrovmDriver implements SandboxDriver {
 
   /**
    * Starts QEMU for a new incarnation of sandbox `id`: a netns with the sandbox link bridged to
-   * a tap, a cgroup, and `qemu -daemonize`; with `incoming`, the VM waits for a migration stream.
+   * a tap, a RAM file, a cgroup, and QEMU detached from the daemon; with `incoming`, the VM
+   * loads a saved machine (and, with `incoming.ram`, maps that image's RAM copy-on-write).
    */
   private async start(id: string, cpuQuota: number, config: VmConfig, incoming: { memory: string; ram?: string } | undefined, signal?: AbortSignal): Promise<void> {
     if (!this.events) throw new Error('bind() first');
