@@ -44,6 +44,7 @@ export const ERRORS = {
   SNAPSHOT_UNSUPPORTED_STATE: { status: 409, message: 'The sandbox is in a state this runtime cannot snapshot', hint: 'Stop the named process (or close its sockets) and retry; the sandbox keeps running.' },
   SNAPSHOT_FAILED: { status: 500, message: 'The snapshot failed', hint: 'See the sandbox events; the sandbox was restored from its last good snapshot if it died.' },
   TIMEOUT: { status: 504, message: 'The operation timed out' },
+  TEMPLATE_NOT_ON_DRIVER: { status: 400, message: 'This template cannot start on the requested driver', hint: 'A template with a start command runs from its snapshot, taken on the daemon\'s default driver: create it without driver.' },
   DRIVER_NOT_ENABLED: { status: 400, message: 'This daemon does not run the requested driver', hint: 'Omit driver (the daemon default), or start spaced with --drivers listing it.' },
   DRIVER_UNAVAILABLE: { status: 503, message: 'The isolation driver cannot run on this host', hint: 'Run `space doctor` to see what is missing.' },
   DRIVER_FAILED: { status: 500, message: 'The isolation driver failed', hint: 'See the daemon log for the runtime\'s output.' },

@@ -488,7 +488,7 @@ export class SandboxService {
   private async startSandbox(t: Template, sb: Sandbox, env: Record<string, string>, trust: string | undefined, signal?: AbortSignal): Promise<Omit<CreateTimings, 'queueMs' | 'totalMs'>> {
     // Template snapshots are taken on the default driver; another driver boots from the root file system.
     const onDefault = sb.driver === this.driver.name;
-    if (!onDefault && t.start) throw new SpaceError('DRIVER_NOT_ENABLED', `Template ${t.name} has a start command, whose snapshot exists for the default driver (${this.driver.name}) only; create it without driver`, { details: { field: 'driver' } });
+    if (!onDefault && t.start) throw new SpaceError('TEMPLATE_NOT_ON_DRIVER', `Template ${t.name} has a start command, whose snapshot exists for the default driver (${this.driver.name}) only; create it without driver`, { details: { field: 'driver' } });
     let image = onDefault ? await this.templates.usableImage(t) : undefined;
     // A start command must have run: without a current image, take one first.
     if (!image && t.start) image = (await this.templates.captureImage(t)).image;
