@@ -68,11 +68,6 @@ export class DriverRouter implements SandboxDriver {
     return this.def.doctor();
   }
 
-  /** Every enabled driver's report. */
-  doctorAll(): Promise<DriverReport[]> {
-    return Promise.all([...this.byName.values()].map((d) => d.doctor()));
-  }
-
   async init(): Promise<void> {
     for (const d of this.byName.values()) await d.init();
   }

@@ -244,6 +244,8 @@ export class MicrovmDriver implements SandboxDriver {
       migrate: path.join(VMM_RUN_DIR, `${this.tag}-${id}`, 'migrate.sock'),
       pid: path.join(dir, 'qemu.pid'),
       console: path.join(dir, 'console.log'),
+      /** QEMU's own stdout and stderr. */
+      log: path.join(dir, 'qemu.log'),
       rid: path.join(dir, 'runtime-id'),
       config: path.join(dir, 'vm.json'),
       ram: path.join(dir, 'ram.json'),
@@ -359,8 +361,7 @@ export class MicrovmDriver implements SandboxDriver {
    * forbids it. nsenter execs QEMU in place, so the child's pid is QEMU's.
    */
   private async spawnVmm(netns: string, args: string[], p: ReturnType<MicrovmDriver['paths']>): Promise<number> {
-    const log = path.join(p.dir, 'qemu.log');
-    const fd = openSync(log, 'w', 0o600);
+    const fd = openSync(p.log, 'w', 0o600);
     const child = spawn('nsenter', [`--net=/var/run/netns/${netns}`, this.qemu, ...args], { stdio: ['ignore', fd, fd], detached: true });
     closeSync(fd);
     let exited: string | undefined;
@@ -369,10 +370,7 @@ export class MicrovmDriver implements SandboxDriver {
     child.unref();
     const pid = child.pid;
     for (let i = 0; ; i++) {
-      if (exited !== undefined || !pid) {
-        const out = (await fs.readFile(log, 'utf8').catch(() => '')).trim().split('\n').slice(-3).join(' | ');
-        throw new SpaceError('DRIVER_FAILED', `QEMU did not start (${exited}): ${out || 'no output'}`);
-      }
+      if (exited !== undefined || !pid) throw new SpaceError('DRIVER_FAILED', `QEMU did not start (${exited}): ${(await logTail(p.log)) || 'no output'}`);
       if (await canConnect(p.qmp)) break;
       if (i > 1500) {
         process.kill(pid, 'SIGKILL');
@@ -432,10 +430,7 @@ export class MicrovmDriver implements SandboxDriver {
     });
     for (let i = 0; ; i++) {
       const st = (await qmp(p.qmp, [{ execute: 'query-status' }]).catch(() => [undefined]))[0] as { status: string } | undefined;
-      if (!st) {
-        const out = (await fs.readFile(path.join(p.dir, 'qemu.log'), 'utf8').catch(() => '')).trim().split('\n').slice(-3).join(' | ');
-        throw new SpaceError('DRIVER_FAILED', `QEMU could not load the machine state: ${out || 'it exited'}`);
-      }
+      if (!st) throw new SpaceError('DRIVER_FAILED', `QEMU could not load the machine state: ${(await logTail(p.log)) || 'it exited'}`);
       if (st.status !== 'inmigrate') {
         if (st.status !== 'running') await qmp(p.qmp, [{ execute: 'cont' }]);
         return;
@@ -711,22 +706,42 @@ async function ensureSystemUser(name: string): Promise<{ name: string; uid: numb
   return made;
 }
 
-/** `tsc_early_khz` for the guest: without it ~30% of microvm boots hang calibrating the TSC under emulation. */
+let tsc: string | undefined;
+/** `tsc_early_khz` for the guest: without it ~30% of microvm boots hang calibrating the TSC under emulation. Read once. */
 function tscArg(): string {
-  const mhz = /cpu MHz\s*:\s*([\d.]+)/.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1];
-  return mhz ? `tsc_early_khz=${Math.round(Number(mhz) * 1000)}` : '';
+  if (tsc === undefined) {
+    const mhz = /cpu MHz\s*:\s*([\d.]+)/.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1];
+    tsc = mhz ? `tsc_early_khz=${Math.round(Number(mhz) * 1000)}` : '';
+  }
+  return tsc;
+}
+
+/** The last lines QEMU printed, for an error message. */
+async function logTail(log: string): Promise<string> {
+  return (await fs.readFile(log, 'utf8').catch(() => '')).trim().split('\n').slice(-3).join(' | ');
+}
+
+/** One connection attempt to a unix socket. */
+function connectOnce(socketPath: string): Promise<net.Socket> {
+  return new Promise<net.Socket>((resolve, reject) => {
+    const s = net.connect(socketPath);
+    s.once('connect', () => {
+      s.off('error', reject);
+      resolve(s);
+    });
+    s.once('error', reject);
+  });
 }
 
 /** Whether a unix socket accepts connections now. */
 function canConnect(socketPath: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = net.connect(socketPath);
-    s.once('connect', () => {
+  return connectOnce(socketPath).then(
+    (s) => {
       s.destroy();
-      resolve(true);
-    });
-    s.once('error', () => resolve(false));
-  });
+      return true;
+    },
+    () => false,
+  );
 }
 
 /** Connects to a unix socket, retrying while it does not exist yet or refuses. */
@@ -734,14 +749,7 @@ async function connectRetry(socketPath: string, timeoutMs: number): Promise<net.
   const end = Date.now() + timeoutMs;
   for (;;) {
     try {
-      return await new Promise<net.Socket>((resolve, reject) => {
-        const s = net.connect(socketPath);
-        s.once('connect', () => {
-          s.off('error', reject);
-          resolve(s);
-        });
-        s.once('error', reject);
-      });
+      return await connectOnce(socketPath);
     } catch (err) {
       if (Date.now() > end) throw err;
       await sleep(10);
