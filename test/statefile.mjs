@@ -6,6 +6,7 @@ import zlib from 'node:zlib';
 import { DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, readSnapshot } from '../packages/core/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
+import { StatefileCodec } from '../packages/driver-gvisor/dist/index.js';
 
 const silent = { info() {}, warn() {}, error() {}, debug() {} };
 
@@ -39,7 +40,8 @@ export async function snapshotContents(dataDir, snapshotId) {
     if (!snap) throw new Error(`no snapshot ${snapshotId}`);
     const keys = new KeyService({ store, providers: [new LocalKeyProvider(path.join(dataDir, 'keys'))], nodeKey: { provider: 'local', ref: 'node.key' }, logger: silent });
     const blobs = new DedupBlobStore(new EncryptedBlobStore(new LocalBlobStore(path.join(dataDir, 'blobs')), keys, store), keys);
-    await readSnapshot(snap.id, await blobs.get(snap.blobKey), dir, 2 ** 34);
+    const codec = new StatefileCodec();
+    await readSnapshot(snap.id, await blobs.get(snap.blobKey), dir, 2 ** 34, (name) => (name === codec.name ? codec : undefined));
     const parts = [];
     for (const f of readdirSync(dir)) {
       const raw = readFileSync(path.join(dir, f));

@@ -4,7 +4,7 @@
  * holds it; which one that is comes from its create/restore, from core after a restart
  * ({@link DriverRouter.assign}), or from the drivers' own {@link SandboxDriver.list}.
  */
-import type { DriverCreateSpec, DriverEvents, DriverReport, RuntimeStatus, SandboxDriver, SandboxUsage } from './driver.js';
+import type { DriverCreateSpec, DriverEvents, DriverReport, ImageFileCodec, RuntimeStatus, SandboxDriver, SandboxUsage } from './driver.js';
 import { SpaceError } from './errors.js';
 
 /**
@@ -49,6 +49,16 @@ export class DriverRouter implements SandboxDriver {
   /** Whether the driver holding `id` checkpoints any state (see {@link SandboxDriver.checkpointsAnyState}). */
   checkpointsAnyStateOf(id: string): boolean {
     return this.of(id).checkpointsAnyState === true;
+  }
+
+  /** The image codec of driver `name`, if it has one. */
+  codecOf(name: string): ImageFileCodec | undefined {
+    return this.get(name).imageCodec;
+  }
+
+  /** The codec called `codec` of any enabled driver (to read what snapshots recorded). */
+  codecNamed(codec: string): ImageFileCodec | undefined {
+    return [...this.byName.values()].find((d) => d.imageCodec?.name === codec)?.imageCodec;
   }
 
   /** The version of driver `name` (recorded in its snapshots). */

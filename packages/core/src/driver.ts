@@ -67,6 +67,28 @@ export interface DriverEvents {
 }
 
 /**
+ * A reversible rewrite of one checkpoint image file for storage, chosen by the driver that
+ * knows the runtime's format: e.g. gVisor's state file is compressed block by block, which
+ * hides what consecutive snapshots share from deduplication, so its codec stores the blocks
+ * decompressed and compresses them back, bit for bit, on the way out.
+ *
+ * @example
+ * if (await codec.encode(`${dir}/checkpoint.img`, `${tmp}/checkpoint.img`)) store(`${tmp}/checkpoint.img`, codec.name);
+ * await codec.decode(stored, `${dir}/checkpoint.img`); // byte-identical to what the runtime wrote
+ */
+export interface ImageFileCodec {
+  /** Recorded in every snapshot that used it; a new incompatible form needs a new name. */
+  readonly name: string;
+  /** Writes the stored form of `src` to `dest`. False (nothing to do): `src` is stored as it is. */
+  encode(src: string, dest: string): Promise<boolean>;
+  /**
+   * Writes the original file back from its stored form. Rejects with `SNAPSHOT_CORRUPT` when the
+   * result is not byte-identical to the original (checked by hash), `DRIVER_UNAVAILABLE` when it cannot run.
+   */
+  decode(src: string, dest: string): Promise<void>;
+}
+
+/**
  * One isolation technology (gVisor, microVM, ...). Every driver passes the shared conformance
  * suite (`@space/core`'s `conformance` tests) with explicit, reasoned skips.
  *
@@ -85,6 +107,8 @@ export interface SandboxDriver {
   readonly checkpointsAnyState?: boolean;
   /** How long a boot or restore may take until the agent answers, if longer than core's default (30 s). */
   readonly bootTimeoutMs?: number;
+  /** How this driver's image files are stored (see {@link ImageFileCodec}); none: as they are. */
+  readonly imageCodec?: ImageFileCodec;
   /** Registers core's callbacks; called once before any other method. */
   bind(events: DriverEvents): void;
   /** Checks the host (binaries, cgroups, namespaces) without changing it. */

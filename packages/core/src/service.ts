@@ -1201,7 +1201,7 @@ export class SandboxService {
       driverVersion: await this.driver.versionOf(sb.driver),
       ...(sb.fromSnapshotId ? { parentSnapshotId: sb.fromSnapshotId } : {}),
       createdAt,
-    });
+    }, this.driver.codecOf(sb.driver));
     const blobKey = `snapshots/${sb.tenantId}/${id}`;
     const sizeBytes = await this.blobs.put(blobKey, stream);
     this.fault('snapshot:after-blob');
@@ -1236,7 +1236,7 @@ export class SandboxService {
   private async unpack(snap: Snapshot): Promise<string> {
     const dir = path.join(this.workDir, `r-${snap.id}-${Math.random().toString(36).slice(2, 8)}`);
     try {
-      await readSnapshot(snap.id, await this.blobs.get(snap.blobKey), dir, this.maxSnapshotBytes);
+      await readSnapshot(snap.id, await this.blobs.get(snap.blobKey), dir, this.maxSnapshotBytes, (name) => this.driver.codecNamed(name));
       return dir;
     } catch (err) {
       await fs.rm(dir, { recursive: true, force: true });

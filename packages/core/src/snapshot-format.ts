@@ -3,12 +3,15 @@
  *
  * ```
  * "SPACESNP"             8 bytes magic
- * u16 format version     independent of the release (this is 1)
+ * u16 format version     independent of the release (this is 2; 1 is read too)
  * u32 metadata length    at most 64 KiB, checked before anything is parsed
  * sha256(metadata)       32 bytes
  * metadata               JSON: SnapshotMeta
  * payload                the image files, concatenated in metadata.files order
  * ```
+ *
+ * Version 2 added `files[].codec`: the file is stored in the form the driver's
+ * {@link ImageFileCodec} of that name wrote, and decoded (verified bit for bit) on unpacking.
  *
  * `metadata.payloadSha256` covers the payload; {@link readSnapshot} verifies both hashes and all
  * sizes while unpacking, and refuses with `SNAPSHOT_CORRUPT` before anything is restored.
@@ -19,9 +22,10 @@ import path from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { SpaceError } from './errors.js';
+import type { ImageFileCodec } from './driver.js';
 
 export const SNAPSHOT_MAGIC = Buffer.from('SPACESNP');
-export const SNAPSHOT_FORMAT_VERSION = 1;
+export const SNAPSHOT_FORMAT_VERSION = 2;
 const MAX_META = 64 * 1024;
 const FIXED = 8 + 2 + 4 + 32;
 
@@ -35,29 +39,47 @@ export interface SnapshotMeta {
   driverVersion: string;
   parentSnapshotId?: string;
   createdAt: string;
-  /** Files of the runtime's image directory, in payload order. */
-  files: { name: string; size: number }[];
+  /** Files of the runtime's image directory, in payload order; `size` is the stored size, `codec` the stored form's (none: as written). */
+  files: { name: string; size: number; codec?: string }[];
   payloadSize: number;
   payloadSha256: string;
 }
 
 /**
- * Packs a runtime image directory into a snapshot stream (hashing it first).
+ * Packs a runtime image directory into a snapshot stream (hashing it first). With a `codec`,
+ * each file it applies to is stored in its encoded form (written beside `imageDir`, which
+ * stays as it is, and removed once the stream has been read).
  *
  * @example
- * const { stream, meta } = await packSnapshot(imageDir, { id, sandboxId, ... });
+ * const { stream, meta } = await packSnapshot(imageDir, { id, sandboxId, ... }, driver.imageCodec);
  * await blobs.put(key, stream);
  */
-export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256'>): Promise<{ stream: Readable; meta: SnapshotMeta }> {
+export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256'>, codec?: ImageFileCodec): Promise<{ stream: Readable; meta: SnapshotMeta }> {
   const names = (await fs.readdir(imageDir)).sort();
   const files: SnapshotMeta['files'] = [];
+  const sources: string[] = [];
+  const encodedDir = `${imageDir}.stored`;
   const hash = createHash('sha256');
-  for (const name of names) {
-    const p = path.join(imageDir, name);
-    const st = await fs.stat(p);
-    if (!st.isFile()) continue;
-    files.push({ name, size: st.size });
-    for await (const chunk of createReadStream(p)) hash.update(chunk as Buffer);
+  try {
+    for (const name of names) {
+      let p = path.join(imageDir, name);
+      if (!(await fs.stat(p)).isFile()) continue;
+      let used: string | undefined;
+      if (codec) {
+        await fs.mkdir(encodedDir, { recursive: true });
+        const enc = path.join(encodedDir, name);
+        if (await codec.encode(p, enc)) {
+          p = enc;
+          used = codec.name;
+        }
+      }
+      files.push({ name, size: (await fs.stat(p)).size, ...(used ? { codec: used } : {}) });
+      sources.push(p);
+      for await (const chunk of createReadStream(p)) hash.update(chunk as Buffer);
+    }
+  } catch (err) {
+    await fs.rm(encodedDir, { recursive: true, force: true });
+    throw err;
   }
   const full: SnapshotMeta = { ...meta, files, payloadSize: files.reduce((a, f) => a + f.size, 0), payloadSha256: hash.digest('hex') };
   const metaBuf = Buffer.from(JSON.stringify(full));
@@ -67,9 +89,13 @@ export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'f
   head.writeUInt32BE(metaBuf.length, 10);
   createHash('sha256').update(metaBuf).digest().copy(head, 14);
   async function* body(): AsyncGenerator<Buffer> {
-    yield head;
-    yield metaBuf;
-    for (const f of files) for await (const chunk of createReadStream(path.join(imageDir, f.name))) yield chunk as Buffer;
+    try {
+      yield head;
+      yield metaBuf;
+      for (const p of sources) for await (const chunk of createReadStream(p)) yield chunk as Buffer;
+    } finally {
+      await fs.rm(encodedDir, { recursive: true, force: true });
+    }
   }
   return { stream: Readable.from(body()), meta: full };
 }
@@ -79,10 +105,15 @@ function corrupt(id: string, why: string): SpaceError {
 }
 
 /**
- * Unpacks a snapshot stream into `imageDir`, verifying magic, version, sizes and both hashes.
- * Rejects with `SNAPSHOT_CORRUPT` (nothing is restored from a corrupt snapshot).
+ * Unpacks a snapshot stream into `imageDir`, verifying magic, version, sizes and both hashes,
+ * and decoding files stored through a codec (`codecs` finds one by name). Rejects with
+ * `SNAPSHOT_CORRUPT` (nothing is restored from a corrupt snapshot), or `DRIVER_UNAVAILABLE`
+ * when the snapshot needs a codec this daemon does not have.
+ *
+ * @example
+ * await readSnapshot(snap.id, await blobs.get(snap.blobKey), dir, 2 ** 34, (name) => router.codecNamed(name));
  */
-export async function readSnapshot(id: string, src: Readable, imageDir: string, maxPayload: number): Promise<SnapshotMeta> {
+export async function readSnapshot(id: string, src: Readable, imageDir: string, maxPayload: number, codecs: (name: string) => ImageFileCodec | undefined = () => undefined): Promise<SnapshotMeta> {
   const it = src[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
   let buf: Buffer = Buffer.alloc(0);
   const need = async (n: number): Promise<boolean> => {
@@ -96,7 +127,7 @@ export async function readSnapshot(id: string, src: Readable, imageDir: string, 
   if (!(await need(FIXED))) throw corrupt(id, 'truncated header');
   if (!buf.subarray(0, 8).equals(SNAPSHOT_MAGIC)) throw corrupt(id, 'bad magic');
   const version = buf.readUInt16BE(8);
-  if (version !== SNAPSHOT_FORMAT_VERSION) throw corrupt(id, `unsupported format version ${version}`);
+  if (version !== 1 && version !== SNAPSHOT_FORMAT_VERSION) throw corrupt(id, `unsupported format version ${version}`);
   const metaLen = buf.readUInt32BE(10);
   if (metaLen > MAX_META) throw corrupt(id, `metadata of ${metaLen} bytes exceeds ${MAX_META}`);
   const metaHash = Buffer.from(buf.subarray(14, FIXED));
@@ -112,6 +143,14 @@ export async function readSnapshot(id: string, src: Readable, imageDir: string, 
   if (meta.id !== id) throw corrupt(id, `it holds snapshot ${String(meta.id)}`);
   if (!Array.isArray(meta.files) || meta.payloadSize > maxPayload || meta.files.reduce((a, f) => a + f.size, 0) !== meta.payloadSize) throw corrupt(id, 'inconsistent sizes');
   for (const f of meta.files) if (typeof f.name !== 'string' || !/^[A-Za-z0-9._-]{1,128}$/.test(f.name)) throw corrupt(id, 'bad file name');
+  const decoders = new Map<string, ImageFileCodec>();
+  for (const f of meta.files) {
+    if (f.codec === undefined) continue;
+    if (version < 2 || typeof f.codec !== 'string') throw corrupt(id, 'bad file codec');
+    const c = codecs(f.codec);
+    if (!c) throw new SpaceError('DRIVER_UNAVAILABLE', `Snapshot ${id} stores ${f.name} as ${f.codec}, which no driver of this daemon decodes; start spaced with the driver that took it (${String(meta.driver)})`, { details: { snapshotId: id } });
+    decoders.set(f.name, c);
+  }
   buf = buf.subarray(FIXED + metaLen);
 
   await fs.mkdir(imageDir, { recursive: true });
@@ -133,10 +172,17 @@ export async function readSnapshot(id: string, src: Readable, imageDir: string, 
         yield take;
       }
     }
-    await pipeline(Readable.from(part()), createWriteStream(path.join(imageDir, f.name), { mode: 0o600 }));
+    await pipeline(Readable.from(part()), createWriteStream(path.join(imageDir, decoders.has(f.name) ? `${f.name}.stored` : f.name), { mode: 0o600 }));
     buf = self.buf;
   }
   if (buf.length > 0 || !(await it.next()).done) throw corrupt(id, 'trailing bytes after the payload');
   if (hash.digest('hex') !== meta.payloadSha256) throw corrupt(id, 'payload checksum mismatch');
+  for (const [name, c] of decoders) {
+    const stored = path.join(imageDir, `${name}.stored`);
+    await c.decode(stored, path.join(imageDir, name)).catch((err: unknown) => {
+      throw err instanceof SpaceError && err.code !== 'SNAPSHOT_CORRUPT' ? err : corrupt(id, `${name} does not decode (${err instanceof Error ? err.message : String(err)})`);
+    });
+    await fs.rm(stored, { force: true });
+  }
   return meta;
 }

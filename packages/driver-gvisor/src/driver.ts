@@ -15,6 +15,7 @@ import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/p
 import { AGENT_BUNDLE, AGENT_HELPER } from '@space/agent';
 
 import { AGENT_ARGV, ensureRuntime } from '@space/core';
+import { StatefileCodec } from './statefile-codec.js';
 
 /** Options of {@link GvisorDriver}. */
 export interface GvisorDriverOptions {
@@ -65,6 +66,8 @@ const CAPS = ['CAP_SYS_ADMIN', 'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FOWNER', 'C
  */
 export class GvisorDriver implements SandboxDriver {
   readonly name = 'gvisor';
+  /** runsc's state file stored with its blocks decompressed, so consecutive snapshots deduplicate. */
+  readonly imageCodec = new StatefileCodec();
   private events?: DriverEvents;
   private readonly servers = new Map<string, net.Server>();
   private readonly rids = new Map<string, string>();
@@ -112,6 +115,8 @@ export class GvisorDriver implements SandboxDriver {
     checks.push({ name: 'busybox-static', ok: bb, detail: bb ? 'present (minimal template)' : 'apt-get install busybox-static' });
     const mm = await tryRun('mmdebstrap', ['--version'], 5_000);
     checks.push({ name: 'mmdebstrap', ok: !!mm, detail: mm ? mm.stdout.trim() : 'apt-get install mmdebstrap (base template)' });
+    const codec = this.imageCodec.available();
+    checks.push({ name: 'space-statefile', ok: codec, detail: codec ? 'checkpoint images are stored decompressed, so snapshots deduplicate' : 'missing: snapshots are stored as runsc compresses them (no deduplication); rebuild with golang-go installed' });
     checks.push({ name: 'root', ok: process.getuid?.() === 0, detail: process.getuid?.() === 0 ? 'running as root' : 'runsc with cgroups and namespaces needs root' });
     const required = ['runsc', 'cgroup v1 memory', 'cgroup v1 cpu', 'network namespaces', 'busybox-static', 'root'];
     return { driver: this.name, available: checks.filter((c) => required.includes(c.name)).every((c) => c.ok), checks };

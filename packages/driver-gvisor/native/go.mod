@@ -1,0 +1,3 @@
+module space/statefile
+
+go 1.19
