@@ -9,6 +9,10 @@ import { after, before, describe, it } from 'node:test';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { TEMPLATES_DIR, api, eventually, startSpaced, startTestDaemon, stopSpaced } from './helpers.mjs';
+import { unpackSnapshot } from './statefile.mjs';
+import { StatefileCodec } from '../packages/driver-gvisor/dist/index.js';
+
+const codec = new StatefileCodec();
 
 /** Every regular file under `dir` (skipping the node runtime copy: the host's own node binary). */
 function files(dir, out = []) {
@@ -138,6 +142,37 @@ describe('encryption at rest, bring your own key', () => {
     const r = await api(fx, 'POST', '/v1/admin/gc');
     assert.equal(r.body.deletedChunks, two, 'the killed sandbox\'s packs are collected');
     assert.equal(count(), before);
+  });
+
+  it('runsc\'s image is stored decompressed and rebuilt bit for bit; a changed byte in the stored form is refused', async () => {
+    const sb = await fx.create();
+    const snap = await sb.snapshot();
+    const dir = mkdtempSync('/tmp/spt-codec-');
+    try {
+      const meta = await unpackSnapshot(fx.dataDir, snap.id, dir);
+      await sb.kill();
+      assert.deepEqual(meta.files.map((f) => [f.name, f.codec]), [['checkpoint.img', codec.name]], 'the snapshot records the codec');
+      const img = path.join(dir, 'checkpoint.img');
+      const original = readFileSync(img);
+      assert.equal(original.subarray(0, 8).toString('latin1'), 'gVisorSF', 'what comes back is the state file runsc wrote');
+      // Encoding it again gives the stored form: larger (decompressed), and back bit for bit.
+      assert.equal(await codec.encode(img, path.join(dir, 'enc')), true);
+      const enc = readFileSync(path.join(dir, 'enc'));
+      assert.ok(enc.length > original.length * 2, `stored ${enc.length} bytes for ${original.length} compressed`);
+      assert.equal(enc.length, meta.files[0].size, 'the same stored form as the daemon\'s');
+      await codec.decode(path.join(dir, 'enc'), path.join(dir, 'back'));
+      assert.ok(readFileSync(path.join(dir, 'back')).equals(original));
+      // One changed byte inside a decompressed block: it recompresses, but not to the original.
+      const bad = Buffer.from(enc);
+      bad[bad.length - 1000] ^= 0x01;
+      writeFileSync(path.join(dir, 'bad'), bad);
+      await assert.rejects(codec.decode(path.join(dir, 'bad'), path.join(dir, 'out')), (e) => e.code === 'SNAPSHOT_CORRUPT' && /SHA-256/.test(e.message));
+      // Anything that is not a state file is stored as it is.
+      writeFileSync(path.join(dir, 'other'), 'not a state file');
+      assert.equal(await codec.encode(path.join(dir, 'other'), path.join(dir, 'other.enc')), false);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('revoke → KEY_REVOKED, enable → works, rotate → old snapshots restore and the old key can go, destroy → unreadable for good', async () => {

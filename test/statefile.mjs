@@ -33,15 +33,9 @@ export function inflateStatefile(buf) {
  * snapshot of a daemon's data directory, read through the same decryption as a restore.
  */
 export async function snapshotContents(dataDir, snapshotId) {
-  const store = SqliteStore.open(path.join(dataDir, 'space.db'));
   const dir = mkdtempSync('/tmp/spt-snap-');
   try {
-    const snap = await store.getSnapshot(snapshotId);
-    if (!snap) throw new Error(`no snapshot ${snapshotId}`);
-    const keys = new KeyService({ store, providers: [new LocalKeyProvider(path.join(dataDir, 'keys'))], nodeKey: { provider: 'local', ref: 'node.key' }, logger: silent });
-    const blobs = new DedupBlobStore(new EncryptedBlobStore(new LocalBlobStore(path.join(dataDir, 'blobs')), keys, store), keys);
-    const codec = new StatefileCodec();
-    await readSnapshot(snap.id, await blobs.get(snap.blobKey), dir, 2 ** 34, (name) => (name === codec.name ? codec : undefined));
+    await unpackSnapshot(dataDir, snapshotId, dir);
     const parts = [];
     for (const f of readdirSync(dir)) {
       const raw = readFileSync(path.join(dir, f));
@@ -50,6 +44,23 @@ export async function snapshotContents(dataDir, snapshotId) {
     return Buffer.concat(parts);
   } finally {
     rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Unpacks a stored snapshot of a daemon's data directory into `dir` as the runtime wrote it,
+ * through the same decryption and image codec as a restore.
+ */
+export async function unpackSnapshot(dataDir, snapshotId, dir) {
+  const store = SqliteStore.open(path.join(dataDir, 'space.db'));
+  try {
+    const snap = await store.getSnapshot(snapshotId);
+    if (!snap) throw new Error(`no snapshot ${snapshotId}`);
+    const keys = new KeyService({ store, providers: [new LocalKeyProvider(path.join(dataDir, 'keys'))], nodeKey: { provider: 'local', ref: 'node.key' }, logger: silent });
+    const blobs = new DedupBlobStore(new EncryptedBlobStore(new LocalBlobStore(path.join(dataDir, 'blobs')), keys, store), keys);
+    const codec = new StatefileCodec();
+    return await readSnapshot(snap.id, await blobs.get(snap.blobKey), dir, 2 ** 34, (name) => (name === codec.name ? codec : undefined));
+  } finally {
     await store.close();
   }
 }
