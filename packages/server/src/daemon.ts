@@ -244,7 +244,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   }
   // Chunks no snapshot references any more go at start and every 10 minutes (and on demand).
   const gcNow = async () => {
-    const deleted = await blobs.gc(await snapshotKeys(store));
+    const deleted = await blobs.gc(() => snapshotKeys(store));
     if (deleted) logger.info({ deleted }, 'snapshot chunks collected');
     const pruned = await store.pruneEgressLog(new Date(Date.now() - EGRESS_LOG_DAYS * 86_400_000).toISOString());
     if (pruned) logger.info({ pruned }, 'old egress log entries deleted');
