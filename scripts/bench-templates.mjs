@@ -14,6 +14,7 @@ import { parseArgs } from 'node:util';
 import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { eventually, startSpaced, stopSpaced } from '../test/helpers.mjs';
+import { templateImagesDir } from '../packages/server/dist/index.js';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -65,7 +66,7 @@ const ttfc = async (opts = {}) => {
 try {
   // The template snapshot of `minimal` (taken at start-up; make sure it is there).
   await Templates.prepare('minimal', conn);
-  const imageDir = path.join(dataDir, 'template-images', readdirSync(path.join(dataDir, 'template-images')).find((d) => d.startsWith('minimal-') && !d.includes('.tmp')));
+  const imageDir = path.join(templateImagesDir(dataDir), readdirSync(templateImagesDir(dataDir)).find((d) => d.startsWith('minimal-') && !d.includes('.tmp')));
   const warm = await ttfc();
   const bundleConfig = JSON.parse(readFileSync(path.join(dataDir, 'sandboxes', warm.sb.id, 'bundle', 'config.json'), 'utf8'));
   await warm.sb.kill();

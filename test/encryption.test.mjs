@@ -6,10 +6,11 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { Sandbox } from '../packages/sdk/dist/index.js';
-import { startDaemon } from '../packages/server/dist/index.js';
+import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
+import { startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
 import { TEMPLATES_DIR, api, eventually, startSpaced, startTestDaemon, stopSpaced } from './helpers.mjs';
-import { unpackSnapshot } from './statefile.mjs';
+import { inflateStatefile, unpackSnapshot } from './statefile.mjs';
+import { makeOciImage } from './oci-image.mjs';
 import { StatefileCodec } from '../packages/driver-gvisor/dist/index.js';
 
 const codec = new StatefileCodec();
@@ -227,6 +228,54 @@ describe('encryption at rest, bring your own key', () => {
     const dataDir = mkdtempSync('/tmp/spt-nokey-');
     await assert.rejects(startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: 'silent' }), (e) => e.code === 'KEY_INVALID' && /node\.key/.test(e.message));
     rmSync(dataDir, { recursive: true, force: true });
+  });
+});
+
+describe('template images at rest', () => {
+  it('are kept encrypted in the data directory and in RAM only as the working copy; a restart reloads them; removing the template removes them', async () => {
+    const dataDir = mkdtempSync('/tmp/spt-tpl-');
+    const work = mkdtempSync('/tmp/spt-tplimg-');
+    let d = await startSpaced(dataDir);
+    try {
+      // The start command makes a secret that exists only in the template's state (its in-memory root file system).
+      await Templates.build({ ...d.conn, name: 'secretive', image: await makeOciImage(work, { marker: 'x' }), start: { cmd: 'head -c 16 /dev/urandom | od -An -tx1 | tr -d " \\n" > /tmp/secret; exec sleep 100000', readyCmd: 'test -s /tmp/secret' } });
+      const read = async () => {
+        const sb = await Sandbox.create({ ...d.conn, template: 'secretive', memoryMb: 256 });
+        const secret = (await sb.commands.run('cat /tmp/secret')).stdout;
+        assert.match(secret, /^[0-9a-f]{32}$/);
+        assert.equal(sb.info.createTimings.source, 'snapshot', 'restored from the template image, not booted');
+        await sb.kill();
+        return secret;
+      };
+      const secret = await read();
+      // The working copy (RAM) holds it: the scan below can fail.
+      const ram = templateImagesDir(dataDir);
+      const img = readdirSync(ram).filter((e) => e.startsWith('t-') && !e.includes('.tmp')).map((e) => path.join(ram, e, 'checkpoint.img'))[0];
+      assert.ok(img && inflateStatefile(readFileSync(img)).includes(secret), `the working copy in ${ram} holds the secret`);
+      for (const f of files(dataDir)) {
+        let buf;
+        try {
+          buf = readFileSync(f);
+        } catch (err) {
+          if (err.code === 'ENOENT') continue;
+          throw err;
+        }
+        assert.equal(buf.indexOf(secret), -1, `the template's secret is readable in ${f}`);
+      }
+      assert.equal(readdirSync(path.join(dataDir, 'blobs', 'templates', 'default')).length, 1, 'one stored (encrypted) template image');
+      await stopSpaced(d);
+      assert.equal(existsSync(path.dirname(ram)), false, 'a stopped daemon gives the RAM back');
+      d = await startSpaced(dataDir);
+      assert.equal(await read(), secret, 'after a restart: the same image, reloaded from its encrypted copy');
+      await Templates.remove('secretive', d.conn);
+      const gc = await (await fetch(`${d.conn.apiUrl}/v1/admin/gc`, { method: 'POST', headers: { authorization: `Bearer ${d.conn.apiKey}` } })).json();
+      assert.ok(gc.deletedChunks > 0, 'the image\'s packs are collected');
+      assert.deepEqual(readdirSync(path.join(dataDir, 'blobs', 'templates', 'default')), [], 'the stored image is deleted with its template');
+    } finally {
+      await stopSpaced(d);
+      rmSync(dataDir, { recursive: true, force: true });
+      rmSync(work, { recursive: true, force: true });
+    }
   });
 });
 

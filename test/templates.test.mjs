@@ -7,6 +7,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, api, eventually, startTestDaemon } from './helpers.mjs';
+import { templateImagesDir } from '../packages/server/dist/index.js';
 import { makeDockerSave, makeOciImage } from './oci-image.mjs';
 
 /** The template cache entries (rootfs directories) that exist now. */
@@ -149,7 +150,9 @@ describe('templates', () => {
 
     assert.deepEqual((await Templates.list(fx.conn)).map((t) => t.name).sort(), ['base', 'minimal'], 'no half-built template is listed');
     assert.deepEqual([...cacheEntries()].filter((e) => !beforeCache.has(e)), [], 'no root file system left behind');
-    assert.deepEqual(readdirSync(path.join(fx.dataDir, 'template-images')).filter((d) => !d.startsWith('minimal-')), [], 'no template snapshot left behind');
+    assert.deepEqual(readdirSync(templateImagesDir(fx.dataDir)).filter((d) => !d.startsWith('minimal-')), [], 'no template snapshot left behind');
+    const stored = path.join(fx.dataDir, 'blobs', 'templates', 'default');
+    assert.deepEqual(existsSync(stored) ? readdirSync(stored) : [], [], 'no stored template image left behind');
     assert.deepEqual(readdirSync(path.join(fx.dataDir, 'uploads')).flatMap((d) => readdirSync(path.join(fx.dataDir, 'uploads', d))), [], 'uploads are consumed');
   });
 });

@@ -16,7 +16,7 @@ import type { BlobStore } from './blobs.js';
 import { LIMITS, TERMINAL_STATES, assertAllowed, newSandboxId, newSnapshotId, type CreateTimings, type EndReason, type Sandbox, type SandboxAction, type SandboxEvent, type Snapshot, type SnapshotPolicy, type SnapshotTrigger, type Template, type TemplateImage, type TemplateStart } from './model.js';
 import { POOL_MEMORY_MB, WarmPool } from './pool.js';
 import type { Progress, RootfsBuilder } from './rootfs.js';
-import { TemplateService } from './templates.js';
+import { TemplateService, templateImageBlobKey, type TemplateImageStore } from './templates.js';
 import { packSnapshot, readSnapshot } from './snapshot-format.js';
 import { checkMap, range } from './validate.js';
 import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, type EgressPolicy, type SecretAttachment, type SecretService } from './egress.js';
@@ -217,6 +217,7 @@ export class SandboxService {
       imagesDir: opts.imagesDir,
       uploadsDir: opts.uploadsDir,
       ...(opts.builtinPools ? { builtinPools: opts.builtinPools } : {}),
+      images: this.templateImages(),
       capture: (t, rootfs, key, progress, signal) => this.captureTemplate(t, rootfs, key, progress, signal),
       inUse: async (tenantId, name) => (await this.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated'])).filter((x) => x.tenantId === tenantId && x.template === name).length,
       driverVersion: () => this.driver.version(),
@@ -565,6 +566,37 @@ export class SandboxService {
     e?.channel?.destroy();
     this.live.delete(id);
     await this.driver.destroy(id);
+  }
+
+  /**
+   * Template images at rest: packed like snapshots (the default driver's image codec included)
+   * into the blob store under the template's tenant, so they are encrypted with its key and
+   * deduplicated with its snapshots.
+   */
+  private templateImages(): TemplateImageStore {
+    return {
+      save: async (t, image, dir) => {
+        const { stream } = await packSnapshot(
+          dir,
+          { id: image.key, sandboxId: image.sourceId, tenantId: t.tenantId || '_builtin', template: t.name, driver: this.driver.name, driverVersion: await this.driver.version(), createdAt: image.createdAt },
+          this.driver.codecOf(this.driver.name),
+        );
+        await this.blobs.put(templateImageBlobKey(t.tenantId, image.key), stream);
+      },
+      load: async (t, image, dir) => {
+        const key = templateImageBlobKey(t.tenantId, image.key);
+        if (!(await this.blobs.stat(key))) return false;
+        try {
+          await readSnapshot(image.key, await this.blobs.get(key), dir, this.maxSnapshotBytes, (name) => this.driver.codecNamed(name));
+          return true;
+        } catch (err) {
+          if (err instanceof SpaceError && (err.code === 'KEY_REVOKED' || err.code === 'KEY_DESTROYED')) throw err;
+          this.log.warn({ err, template: t.name, tenantId: t.tenantId }, 'the stored template image is unusable; it will be taken again');
+          return false;
+        }
+      },
+      drop: (t, image) => this.blobs.delete(templateImageBlobKey(t.tenantId, image.key)),
+    };
   }
 
   /**

@@ -40,6 +40,38 @@ export interface TemplateUpload {
   createdAt: string;
 }
 
+/**
+ * Where template images are kept at rest. The image directory the runtime restores from is a
+ * working copy (in RAM, see the daemon); this store holds the durable, encrypted copy and
+ * writes it back when the working copy is missing (after a reboot).
+ *
+ * @example
+ * await images.save(t, image, dir);              // after a capture
+ * if (await images.load(t, image, tmp)) use(tmp); // no working copy: from the stored one
+ */
+export interface TemplateImageStore {
+  /** Stores the image directory `dir` of template `t`. */
+  save(t: Template, image: TemplateImage, dir: string): Promise<void>;
+  /**
+   * Writes the stored image of `t` into `dir`; false when none is stored (or it is unusable:
+   * it will be captured again). Rejects with `KEY_REVOKED` / `KEY_DESTROYED` when the tenant's key forbids it.
+   */
+  load(t: Template, image: TemplateImage, dir: string): Promise<boolean>;
+  /** Forgets the stored image. */
+  drop(t: Template, image: TemplateImage): Promise<void>;
+}
+
+/**
+ * The blob key of a template's stored image: under its tenant (built-ins under `_builtin`,
+ * which no tenant id can be), so it is encrypted with that tenant's key.
+ *
+ * @example
+ * templateImageBlobKey('acme', 't-3f…-9a…') // 'templates/acme/t-3f…-9a…'
+ */
+export function templateImageBlobKey(tenantId: string, imageKey: string): string {
+  return `templates/${tenantId || '_builtin'}/${imageKey}`;
+}
+
 /** Options of {@link TemplateService}. */
 export interface TemplateServiceOptions {
   store: MetadataStore;
@@ -48,6 +80,8 @@ export interface TemplateServiceOptions {
   imagesDir: string;
   /** Where uploads wait for their build. */
   uploadsDir: string;
+  /** The durable copy of images (none: the working copies in `imagesDir` are all there is). */
+  images?: TemplateImageStore;
   /** Boots the template once and checkpoints it into `imagesDir/<key>`. */
   capture(t: Template, rootfs: string, imageKey: string, progress: Progress, signal?: AbortSignal): Promise<TemplateImage>;
   /** How many non-ended sandboxes use the template. */
@@ -77,6 +111,7 @@ const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
 export class TemplateService {
   private readonly building = new Set<string>();
   private readonly captures = new Map<string, Promise<Template>>();
+  private readonly loads = new Map<string, Promise<boolean>>();
   /** Called when a template's pool size or image changes. */
   onChange: (t: Template) => void = () => {};
 
@@ -150,10 +185,52 @@ export class TemplateService {
     return path.join(this.opts.imagesDir, image.key);
   }
 
-  /** The template's image if it is current and on disk. */
+  /** The template's image if it is current and its working copy is there (written back from the stored copy if needed). */
   async usableImage(t: Template): Promise<TemplateImage | undefined> {
     if (!t.image || t.image.key !== (await this.imageKey(t))) return undefined;
-    return existsSync(path.join(this.imageDir(t.image), '.space-complete')) ? t.image : undefined;
+    if (existsSync(path.join(this.imageDir(t.image), '.space-complete'))) return t.image;
+    return (await this.loadImage(t, t.image)) ? t.image : undefined;
+  }
+
+  /** Writes the working copy of `image` from its stored copy, once at a time per image. */
+  private loadImage(t: Template, image: TemplateImage): Promise<boolean> {
+    const images = this.opts.images;
+    if (!images) return Promise.resolve(false);
+    const dir = this.imageDir(image);
+    let p = this.loads.get(dir);
+    if (!p) {
+      p = (async () => {
+        const tmp = `${dir}.tmp-load-${randomBytes(4).toString('hex')}`;
+        try {
+          if (!(await images.load(t, image, tmp))) return false;
+          await fs.writeFile(path.join(tmp, '.space-complete'), new Date().toISOString());
+          await fs.rm(dir, { recursive: true, force: true });
+          await fs.rename(tmp, dir);
+          return true;
+        } finally {
+          await fs.rm(tmp, { recursive: true, force: true });
+        }
+      })().finally(() => this.loads.delete(dir));
+      this.loads.set(dir, p);
+    }
+    return p;
+  }
+
+  /** Stores a newly captured image durably; on failure it is removed and the capture fails. */
+  private async keep(t: Template, image: TemplateImage): Promise<TemplateImage> {
+    try {
+      await this.opts.images?.save(t, image, this.imageDir(image));
+      return image;
+    } catch (err) {
+      await fs.rm(this.imageDir(image), { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  /** Removes an image: its working copy and its stored copy. */
+  private async removeImage(t: Template, image: TemplateImage): Promise<void> {
+    await fs.rm(this.imageDir(image), { recursive: true, force: true });
+    await this.opts.images?.drop(t, image).catch(() => {}); // unreferenced: collected with the other unreferenced objects
   }
 
   /**
@@ -170,15 +247,15 @@ export class TemplateService {
         const rootfs = await this.rootfsOf(t, progress);
         const key = await this.imageKey(t);
         const old = t.image;
-        const image = await this.opts.capture(t, rootfs, key, progress);
+        const image = await this.keep(t, await this.opts.capture(t, rootfs, key, progress));
         const cur = await this.opts.store.getTemplate(t.tenantId, t.name);
         if (!cur) {
-          await fs.rm(this.imageDir(image), { recursive: true, force: true });
+          await this.removeImage(t, image);
           throw new SpaceError('TEMPLATE_NOT_FOUND', `Template ${t.name} was removed while its snapshot was taken`);
         }
         const next = { ...cur, image };
         await this.opts.store.putTemplate(next);
-        if (old && old.key !== image.key) await fs.rm(this.imageDir(old), { recursive: true, force: true });
+        if (old && old.key !== image.key) await this.removeImage(t, old);
         this.onChange(next);
         return next;
       })().finally(() => this.captures.delete(ref));
@@ -263,7 +340,7 @@ export class TemplateService {
         t.rootfsBytes = built.sizeBytes;
         signal?.throwIfAborted();
         const imageKey = await this.imageKey(t);
-        t.image = await this.opts.capture(t, this.opts.rootfs.path(key), imageKey, (p, s) => progress(70 + Math.round(p * 0.3), s), signal);
+        t.image = await this.keep(t, await this.opts.capture(t, this.opts.rootfs.path(key), imageKey, (p, s) => progress(70 + Math.round(p * 0.3), s), signal));
         t = { ...t, state: 'ready', readyAt: new Date().toISOString() };
         await this.opts.store.putTemplate(t);
         progress(100, 'ready');
@@ -272,7 +349,7 @@ export class TemplateService {
       } catch (err) {
         await this.opts.store.deleteTemplate(tenantId, name);
         if (!cached) await this.dropFiles(t);
-        else if (t.image) await fs.rm(this.imageDir(t.image), { recursive: true, force: true });
+        else if (t.image) await this.removeImage(t, t.image);
         throw err;
       }
     } finally {
@@ -322,7 +399,7 @@ export class TemplateService {
   }
 
   private async dropFiles(t: Template): Promise<void> {
-    if (t.image) await fs.rm(this.imageDir(t.image), { recursive: true, force: true });
+    if (t.image) await this.removeImage(t, t.image);
     if (t.source.type === 'builtin') return;
     const shared = (await this.opts.store.listTemplates()).some((o) => o.key === t.key && (o.tenantId !== t.tenantId || o.name !== t.name));
     if (!shared) await this.opts.rootfs.remove(t.key);

@@ -3,10 +3,11 @@
  * HTTP listener, state file, graceful shutdown. Several daemons run side by side when each
  * has its own data directory and port.
  */
+import { createHash } from 'node:crypto';
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import pino from 'pino';
-import { ApiKeys, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, type MetadataStore, type SandboxDriver } from '@space/core';
+import { ApiKeys, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
@@ -102,11 +103,20 @@ export function parsePools(s: string): Record<string, number> {
 /** Days the egress audit log is kept. */
 const EGRESS_LOG_DAYS = 30;
 
-/** The blob keys of every stored snapshot (what garbage collection must keep). */
+/** The blob keys of every stored snapshot and template image (what garbage collection must keep). */
 async function snapshotKeys(store: MetadataStore): Promise<string[]> {
   const out: string[] = [];
   for (const sb of await store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated', 'killed', 'dead'])) for (const sn of await store.listSnapshots(sb.id)) out.push(sn.blobKey);
+  for (const t of await store.listTemplates()) if (t.image) out.push(templateImageBlobKey(t.tenantId, t.image.key));
   return out;
+}
+
+/**
+ * Where the runtime restores template images from: a working copy in RAM (tmpfs), never on
+ * disk; the durable copy is encrypted in the blob store. One directory per data directory.
+ */
+export function templateImagesDir(dataDir: string): string {
+  return path.join('/dev/shm', `spaced-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 12)}`, 'template-images');
 }
 
 /** Parses `HOST:PORT` (IPv6 as `[::1]:7070`). */
@@ -192,6 +202,9 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const extra = (opts.drivers ?? (process.env.SPACE_DRIVERS ? parseDrivers(process.env.SPACE_DRIVERS) : [])).filter((n) => n !== driverName).map(make);
   const gcFault = process.env.SPACE_FAULT_INJECT?.startsWith('gc:after-') ? Number(process.env.SPACE_FAULT_INJECT.slice('gc:after-'.length)) : undefined;
   const blobs = new DedupBlobStore(new EncryptedBlobStore(localBlobs, encryptionKeys, store), encryptionKeys, gcFault);
+  // Template images used to be kept in plaintext on disk: they are captured again (and stored encrypted).
+  await fs.rm(path.join(dataDir, 'template-images'), { recursive: true, force: true });
+  const imagesDir = templateImagesDir(dataDir);
   const service = new SandboxService({
     store,
     driver,
@@ -200,7 +213,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     blobs,
     rootfs,
     workDir: path.join(dataDir, 'work'),
-    imagesDir: path.join(dataDir, 'template-images'),
+    imagesDir,
     uploadsDir: path.join(dataDir, 'uploads'),
     maxSandboxes: opts.maxSandboxes ?? 64,
     ...(egress ? { egress: egress.sandbox } : {}),
@@ -284,6 +297,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       clearInterval(gcTimer);
       await gcRun;
       await service.shutdown();
+      // The working copies of template images: RAM is given back; the next start reloads them.
+      await fs.rm(path.dirname(imagesDir), { recursive: true, force: true });
       await egress?.close();
       pkcs11?.close();
       await store.close();
