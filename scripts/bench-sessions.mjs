@@ -39,6 +39,8 @@ function bareBundle(name) {
   return b;
 }
 const dirSize = (d) => readdirSync(d).reduce((a, f) => a + statSync(path.join(d, f)).size, 0);
+/** Bytes of every file under `d`. */
+const treeSize = (d) => readdirSync(d, { withFileTypes: true }).reduce((a, e) => a + (e.isDirectory() ? treeSize(path.join(d, e.name)) : statSync(path.join(d, e.name)).size), 0);
 
 const rows = [];
 const add = (name, ours, baseName, base, target) => rows.push({ name, p50: q(ours, 50), p95: q(ours, 95), baseName, bp50: base ? q(base, 50) : undefined, target });
@@ -61,13 +63,15 @@ try {
   add('resume (API)', resume, '`runsc resume`', bresume, '—');
 
   // snapshot (keeps running) vs bare checkpoint + restore
-  const snap = [], down = [], sizes = [], bsnap = [], bsizes = [];
+  const snap = [], down = [], sizes = [], stored = [], bsnap = [], bsizes = [];
   for (let i = 0; i < N; i++) {
+    const before = treeSize(path.join(dataDir, 'blobs'));
     let t = now();
     const s = await sb.snapshot();
     snap.push(now() - t);
     down.push(s.downtimeMs);
     sizes.push(s.sizeBytes);
+    stored.push(treeSize(path.join(dataDir, 'blobs')) - before);
     const img = path.join(bareRoot, `img${i}`);
     const next = `b${i + 1}`;
     t = now();
@@ -114,7 +118,8 @@ try {
     '| measurement | p50 ms | p95 ms | baseline (same run) | baseline p50 ms | ratio | target |',
     '|---|---|---|---|---|---|---|',
     ...rows.map((r) => `| ${r.name} | ${fmt(r.p50)} | ${fmt(r.p95)} | ${r.baseName ?? '—'} | ${r.bp50 !== undefined ? fmt(r.bp50) : '—'} | ${r.bp50 ? `${(r.p50 / r.bp50).toFixed(2)}x` : '—'} | ${r.target} |`),
-    `| snapshot size | ${(q(sizes, 50) / 1048576).toFixed(2)} MiB | | bare checkpoint image | ${(q(bsizes, 50) / 1048576).toFixed(2)} MiB | | — |`,
+    `| snapshot size (runsc's image decompressed, before dedup and compression) | ${(q(sizes, 50) / 1048576).toFixed(2)} MiB | | bare checkpoint image (compressed) | ${(q(bsizes, 50) / 1048576).toFixed(2)} MiB | | — |`,
+    `| bytes stored by each snapshot (the first: ${(stored[0] / 1048576).toFixed(2)} MiB) | ${(q(stored.slice(1), 50) / 1048576).toFixed(2)} MiB | | bare checkpoint image (compressed) | ${(q(bsizes, 50) / 1048576).toFixed(2)} MiB | ${(q(stored.slice(1), 50) / q(bsizes, 50)).toFixed(2)}x | — |`,
     ...forks.map(([n, ms, ok]) => `| fork into ${n} (${ok} answering) | ${fmt(ms)} total | | — | — | ${fmt(ms / n)} ms per copy | — |`),
   ];
   const table = lines.join('\n');
