@@ -65,14 +65,18 @@ describe('snapshot store', () => {
   it('a collection asked for while a write is under way keeps what that write stores', async () => {
     let release;
     const gate = new Promise((r) => (release = r));
-    const data = randomBytes(6 << 20);
+    const data = randomBytes(12 << 20);
+    let waiting;
+    const atGate = new Promise((r) => (waiting = r));
     const source = Readable.from((async function* () {
-      yield data.subarray(0, 5 << 20); // a full pack is stored before the gate
+      yield data.subarray(0, 10 << 20); // a full segment: its packs are stored before the gate
+      waiting();
       await gate;
-      yield data.subarray(5 << 20);
+      yield data.subarray(10 << 20);
     })());
     const writing = blobs.put('snapshots/t3/new', source);
-    while (packs('t3').length === 0) await new Promise((r) => setImmediate(r));
+    await atGate;
+    while (packs('t3').length === 0) await new Promise((r) => setTimeout(r, 10)); // the first segment's packs get stored
     // The caller's list of live objects does not have the new one yet (it records it after put).
     const collecting = blobs.gc(async () => ['snapshots/t1/a', 'snapshots/t1/b', 'snapshots/t2/a']);
     release();
@@ -85,6 +89,26 @@ describe('snapshot store', () => {
     assert.equal(await blobs.gc(async () => ['snapshots/t1/a', 'snapshots/t1/b', 'snapshots/t2/a']), n);
     assert.deepEqual(packs('t3'), []);
     assert.ok((await readAll(await blobs.get('snapshots/t1/b'))).length > 0, 'the others still read');
+  });
+
+  it('a long history of small changes does not make reads touch a pack per earlier version', async () => {
+    // Reads through a wrapper that counts the packs fetched.
+    let fetched = 0;
+    const counting = { ...encrypted, put: (k, d) => encrypted.put(k, d), get: (k) => (k.startsWith('chunks/') && fetched++, encrypted.get(k)), stat: (k) => encrypted.stat(k), delete: (k) => encrypted.delete(k), list: (p) => encrypted.list(p), assertWritable: (k) => encrypted.assertWritable(k) };
+    const store5 = new DedupBlobStore(counting, keys);
+    let cur = randomBytes(2 << 20);
+    for (let v = 1; v <= 12; v++) {
+      cur = Buffer.from(cur);
+      for (let j = 0; j < 20; j++) randomBytes(64).copy(cur, ((v * 7919 + j * 104729) * 13) % (cur.length - 64));
+      await store5.put(`snapshots/t5/v${v}`, Readable.from([cur]));
+    }
+    fetched = 0;
+    assert.ok((await readAll(await store5.get('snapshots/t5/v12'))).equals(cur));
+    // 4 packs of earlier versions at most for its one segment, plus its own.
+    assert.ok(fetched <= 5, `reading the 12th version fetched ${fetched} packs`);
+    for (let v = 1; v <= 12; v++) await store5.delete(`snapshots/t5/v${v}`);
+    assert.ok((await blobs.gc(async () => ['snapshots/t1/a', 'snapshots/t1/b', 'snapshots/t2/a'])) > 0);
+    assert.deepEqual(packs('t5'), []);
   });
 
   it('reads and collects objects of the first format (one object per chunk)', async () => {

@@ -14,6 +14,10 @@
  * manifest listing its chunks (id, size, pack, offset), compressed. Reads check the whole against the
  * manifest's SHA-256, so the bytes come back exactly as written.
  *
+ * A segment (8 MiB) of an object reads at most 4 stored packs: chunks it shares with any
+ * further pack are stored again, so reads stay fast however long the history (at the price of
+ * storing a few shared chunks twice).
+ *
  * Garbage collection deletes packs no manifest references (a pack lives as long as any of its
  * chunks does). Writers and the collector exclude each other (a pack is never deleted while a
  * write that may reference it runs); a write a crash interrupted leaves only unreferenced
@@ -49,8 +53,12 @@ const MANIFEST_COMPRESSION = { params: { [zlib.constants.BROTLI_PARAM_QUALITY]: 
 export const PACK_TARGET = 4 << 20;
 /** How long a newly written object counts as live without being named to {@link DedupBlobStore.gc}. */
 const RECENT_MS = 60_000;
-/** Packs a read keeps decompressed at once (they are read in the order chunks need them). */
-const PACK_CACHE = 8;
+/** Bytes of an object whose chunks are placed together (see put). */
+const SEGMENT = 8 << 20;
+/** Stored packs one segment may read; chunks from any more are stored again. */
+const SEGMENT_PACKS = 4;
+/** Decompressed pack bytes a read keeps at once at most (see chunksV2). */
+const PACKS_HELD = 256 << 20;
 
 /** A fixed gear table (deterministic, so chunk boundaries are stable across restarts). */
 const GEAR: Uint32Array = (() => {
@@ -230,9 +238,7 @@ export class DedupBlobStore implements BlobStore {
         done.then(() => storing.delete(done), () => {});
         if (storing.size >= 2) await Promise.race(storing);
       };
-      const store = async (chunk: Buffer): Promise<void> => {
-        const id = await this.chunkId(tenant, chunk);
-        const known = index.get(id);
+      const place = async (id: string, chunk: Buffer, known: Located | undefined): Promise<void> => {
         if (known) {
           chunks.push([id, chunk.length, packIndex(known.pack), known.offset]);
           return;
@@ -248,6 +254,26 @@ export class DedupBlobStore implements BlobStore {
         open.parts.push(chunk);
         open.size += chunk.length;
         if (open.size >= PACK_TARGET) await flush();
+      };
+      // Chunks are placed a segment at a time. A segment that would read more than
+      // SEGMENT_PACKS stored packs stores the chunks of the packs it needs least again, in the
+      // new pack: otherwise every snapshot would read a pack of each earlier snapshot for the
+      // few chunks it still shares with it, and reads would slow down as a session goes on.
+      let segment: { id: string; chunk: Buffer; known: Located | undefined }[] = [];
+      let segmentBytes = 0;
+      const placeSegment = async (): Promise<void> => {
+        const need = new Map<string, number>();
+        for (const e of segment) if (e.known) need.set(e.known.pack, (need.get(e.known.pack) ?? 0) + e.chunk.length);
+        const keep = new Set([...need].sort((a, b) => b[1] - a[1]).slice(0, SEGMENT_PACKS).map(([name]) => name));
+        for (const e of segment) await place(e.id, e.chunk, e.known && keep.has(e.known.pack) ? e.known : undefined);
+        segment = [];
+        segmentBytes = 0;
+      };
+      const store = async (chunk: Buffer): Promise<void> => {
+        const id = await this.chunkId(tenant, chunk);
+        segment.push({ id, chunk, known: index.get(id) });
+        segmentBytes += chunk.length;
+        if (segmentBytes >= SEGMENT) await placeSegment();
       };
       let buf: Buffer = Buffer.alloc(0);
       for await (const piece of data) {
@@ -265,6 +291,7 @@ export class DedupBlobStore implements BlobStore {
         await store(buf.subarray(0, cut));
         buf = buf.subarray(cut);
       }
+      await placeSegment();
       await flush();
       await Promise.all(storing);
       const manifest: ManifestV2 = { v: 2, size, sha256: whole.digest('hex'), packs, chunks };
@@ -312,10 +339,23 @@ export class DedupBlobStore implements BlobStore {
 
   /** The object's bytes from its packs, runs of adjacent chunks of one pack in one piece. */
   private async *chunksV2(key: string, tenant: string, m: ManifestV2): AsyncGenerator<Buffer> {
+    // A later snapshot's chunks interleave its own pack with those of every earlier snapshot it
+    // shares chunks with: each pack is kept from its first use to its last, so it is read once
+    // (unless the packs in use at once would pass PACKS_HELD bytes: then the least recently used goes).
+    const lastUse = new Map<number, number>();
+    const span = new Map<number, number>();
+    const order: number[] = []; // packs in the order the object first needs them
+    m.chunks.forEach(([, size, p, offset], i) => {
+      if (!lastUse.has(p)) order.push(p);
+      lastUse.set(p, i);
+      span.set(p, Math.max(span.get(p) ?? 0, offset + size));
+    });
     const cache = new Map<number, Promise<Buffer>>();
-    // Packs in the order the object first needs them, so the next one loads while this one is used.
-    const order = [...new Set(m.chunks.map((c) => c[2]))];
-    let next = 0;
+    let held = 0;
+    const forget = (p: number): void => {
+      if (cache.delete(p)) held -= span.get(p) ?? 0;
+    };
+    let next = 0; // the next pack in `order` to load ahead, while the one before it is used
     const load = (p: number): Promise<Buffer> => {
       let b = cache.get(p);
       if (b) {
@@ -338,18 +378,20 @@ export class DedupBlobStore implements BlobStore {
         });
       })();
       b.catch(() => {}); // awaited where used
+      while (cache.size > 0 && held + (span.get(p) ?? 0) > PACKS_HELD) forget(cache.keys().next().value as number);
       cache.set(p, b);
-      while (cache.size > PACK_CACHE) cache.delete(cache.keys().next().value as number);
+      held += span.get(p) ?? 0;
       return b;
     };
     let run: { pack: Buffer; from: number; to: number } | undefined;
-    for (const [id, size, p, offset] of m.chunks) {
+    for (const [i, [id, size, p, offset]] of m.chunks.entries()) {
       if (p === order[next]) {
         next++;
         if (next < order.length && !cache.has(order[next]!)) void load(order[next]!);
       }
       const pack = await load(p);
       if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(size) || offset < 0 || size < 0 || offset + size > pack.length) throw corrupt(key, `chunk ${String(id)} lies outside its pack`);
+      if (lastUse.get(p) === i) forget(p);
       if (run && run.pack === pack && run.to === offset) {
         run.to += size;
         continue;
