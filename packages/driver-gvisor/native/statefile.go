@@ -88,23 +88,51 @@ func inflate(in []byte, out io.Writer) error {
 	binary.BigEndian.PutUint32(n[:4], uint32(head))
 	bw.Write(n[:4])
 	bw.Write(in[:head])
+	// Blocks are found first, then decompressed and checked on every CPU at once, then written in order.
+	type block struct {
+		comp, raw []byte
+	}
+	var blocks []block
 	off := head
 	for off+4 <= len(in) {
 		l := int(binary.BigEndian.Uint32(in[off:]))
 		if l > maxBlock || off+4+l > len(in) {
 			break
 		}
-		comp := in[off+4 : off+4+l]
-		kind, data := byte(0), comp
-		if raw, err := io.ReadAll(io.LimitReader(flate.NewReader(bytes.NewReader(comp)), maxBlock+1)); err == nil && len(raw) <= maxBlock {
-			if again, err := recompress(raw); err == nil && bytes.Equal(again, comp) {
-				kind, data = 1, raw
+		blocks = append(blocks, block{comp: in[off+4 : off+4+l]})
+		off += 4 + l
+	}
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < runtime.NumCPU(); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				b := &blocks[i]
+				raw, err := io.ReadAll(io.LimitReader(flate.NewReader(bytes.NewReader(b.comp)), maxBlock+1))
+				if err != nil || len(raw) > maxBlock {
+					continue
+				}
+				if again, err := recompress(raw); err == nil && bytes.Equal(again, b.comp) {
+					b.raw = raw
+				}
 			}
+		}()
+	}
+	for i := range blocks {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	for _, b := range blocks {
+		kind, data := byte(0), b.comp
+		if b.raw != nil {
+			kind, data = 1, b.raw
 		}
 		if err := record(bw, kind, data); err != nil {
 			return err
 		}
-		off += 4 + l
 	}
 	if off < len(in) {
 		if err := record(bw, 2, in[off:]); err != nil {
