@@ -8,7 +8,7 @@
  *
  * New chunks are not stored one object each (thousands of tiny encrypted objects, each with
  * its own wrapped data key, would cost more than they save) but gathered into **packs** of up
- * to 4 MiB: a pack is deflate-compressed as a whole and stored as one object of the inner store
+ * to 4 MiB: a pack is compressed as a whole (brotli) and stored as one object of the inner store
  * under `chunks/<tenant>/p<random>` — encrypted there with its own data key, its associated data
  * naming it, so a pack cannot be altered or swapped for another. The object itself becomes a
  * manifest listing its chunks (id, size, pack, offset), compressed. Reads check the whole against the
@@ -49,6 +49,8 @@ const MASK_L = 0xffc00000;
 /** Manifests since v2: this prefix, then the JSON brotli-compressed (first-version ones are plain JSON). */
 const MANIFEST_V2 = Buffer.from('SPACEMF2');
 const MANIFEST_COMPRESSION = { params: { [zlib.constants.BROTLI_PARAM_QUALITY]: 5 } };
+/** Where the objects (manifests) of a tenant are, `<kind>/<tenant>/<id>`: read to index its chunks. */
+const MANIFEST_KINDS = ['snapshots', 'templates'];
 /** Raw chunk bytes gathered into one pack before it is compressed and stored. */
 export const PACK_TARGET = 4 << 20;
 /** How long a newly written object counts as live without being named to {@link DedupBlobStore.gc}. */
@@ -183,13 +185,14 @@ export class DedupBlobStore implements BlobStore {
     for (const [id, size, p, offset] of m.chunks) index.set(id, { pack: m.packs[p]!, offset, size });
   }
 
-  /** The tenant's chunk index, read from its manifests under `prefix` the first time. */
-  private index(tenant: string, prefix: string): Promise<Map<string, Located>> {
+  /** The tenant's chunk index, read from its manifests the first time (a collection rebuilds it). */
+  private index(tenant: string): Promise<Map<string, Located>> {
     let ix = this.indexes.get(tenant);
     if (!ix) {
       ix = (async () => {
         const index = new Map<string, Located>();
-        for (const k of (await this.inner.list?.(prefix)) ?? []) {
+        const keys = (await Promise.all(MANIFEST_KINDS.map(async (kind) => (await this.inner.list?.(`${kind}/${tenant}`)) ?? []))).flat();
+        for (const k of keys) {
           // A manifest that cannot be read only means its chunks are not reused.
           const m = await this.manifest(k).catch(() => undefined);
           if (m) DedupBlobStore.learn(index, m);
@@ -207,7 +210,7 @@ export class DedupBlobStore implements BlobStore {
     this.writers++;
     try {
       const tenant = tenantOfKey(key);
-      const index = await this.index(tenant, key.split('/').slice(0, 2).join('/'));
+      const index = await this.index(tenant);
       const whole = createHash('sha256');
       const packs: string[] = [];
       const packNo = new Map<string, number>();

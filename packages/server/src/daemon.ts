@@ -114,6 +114,9 @@ async function snapshotKeys(store: MetadataStore): Promise<string[]> {
 /**
  * Where the runtime restores template images from: a working copy in RAM (tmpfs), never on
  * disk; the durable copy is encrypted in the blob store. One directory per data directory.
+ *
+ * @example
+ * templateImagesDir('/var/lib/space') // '/dev/shm/spaced-<12 hex>/template-images'
  */
 export function templateImagesDir(dataDir: string): string {
   return path.join('/dev/shm', `spaced-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 12)}`, 'template-images');
