@@ -60,7 +60,11 @@ export interface Snapshot {
   name?: string;
   trigger: SnapshotTrigger;
   createdAt: string;
-  /** Stored bytes. */
+  /**
+   * Size of the snapshot's contents: the runtime's image as the snapshot store receives it
+   * (for gVisor decompressed), before deduplication and compression — what it adds to the
+   * disk is usually much less (docs/benchmarks.md).
+   */
   sizeBytes: number;
   /** The snapshot the sandbox was last restored from, if any (lineage). */
   parentSnapshotId?: string;
