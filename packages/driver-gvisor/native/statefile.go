@@ -58,6 +58,26 @@ func recompress(raw []byte) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// parallel runs f(i) for every i in [0, n) on every CPU, and returns when all are done.
+func parallel(n int, f func(i int)) {
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < runtime.NumCPU(); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				f(i)
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
 func record(w io.Writer, kind byte, data []byte) error {
 	var h [5]byte
 	h[0] = kind
@@ -102,29 +122,16 @@ func inflate(in []byte, out io.Writer) error {
 		blocks = append(blocks, block{comp: in[off+4 : off+4+l]})
 		off += 4 + l
 	}
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for w := 0; w < runtime.NumCPU(); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				b := &blocks[i]
-				raw, err := io.ReadAll(io.LimitReader(flate.NewReader(bytes.NewReader(b.comp)), maxBlock+1))
-				if err != nil || len(raw) > maxBlock {
-					continue
-				}
-				if again, err := recompress(raw); err == nil && bytes.Equal(again, b.comp) {
-					b.raw = raw
-				}
-			}
-		}()
-	}
-	for i := range blocks {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	parallel(len(blocks), func(i int) {
+		b := &blocks[i]
+		raw, err := io.ReadAll(io.LimitReader(flate.NewReader(bytes.NewReader(b.comp)), maxBlock+1))
+		if err != nil || len(raw) > maxBlock {
+			return
+		}
+		if again, err := recompress(raw); err == nil && bytes.Equal(again, b.comp) {
+			b.raw = raw
+		}
+	})
 	for _, b := range blocks {
 		kind, data := byte(0), b.comp
 		if b.raw != nil {
@@ -197,24 +204,11 @@ func deflate(r io.Reader, out io.Writer) error {
 		recs = append(recs, rec{rh[0], data})
 	}
 	errs := make([]error, len(recs))
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for w := 0; w < runtime.NumCPU(); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				recs[i].data, errs[i] = recompress(recs[i].data)
-			}
-		}()
-	}
-	for i := range recs {
+	parallel(len(recs), func(i int) {
 		if recs[i].kind == 1 {
-			next <- i
+			recs[i].data, errs[i] = recompress(recs[i].data)
 		}
-	}
-	close(next)
-	wg.Wait()
+	})
 	for i, r := range recs {
 		if errs[i] != nil {
 			return errs[i]
