@@ -84,36 +84,30 @@ try {
     for (let o = 0; o < SIZE; o += 1 << 20) yield data.subarray(o, o + (1 << 20));
   })());
   const sink = () => new Writable({ write(_c, _e, cb) { cb(); } });
-  const gbps = (ms) => SIZE / 1e9 / (ms / 1000);
   const stores = { plain: plainStore, enc: encStore, mem: memStore, plainDedup, encDedup };
+  /** Writes `src()` (`bytes` long) to `s` and reads it back, each timed into `into` (GB/s), then deletes it. */
+  const roundTrip = async (s, key, src, bytes, into) => {
+    const rate = (t0) => bytes / 1e9 / ((performance.now() - t0) / 1000);
+    let t = performance.now();
+    await s.put(key, src());
+    into.put.push(rate(t));
+    t = performance.now();
+    await pipeline(await s.get(key), sink());
+    into.get.push(rate(t));
+    await s.delete(key);
+  };
   const rows = Object.fromEntries(Object.keys(stores).map((k) => [k, { put: [], get: [] }]));
   for (let i = 0; i < N; i++) {
-    for (const [name, s] of Object.entries(stores)) {
-      let t = performance.now();
-      await s.put(`snapshots/t1/o${i}`, source());
-      rows[name].put.push(gbps(performance.now() - t));
-      t = performance.now();
-      await pipeline(await s.get(`snapshots/t1/o${i}`), sink());
-      rows[name].get.push(gbps(performance.now() - t));
-      await s.delete(`snapshots/t1/o${i}`);
-    }
+    for (const [name, s] of Object.entries(stores)) await roundTrip(s, `snapshots/t1/o${i}`, source, SIZE, rows[name]);
     await plainDedup.gc([]);
     await encDedup.gc([]);
   }
   // A real checkpoint image through the snapshot store: what snapshots actually write and read.
   const real = { plainDedup: { put: [], get: [] }, encDedup: { put: [], get: [] } };
-  const rgbps = (ms) => realImage.length / 1e9 / (ms / 1000);
   for (let i = 0; i < 5 * N; i++) {
     for (const name of ['plainDedup', 'encDedup']) {
-      const s = stores[name];
-      let t = performance.now();
-      await s.put(`snapshots/t1/r${i}`, Readable.from([realImage]));
-      real[name].put.push(rgbps(performance.now() - t));
-      t = performance.now();
-      await pipeline(await s.get(`snapshots/t1/r${i}`), sink());
-      real[name].get.push(rgbps(performance.now() - t));
-      await s.delete(`snapshots/t1/r${i}`);
-      await s.gc([]);
+      await roundTrip(stores[name], `snapshots/t1/r${i}`, () => Readable.from([realImage]), realImage.length, real[name]);
+      await stores[name].gc([]);
     }
   }
   const f = (x) => x.toFixed(2);

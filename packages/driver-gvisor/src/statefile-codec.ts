@@ -6,27 +6,12 @@
  * with) compresses it back to the very same bytes, and rebuilds the file on restore, checked
  * against the original's SHA-256.
  */
-import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { SpaceError, type ImageFileCodec } from '@space/core';
+import { SpaceError, run, tryRun, type ImageFileCodec } from '@space/core';
 
 /** The helper built from native/statefile.go by `npm run build`. */
 export const STATEFILE_HELPER = fileURLToPath(new URL('./space-statefile', import.meta.url));
-
-interface Outcome {
-  code: number;
-  stderr: string;
-}
-
-function helper(bin: string, args: string[], timeoutMs: number): Promise<Outcome> {
-  return new Promise((resolve) => {
-    execFile(bin, args, { timeout: timeoutMs, killSignal: 'SIGKILL' }, (err, _out, stderr) => {
-      const code = err ? (typeof err.code === 'number' ? err.code : -1) : 0;
-      resolve({ code, stderr: (stderr || err?.message || '').trim() });
-    });
-  });
-}
 
 /**
  * The gVisor driver's {@link ImageFileCodec}.
@@ -53,12 +38,13 @@ export class StatefileCodec implements ImageFileCodec {
   /** Never fails a snapshot: anything the helper cannot do is stored as runsc wrote it. */
   async encode(src: string, dest: string): Promise<boolean> {
     if (!this.available()) return false;
-    return (await helper(this.bin, ['inflate', src, dest], this.timeoutMs)).code === 0;
+    return (await tryRun(this.bin, ['inflate', src, dest], this.timeoutMs)) !== undefined;
   }
 
   async decode(src: string, dest: string): Promise<void> {
     if (!this.available()) throw new SpaceError('DRIVER_UNAVAILABLE', `${this.bin} is missing, and this snapshot's image is stored decompressed; rebuild SPACE (npm run build, which needs golang-go)`);
-    const r = await helper(this.bin, ['deflate', src, dest], this.timeoutMs);
-    if (r.code !== 0) throw new SpaceError('SNAPSHOT_CORRUPT', `the stored checkpoint image does not rebuild: ${r.stderr || `exit ${r.code}`}`);
+    await run(this.bin, ['deflate', src, dest], this.timeoutMs).catch((err: unknown) => {
+      throw new SpaceError('SNAPSHOT_CORRUPT', `the stored checkpoint image does not rebuild: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    });
   }
 }
