@@ -19,3 +19,6 @@ await build({
 // The static helper for what Node cannot do (sethostname, dropping a capability before exec).
 import { execFileSync } from 'node:child_process';
 execFileSync('cc', ['-static', '-Os', '-s', '-Wall', '-Werror', '-o', here + 'dist/space-helper', here + 'native/helper.c'], { stdio: 'inherit' });
+
+// The compatibility shim preloaded into gVisor sandboxes' programs (native/compat.c says why).
+execFileSync('cc', ['-shared', '-fPIC', '-O2', '-s', '-nostdlib', '-fno-stack-protector', '-Wall', '-Werror', '-o', here + 'dist/libspace-compat.so', here + 'native/compat.c'], { stdio: 'inherit' });

@@ -22,12 +22,14 @@ import {
   type SerialOpen,
   TRUST_FILES,
 } from '@space/protocol';
-import { appendFileSync, mkdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { appendFileSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import { execFileSync } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import { SerialPort, type SerialConnection } from './serial.js';
 import * as files from './files.js';
 import { snapshotBlockers } from './snapshot.js';
-import { AgentError, ProcessTable, setHostname, type Proc } from './processes.js';
+import { AgentError, ProcessTable, kernelFiles, setHostname, startSudoBroker, type Proc } from './processes.js';
 import { Stream, type FrameSink } from './streams.js';
 
 /** Which sandbox this agent serves; a fork learns its new id from the daemon. */
@@ -47,7 +49,11 @@ const RUNTIME_ENV = ['PATH', 'LANG'];
 async function takeIdentity(req: IdentityRequest): Promise<void> {
   if (typeof req.sandboxId !== 'string' || !/^[a-z0-9]{1,64}$/.test(req.sandboxId)) throw new AgentError('BAD_REQUEST', 'sandboxId must be [a-z0-9]{1,64}');
   if (req.hostname !== undefined && (typeof req.hostname !== 'string' || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(req.hostname))) throw new AgentError('BAD_REQUEST', 'hostname must be [a-z0-9-]{1,63}');
-  if (req.hostname) await setHostname(req.hostname);
+  if (req.hostname) {
+    await setHostname(req.hostname);
+    hostsEntry(req.hostname);
+  }
+  if (req.sandboxId !== sandboxId) kernelFiles(randomUUID());
   sandboxId = req.sandboxId;
   if (req.env && typeof req.env === 'object') {
     for (const k of Object.keys(baseEnv)) if (!RUNTIME_ENV.includes(k)) delete baseEnv[k];
@@ -55,6 +61,20 @@ async function takeIdentity(req: IdentityRequest): Promise<void> {
   }
   baseEnv.SPACE_SANDBOX_ID = sandboxId;
   if (req.trust !== undefined) trust(req.trust);
+}
+
+/**
+ * Keeps the sandbox's hostname in /etc/hosts (`127.0.1.1 NAME`), as Docker does: sudo, Python's
+ * getfqdn and many servers resolve their own host name, and a sandbox has no DNS.
+ */
+function hostsEntry(hostname: string): void {
+  const MARK = '# space: hostname';
+  try {
+    const lines = readFileSync('/etc/hosts', 'utf8').split('\n').filter((l) => !l.endsWith(MARK) && l !== '');
+    writeFileSync('/etc/hosts', [...lines, `127.0.1.1\t${hostname}\t${MARK}`, ''].join('\n'));
+  } catch (err) {
+    log('cannot add the hostname to /etc/hosts', err);
+  }
 }
 
 /** The egress CA this agent has installed (a sandbox belongs to one tenant: at most one). */
@@ -348,6 +368,11 @@ function applyOpen(open: SerialOpen): void {
 process.on('uncaughtException', (err) => log('uncaught exception', err));
 process.on('unhandledRejection', (err) => log('unhandled rejection', err));
 process.on('SIGTERM', () => process.exit(0));
+// A first boot (not a restore: the agent's memory is the image's then) on a runtime without
+// /proc/sys/kernel/random gets one, with a boot_id (tools such as E2B's read it).
+if (!serialPath) kernelFiles(randomUUID(), true);
+hostsEntry(hostname());
+startSudoBroker();
 if (serialPath) {
   new SerialPort(serialPath, (link, open) => {
     applyOpen(open);

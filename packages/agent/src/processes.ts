@@ -4,8 +4,10 @@
  * steal the first one's output); the slowest attached reader paces the process. While no
  * stream is attached, a background process's output is kept in a bounded tail buffer.
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { accessSync, constants as fsc, existsSync } from 'node:fs';
+import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { accessSync, chmodSync, constants as fsc, existsSync, rmSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import net from 'node:net';
 import path from 'node:path';
 import { AGENT_RUNTIME_DIR } from '@space/protocol';
 import { createRequire } from 'node:module';
@@ -17,7 +19,15 @@ const TAIL_BYTES = 64 * 1024;
 /** While set (around a checkpoint), losing a stream does not kill a foreground process. */
 let keepForeground = false;
 const KEEP_EXITED = 100;
-const SIGNALS = new Set(['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP', 'SIGQUIT', 'SIGUSR1', 'SIGUSR2', 'SIGSTOP', 'SIGCONT', 'SIGWINCH']);
+const SIGNALS = new Set(['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP', 'SIGQUIT', 'SIGUSR1', 'SIGUSR2', 'SIGSTOP', 'SIGCONT', 'SIGWINCH', 'SIGTSTP']);
+
+/**
+ * Whether the agent must turn ^C, ^\ and ^Z typed on a terminal into signals: the gVisor
+ * driver says so (that runsc's line discipline never does); a real kernel does it itself.
+ */
+const PTY_SIGNALS = process.env.SPACE_PTY_SIGNALS === 'agent';
+/** The default VINTR, VQUIT and VSUSP characters; the watcher checks them against the terminal's. */
+const TTY_CONTROL = new Set([0x03, 0x1c, 0x1a]);
 
 interface PtyLike {
   pid: number;
@@ -64,9 +74,10 @@ export class Proc {
   constructor(req: ExecRequest, baseEnv: Record<string, string>) {
     const user = resolveUser(req.user);
     if (!user) throw new AgentError('BAD_REQUEST', `Unknown user ${JSON.stringify(req.user)} in this sandbox`);
-    const argv = req.argv?.length ? req.argv : ['/bin/sh', '-c', req.shell ?? ''];
+    // A terminal asked for without a program gets the user's login shell, as ssh gives.
+    const argv = req.argv?.length ? req.argv : req.shell !== undefined ? ['/bin/sh', '-c', req.shell] : [user.shell, '-l'];
     const cwd = req.cwd ?? user.home;
-    const env = { ...baseEnv, HOME: user.home, USER: user.name, LOGNAME: user.name, ...(req.env ?? {}) };
+    const env = { ...baseEnv, HOME: user.home, USER: user.name, LOGNAME: user.name, SHELL: user.shell, ...(req.env ?? {}) };
     this.info = {
       pid: 0,
       argv,
@@ -83,7 +94,16 @@ export class Proc {
     const cmd = user.uid === 0 ? rootArgv(argv, (env as Record<string, string | undefined>).PATH) : argv;
     if (req.pty) {
       this.openOutputs = 0;
-      const p = loadPty().spawn(cmd[0]!, cmd.slice(1), { name: 'xterm-256color', cols: req.pty.cols, rows: req.pty.rows, cwd, env: { TERM: 'xterm-256color', ...env }, uid: user.uid, gid: user.gid, encoding: null });
+      // Where the runtime's terminals do not signal, the program starts through `ptyexec`,
+      // which leaves a watcher in its session to do it (see writeWithSignals).
+      let ptyCmd = cmd;
+      let ptyEnv: Record<string, string> = { TERM: 'xterm-256color', ...env };
+      if (PTY_SIGNALS && hasHelper) {
+        this.watchToken = addWatcher(this);
+        ptyCmd = [HELPER, 'ptyexec', ...cmd];
+        ptyEnv = { ...ptyEnv, SPACE_PTY_SOCK: WATCHER_SOCK, SPACE_PTY_TOKEN: this.watchToken };
+      }
+      const p = loadPty().spawn(ptyCmd[0]!, ptyCmd.slice(1), { name: 'xterm-256color', cols: req.pty.cols, rows: req.pty.rows, cwd, env: ptyEnv, uid: user.uid, gid: user.gid, encoding: null });
       this.pty = p;
       this.info.pid = p.pid;
       p.onData((d) => this.output(Channel.Pty, typeof d === 'string' ? Buffer.from(d) : d));
@@ -150,11 +170,46 @@ export class Proc {
     if (!this.info.running && this.openOutputs === 0) this.finish();
   }
 
+  /** Terminal input waiting behind a control character the watcher is looking at. */
+  private ptyInput: Promise<void> | undefined;
+  /** This terminal's watcher, where the agent does the terminal's signals. */
+  private watchToken?: string;
+
   /** Writes to stdin (or the PTY). */
   write(data: Buffer): void {
-    if (this.pty) this.pty.write(data);
-    else if (this.child?.stdin) this.child.stdin.write(data);
+    if (this.pty) {
+      if (!this.watchToken || (!this.ptyInput && !data.some((b) => TTY_CONTROL.has(b)))) return this.pty.write(data);
+      const prev = this.ptyInput ?? Promise.resolve();
+      const next = prev.then(() => this.writeWithSignals(data)).catch(() => {});
+      this.ptyInput = next;
+      void next.finally(() => {
+        if (this.ptyInput === next) this.ptyInput = undefined;
+      });
+      return;
+    }
+    if (this.child?.stdin) this.child.stdin.write(data);
     else throw new AgentError('BAD_REQUEST', 'This process was started without stdin: pass stdin: true');
+  }
+
+  /**
+   * Terminal input on a runtime whose line discipline does not signal: plain bytes go in as
+   * they are; each control character is shown to the terminal's watcher, which does what a
+   * kernel's n_tty would (signal the foreground group; or nothing when ISIG is off or the
+   * terminal maps that character to nothing, as an editor in raw mode does: then the byte
+   * goes in as input).
+   */
+  private async writeWithSignals(data: Buffer): Promise<void> {
+    let from = 0;
+    for (let i = 0; i < data.length; i++) {
+      const byte = data[i]!;
+      if (!TTY_CONTROL.has(byte)) continue;
+      if (i > from) this.pty?.write(data.subarray(from, i));
+      from = i + 1;
+      const answer = this.info.running && this.watchToken ? await askWatcher(this.watchToken, byte) : 0;
+      if (answer === 0) this.pty?.write(data.subarray(i, i + 1));
+      else if (answer === 2) this.output(Channel.Pty, Buffer.from(`^${String.fromCharCode(byte + 0x40)}`));
+    }
+    if (from < data.length) this.pty?.write(data.subarray(from));
   }
 
   closeStdin(): void {
@@ -222,6 +277,7 @@ export class Proc {
 
   private exit(code: number | null, sig: string | null): void {
     clearTimeout(this.timer);
+    if (this.watchToken) dropWatcher(this.watchToken);
     this.exited = true;
     this.info.running = false;
     this.info.exitCode = code;
@@ -307,6 +363,127 @@ function rootArgv(argv: string[], pathVar: string | undefined): string[] {
   const found = prog.includes('/') ? isExecutable(prog) : (pathVar ?? '').split(':').some((d) => d && isExecutable(path.join(d, prog)));
   if (!found) throw new AgentError('COMMAND_FAILED_TO_START', `Cannot start ${JSON.stringify(prog)}: ENOENT (no such program or cwd)`);
   return [HELPER, 'exec', ...argv];
+}
+
+/** Terminals' watchers (see `ptyexec` in native/helper.c), by the token their program got. */
+const watchers = new Map<string, { proc: Proc; socket?: net.Socket; waiting: ((s: net.Socket | undefined) => void)[] }>();
+let watcherServer: net.Server | undefined;
+/** Where watchers connect: an in-sandbox unix socket (snapshots keep it; nothing host-side). */
+const WATCHER_SOCK = '/run/space-pty.sock';
+
+/** Listens for watchers once; later calls are free. */
+function ensureWatcherServer(): void {
+  if (watcherServer) return;
+  rmSync(WATCHER_SOCK, { force: true });
+  const server = net.createServer((s) => {
+    let hello = '';
+    const onData = (d: Buffer) => {
+      hello += d.toString('latin1');
+      const nl = hello.indexOf('\n');
+      if (nl < 0) {
+        if (hello.length > 80) s.destroy();
+        return;
+      }
+      s.off('data', onData);
+      const w = watchers.get(hello.slice(0, nl));
+      if (!w || w.socket) return void s.destroy();
+      w.socket = s;
+      s.on('error', () => {});
+      s.on('close', () => {
+        if (w.socket === s) w.socket = undefined;
+      });
+      for (const f of w.waiting.splice(0)) f(s);
+    };
+    s.on('data', onData);
+    s.on('error', () => {});
+  });
+  server.on('error', (err) => process.stderr.write(`space-agent: terminal signals unavailable: ${err.message}\n`));
+  server.listen(WATCHER_SOCK, () => {
+    try {
+      chmodSync(WATCHER_SOCK, 0o666);
+    } catch {
+      // then only root's terminals get signals
+    }
+  });
+  watcherServer = server;
+}
+
+/** Registers a terminal's program; returns the token its watcher will present. */
+function addWatcher(proc: Proc): string {
+  ensureWatcherServer();
+  const token = randomBytes(16).toString('hex');
+  watchers.set(token, { proc, waiting: [] });
+  return token;
+}
+
+/** Forgets a terminal's watcher (its program ended); the watcher exits when the socket closes. */
+function dropWatcher(token: string): void {
+  const w = watchers.get(token);
+  watchers.delete(token);
+  w?.socket?.destroy();
+  for (const f of w?.waiting.splice(0) ?? []) f(undefined);
+}
+
+/**
+ * Asks a terminal's watcher what a kernel would do with control character `byte`: 0 pass
+ * it on, 1 it signalled the foreground group, 2 that and echo it. A watcher that has not
+ * connected within a second, or does not answer, counts as 0.
+ */
+async function askWatcher(token: string, byte: number): Promise<number> {
+  const w = watchers.get(token);
+  if (!w) return 0;
+  const s = w.socket ?? (await new Promise<net.Socket | undefined>((resolve) => {
+    const t = setTimeout(() => resolve(undefined), 1000);
+    w.waiting.push((sock) => {
+      clearTimeout(t);
+      resolve(sock);
+    });
+  }));
+  if (!s || s.destroyed) return 0;
+  return new Promise((resolve) => {
+    const done = (v: number) => {
+      clearTimeout(t);
+      s.off('data', onData);
+      s.off('close', onClose);
+      resolve(v);
+    };
+    const onData = (d: Buffer) => done(Math.max(0, Math.min(2, d[0]! - 0x30)));
+    const onClose = () => done(0);
+    const t = setTimeout(() => done(0), 1000);
+    s.on('data', onData);
+    s.once('close', onClose);
+    s.write(Buffer.from([byte]));
+  });
+}
+
+/**
+ * Where the runtime lacks /proc/sys/kernel/random (this runsc), has the helper make it with a
+ * `boot_id`; on a new identity, gives it a new one. No-op on a kernel that has its own.
+ */
+export function kernelFiles(bootId: string, sync = false): void {
+  if (!hasHelper) return;
+  if (sync) {
+    try {
+      execFileSync(HELPER, ['kernelfiles', bootId], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 5000 });
+    } catch (err) {
+      process.stderr.write(`space-agent: ${(err as { stderr?: Buffer }).stderr?.toString().trim() || String(err)}\n`);
+    }
+    return;
+  }
+  execFile(HELPER, ['kernelfiles', bootId], { timeout: 5000 }, (err, _o, stderr) => {
+    if (err) process.stderr.write(`space-agent: ${stderr.trim() || err.message}\n`);
+  });
+}
+
+/**
+ * Starts the sudo broker (`space-helper sudod`: root commands for members of group sudo, on
+ * a runtime that never honours set-id bits) when the driver asks for it.
+ */
+export function startSudoBroker(): void {
+  if (!hasHelper || process.env.SPACE_SUDO !== 'broker') return;
+  const child = spawn(HELPER, ['sudod'], { detached: true, stdio: ['ignore', 'ignore', 'inherit'] });
+  child.on('error', (err) => process.stderr.write(`space-agent: cannot start the sudo broker: ${err.message}\n`));
+  child.unref();
 }
 
 /** Sets the sandbox's hostname (the agent holds the capability for it; its children do not). */

@@ -296,11 +296,11 @@ program
   .command('shell <id>')
   .description('open an interactive terminal in a sandbox')
   .option('-u, --user <user>', 'user name or uid')
-  .option('--cmd <program>', 'program to run', '/bin/sh')
-  .action(async (id: string, o: { user?: string; cmd: string }) => {
+  .option('--cmd <program>', "program to run (default: the user's login shell, as a login shell)")
+  .action(async (id: string, o: { user?: string; cmd?: string }) => {
     const sb = await Sandbox.connect(id, connection());
     const stdin = process.stdin;
-    const t = await sb.pty.create({ cols: process.stdout.columns ?? 80, rows: process.stdout.rows ?? 24, cmd: [o.cmd, '-l'], ...(o.user ? { user: o.user } : {}), onData: (d) => process.stdout.write(d) });
+    const t = await sb.pty.create({ cols: process.stdout.columns ?? 80, rows: process.stdout.rows ?? 24, ...(o.cmd ? { cmd: [o.cmd, '-l'] } : {}), ...(o.user ? { user: o.user } : {}), onData: (d) => process.stdout.write(d) });
     if (stdin.isTTY) stdin.setRawMode(true);
     stdin.on('data', (d: Buffer) => void t.sendInput(d).catch(() => {}));
     process.stdout.on('resize', () => void t.resize(process.stdout.columns, process.stdout.rows).catch(() => {}));

@@ -124,8 +124,11 @@ export class TemplateService {
     for (const name of this.opts.rootfs.builtins) {
       const cur = await this.opts.store.getTemplate('', name);
       const poolSize = this.opts.builtinPools?.[name] ?? cur?.poolSize ?? 0;
-      if (!cur || cur.poolSize !== poolSize) {
-        await this.opts.store.putTemplate({ ...(cur ?? { name, tenantId: '', state: 'ready', source: { type: 'builtin' }, key: this.opts.rootfs.builtinKey(name), env: {}, createdAt: new Date().toISOString() }), poolSize });
+      const key = this.opts.rootfs.builtinKey(name);
+      if (!cur || cur.poolSize !== poolSize || cur.key !== key) {
+        // A new release's built-in (another key) is built on first use; the old one's files go.
+        if (cur && cur.key !== key) await this.opts.rootfs.remove(cur.key);
+        await this.opts.store.putTemplate({ ...(cur ?? { name, tenantId: '', state: 'ready', source: { type: 'builtin' }, env: {}, createdAt: new Date().toISOString() }), key, poolSize });
       }
     }
     for (const t of await this.opts.store.listTemplates()) {

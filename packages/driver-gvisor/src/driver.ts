@@ -12,9 +12,9 @@ import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { SpaceError, randomString, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
-import { AGENT_BUNDLE, AGENT_HELPER } from '@space/agent';
+import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
-import { AGENT_ARGV, ensureRuntime } from '@space/core';
+import { AGENT_ARGV, RUNTIME, ensureRuntime } from '@space/core';
 import { StatefileCodec } from './statefile-codec.js';
 
 /** Options of {@link GvisorDriver}. */
@@ -96,7 +96,7 @@ export class GvisorDriver implements SandboxDriver {
   async init(): Promise<void> {
     await fs.mkdir(this.stateDir, { recursive: true, mode: 0o700 });
     await fs.mkdir(this.boxesDir, { recursive: true, mode: 0o700 });
-    this.runtimeDir = await ensureRuntime(path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, AGENT_HELPER);
+    this.runtimeDir = await ensureRuntime(path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, [AGENT_HELPER, AGENT_COMPAT_LIB]);
   }
 
   async doctor(): Promise<DriverReport> {
@@ -245,6 +245,10 @@ export class GvisorDriver implements SandboxDriver {
     await this.opts.network?.attach(spec.id, b.netns, SANDBOX_IF);
     signal?.throwIfAborted();
     const nproc = this.opts.maxProcesses ?? Math.min(1024, Math.max(32, Math.floor(spec.memoryMb / 4)));
+    const preload = path.join(b.dir, 'ld.so.preload');
+    await fs.writeFile(preload, await preloadList(rootfs), { mode: 0o644 });
+    // The image's own sudo cannot work here (no set-id): SPACE's client takes its place.
+    const sudo = existsSync(path.join(rootfs, 'usr/bin/sudo'));
     const config = {
       ociVersion: '1.0.0',
       process: {
@@ -257,6 +261,10 @@ export class GvisorDriver implements SandboxDriver {
           ...Object.entries(spec.env).map(([k, v]) => `${k}=${v}`),
           `SPACE_SANDBOX_ID=${spec.id}`,
           `SPACE_AGENT_SOCKET=${AGENT_SOCKET_DIR}/${AGENT_SOCKET_NAME}`,
+          // This runsc's terminals never turn ^C, ^Z, ^\ into signals: the agent does (processes.ts).
+          'SPACE_PTY_SIGNALS=agent',
+          // ...and it never honours set-id bits: where the image has sudo, the agent runs a broker.
+          ...(sudo ? ['SPACE_SUDO=broker'] : []),
         ],
         cwd: '/',
         capabilities: Object.fromEntries(['bounding', 'effective', 'inheritable', 'permitted'].map((k) => [k, CAPS])),
@@ -264,6 +272,7 @@ export class GvisorDriver implements SandboxDriver {
           { type: 'RLIMIT_NOFILE', hard: 65536, soft: 65536 },
           { type: 'RLIMIT_NPROC', hard: nproc, soft: nproc },
         ],
+        // This runsc never honours set-id bits anyway; `sudo` works through the agent's broker.
         noNewPrivileges: true,
       },
       root: { path: rootfs, readonly: false },
@@ -275,6 +284,8 @@ export class GvisorDriver implements SandboxDriver {
         { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
         { destination: AGENT_RUNTIME_DIR, type: 'bind', source: this.runtimeDir, options: ['rbind', 'ro'] },
         { destination: AGENT_SOCKET_DIR, type: 'bind', source: b.sock, options: ['rbind', 'rw'] },
+        { destination: '/etc/ld.so.preload', type: 'bind', source: preload, options: ['rbind', 'ro'] },
+        ...(sudo ? [{ destination: '/usr/bin/sudo', type: 'bind', source: path.join(this.runtimeDir, 'space-helper'), options: ['rbind', 'ro'] }] : []),
       ],
       linux: {
         namespaces: [{ type: 'pid' }, { type: 'network', path: `/var/run/netns/${b.netns}` }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }],
@@ -427,4 +438,14 @@ export class GvisorDriver implements SandboxDriver {
     for (const s of this.servers.values()) s.close();
     this.servers.clear();
   }
+}
+
+/**
+ * The sandbox's `/etc/ld.so.preload`: SPACE's compatibility shim first (statx without
+ * AT_NO_AUTOMOUNT, which this runsc rejects; see `packages/agent/native/compat.c`), then what
+ * the template's own file lists, so an image that preloads a library keeps it.
+ */
+async function preloadList(rootfs: string): Promise<string> {
+  const own = await fs.readFile(path.join(rootfs, 'etc', 'ld.so.preload'), 'utf8').catch(() => '');
+  return `${RUNTIME.compatLib}\n${own}`;
 }

@@ -18,7 +18,7 @@ import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { SpaceError, randomString, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
 import { SERIAL_OPEN_MAGIC, type SerialOpen } from '@space/protocol';
-import { AGENT_BUNDLE, AGENT_HELPER } from '@space/agent';
+import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 import { GuestBuilder } from './guest.js';
 import { qmp } from './qmp.js';
 
@@ -151,7 +151,7 @@ export class MicrovmDriver implements SandboxDriver {
     await fs.mkdir(this.boxesDir, { recursive: true, mode: 0o700 });
     const user = this.opts.vmmUser === undefined ? 'space-vmm' : this.opts.vmmUser;
     if (user) this.vmmUser = await ensureSystemUser(user);
-    this.runtimeDir = await ensureRuntime(this.opts.runtimeDir ?? path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, AGENT_HELPER);
+    this.runtimeDir = await ensureRuntime(this.opts.runtimeDir ?? path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, [AGENT_HELPER, AGENT_COMPAT_LIB]);
     // Fails here (not at the first create) when QEMU, the kernel or the asked-for KVM cannot be had.
     await this.guest.kernel();
     await this.accel();

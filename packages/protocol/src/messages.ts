@@ -62,7 +62,10 @@ export interface ProcessExitEvent {
   signal: string | null;
 }
 
-/** Options of a process start. Exactly one of `argv` or `shell` is given. */
+/**
+ * Options of a process start. Exactly one of `argv` or `shell` is given, except for a
+ * terminal (`pty`): with neither, it runs the user's login shell from /etc/passwd with `-l`.
+ */
 export interface ExecRequest {
   op: 'exec';
   argv?: string[];

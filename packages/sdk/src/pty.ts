@@ -9,7 +9,7 @@ export interface PtyCreateOpts {
   rows: number;
   /** Terminal output (raw bytes). */
   onData: (data: Uint8Array) => void;
-  /** Program to run. @default ["/bin/sh", "-l"] */
+  /** Program and arguments to run. @default the user's login shell from /etc/passwd, as a login shell (`-l`) */
   cmd?: string[];
   env?: Record<string, string>;
   cwd?: string;
@@ -52,7 +52,7 @@ export class Pty {
   /** Starts a program on a new PTY; output goes to `onData`. */
   async create(opts: PtyCreateOpts): Promise<PtyHandle> {
     const res = await this.api.request('POST', `/v1/sandboxes/${this.sandboxId}/commands`, {
-      json: { argv: opts.cmd ?? ['/bin/sh', '-l'], pty: { cols: opts.cols, rows: opts.rows }, ...(opts.env ? { env: opts.env } : {}), ...(opts.cwd ? { cwd: opts.cwd } : {}), ...(opts.user ? { user: opts.user } : {}), ...(opts.timeoutMs ? { timeoutMs: opts.timeoutMs } : {}) },
+      json: { ...(opts.cmd ? { argv: opts.cmd } : {}), pty: { cols: opts.cols, rows: opts.rows }, ...(opts.env ? { env: opts.env } : {}), ...(opts.cwd ? { cwd: opts.cwd } : {}), ...(opts.user ? { user: opts.user } : {}), ...(opts.timeoutMs ? { timeoutMs: opts.timeoutMs } : {}) },
       timeoutMs: 0,
     });
     const events = outputEvents(res);

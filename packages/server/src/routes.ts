@@ -135,11 +135,13 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   // ---- commands
   app.post('/v1/sandboxes/:id/commands', { schema: { tags: ['commands'], params: S.IdParams, body: S.ExecBody } }, async (req, reply) => {
     const b = req.body;
-    if ((b.cmd === undefined) === (b.argv === undefined)) throw new SpaceError('BAD_REQUEST', 'Give exactly one of cmd (a shell command line) or argv (a program and its arguments)');
+    // A terminal with neither runs the user's login shell (as ssh does).
+    if (b.cmd !== undefined && b.argv !== undefined) throw new SpaceError('BAD_REQUEST', 'Give cmd (a shell command line) or argv (a program and its arguments), not both');
+    if (b.cmd === undefined && b.argv === undefined && !b.pty) throw new SpaceError('BAD_REQUEST', 'Give cmd (a shell command line) or argv (a program and its arguments); only a terminal (pty) may omit both to get the login shell');
     if (b.cwd !== undefined) checkPath(b.cwd, 'cwd');
     const r: ExecRequest = {
       op: 'exec',
-      ...(b.argv ? { argv: b.argv } : { shell: b.cmd! }),
+      ...(b.argv ? { argv: b.argv } : b.cmd !== undefined ? { shell: b.cmd } : {}),
       ...(b.env ? { env: b.env } : {}),
       ...(b.cwd ? { cwd: b.cwd } : {}),
       ...(b.user ? { user: b.user } : {}),

@@ -1,11 +1,12 @@
 /**
  * Template root file systems on disk, by content key. Built-ins: `minimal` is busybox from
- * Debian's busybox-static (milliseconds, no download); `base` is Debian bookworm with bash,
- * coreutils, python3, git and curl, made by mmdebstrap. Custom templates come from a list of
+ * Debian's busybox-static (milliseconds, no download); `base` is Debian bookworm with what
+ * coding agents reach for (see {@link BASE_PACKAGES}), made by mmdebstrap. Custom templates come from a list of
  * Debian packages or from an uploaded image (see image.ts). Every build happens in a temporary
  * directory that is renamed into place when complete, so a crash or failure leaves nothing.
  */
 import { execFile, spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -17,8 +18,28 @@ const exec = promisify(execFile);
 /** Templates every node has. */
 export const BUILTIN_TEMPLATES = ['minimal', 'base'] as const;
 
-const BASE_PACKAGES = ['bash', 'coreutils', 'python3', 'git', 'curl', 'ca-certificates', 'procps'];
+/**
+ * Debian packages of the `base` template: a shell and the usual tools, Python with pip and
+ * venv (`python` is python3), Node.js with npm, a C/C++ toolchain, sudo, and the small tools
+ * agents call (jq, ripgrep, unzip, less, ps). Changing it changes the template's key.
+ */
+export const BASE_PACKAGES = [
+  'bash', 'coreutils', 'procps', 'psmisc', 'less', 'file', 'sudo', 'tzdata',
+  'ca-certificates', 'curl', 'git', 'jq', 'ripgrep', 'unzip', 'zip', 'xz-utils', 'sqlite3',
+  'python3', 'python-is-python3', 'python3-pip', 'python3-venv',
+  'nodejs', 'npm', 'build-essential',
+];
 const USER_HOOK = '--customize-hook=chroot "$1" sh -c "id -u user >/dev/null 2>&1 || useradd --create-home --uid 1000 --user-group --shell /bin/bash user"';
+/**
+ * What `base` sets up beyond its packages: passwordless sudo for `user` (root inside the
+ * sandbox's own kernel; the sandbox is the boundary), and pip allowed to install outside a
+ * venv (Debian 12 marks its Python externally managed; a sandbox is disposable, and agents run
+ * `pip install` as on any laptop: as `user` it lands in ~/.local).
+ */
+const BASE_HOOKS = [
+  `--customize-hook=printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\\n' > "$1/etc/sudoers.d/space-user" && chmod 0440 "$1/etc/sudoers.d/space-user" && chroot "$1" usermod -aG sudo user`,
+  `--customize-hook=printf '[global]\\nbreak-system-packages = true\\n' > "$1/etc/pip.conf"`,
+];
 
 const PASSWD = 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n';
 const GROUP = 'root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n';
@@ -64,8 +85,13 @@ export class RootfsStore implements RootfsBuilder {
     private readonly opts: RootfsStoreOptions = {},
   ) {}
 
+  /**
+   * `minimal`, and `base-<hash of its package list and set-up>`: a node upgraded to a new
+   * `base` builds it anew instead of serving the old one from its cache.
+   */
   builtinKey(name: string): string {
-    return name;
+    if (name !== 'base') return name;
+    return `base-${createHash('sha256').update(JSON.stringify([BASE_PACKAGES, USER_HOOK, BASE_HOOKS])).digest('hex').slice(0, 12)}`;
   }
 
   path(key: string): string {
@@ -122,7 +148,7 @@ export class RootfsStore implements RootfsBuilder {
       let result: RootfsBuild = { sizeBytes: 0, env: {} };
       if (source.type === 'builtin') {
         if (source.name === 'minimal') await this.buildMinimal(root);
-        else if (source.name === 'base') await this.debootstrap(root, BASE_PACKAGES, progress, signal);
+        else if (source.name === 'base') await this.debootstrap(root, BASE_PACKAGES, progress, signal, BASE_HOOKS);
         else throw new SpaceError('TEMPLATE_NOT_FOUND', `No built-in template ${JSON.stringify(source.name)}`);
       } else if (source.type === 'debian') {
         const bad = source.packages.filter((p) => !PACKAGE_RE.test(p));
@@ -168,8 +194,8 @@ export class RootfsStore implements RootfsBuilder {
     await fs.chmod(path.join(root, 'root'), 0o700);
   }
 
-  private debootstrap(root: string, packages: string[], progress: Progress, signal?: AbortSignal): Promise<void> {
-    const args = ['--variant=minbase', `--include=${packages.join(',')}`, USER_HOOK, 'bookworm', root, ...(this.opts.mirror ? [this.opts.mirror] : [])];
+  private debootstrap(root: string, packages: readonly string[], progress: Progress, signal?: AbortSignal, hooks: readonly string[] = []): Promise<void> {
+    const args = ['--variant=minbase', `--include=${packages.join(',')}`, USER_HOOK, ...hooks, 'bookworm', root, ...(this.opts.mirror ? [this.opts.mirror] : [])];
     return new Promise((resolve, reject) => {
       const child = spawn('mmdebstrap', args, { stdio: ['ignore', 'pipe', 'pipe'] });
       const tail: string[] = [];
