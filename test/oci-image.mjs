@@ -2,7 +2,8 @@
 // docker: an OCI image layout tarball (two layers, one gzipped, a whiteout) and the same
 // image as `docker save` writes it.
 import { createHash } from 'node:crypto';
-import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import * as tar from 'tar';
@@ -47,46 +48,80 @@ export async function makeOciImage(outDir, { marker = 'm', corrupt = false } = {
   const work = mkdtempSync(path.join(tmpdir(), 'space-oci-'));
   try {
     const [l1, l2] = layerDirs(work, marker);
-    const raw1 = await tarDir(l1, false);
-    const gz2 = await tarDir(l2, true);
-    const raw2 = await tarDir(l2, false);
-    const layout = path.join(work, 'layout');
-    const blobs = path.join(layout, 'blobs/sha256');
-    mkdirSync(blobs, { recursive: true });
-    const put = (buf) => {
-      const d = sha(buf);
-      writeFileSync(path.join(blobs, d), buf);
-      return d;
-    };
-    const d1 = put(raw1);
-    const d2 = put(gz2);
-    if (corrupt) {
-      const b = readFileSync(path.join(blobs, d1));
-      b[b.length >> 1] ^= 0xff;
-      writeFileSync(path.join(blobs, d1), b);
-    }
-    const config = Buffer.from(JSON.stringify(CONFIG([sha(raw1), sha(raw2)])));
-    const dc = put(config);
-    const manifest = Buffer.from(
-      JSON.stringify({
-        schemaVersion: 2,
-        mediaType: 'application/vnd.oci.image.manifest.v1+json',
-        config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: `sha256:${dc}`, size: config.length },
-        layers: [
-          { mediaType: 'application/vnd.oci.image.layer.v1.tar', digest: `sha256:${d1}`, size: raw1.length },
-          { mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', digest: `sha256:${d2}`, size: gz2.length },
-        ],
-      }),
-    );
-    const dm = put(manifest);
-    writeFileSync(path.join(layout, 'oci-layout'), JSON.stringify({ imageLayoutVersion: '1.0.0' }));
-    writeFileSync(path.join(layout, 'index.json'), JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: 'application/vnd.oci.image.manifest.v1+json', digest: `sha256:${dm}`, size: manifest.length }] }));
-    const file = path.join(outDir, `oci-${marker}${corrupt ? '-corrupt' : ''}.tar`);
-    writeFileSync(file, await tarDir(layout, false));
-    return file;
+    return await writeOciLayout(work, path.join(outDir, `oci-${marker}${corrupt ? '-corrupt' : ''}.tar`), [l1, l2], { corrupt, gzipLast: true });
   } finally {
     rmSync(work, { recursive: true, force: true });
   }
+}
+
+/**
+ * An OCI image of Debian's own programs: dash as /bin/sh and coreutils' ls, stat, cp and
+ * friends, dynamically linked against glibc, with every library they load (taken from this
+ * Debian host). It is what stock Debian user space does in a container, without a download.
+ *
+ * @example
+ * const file = await makeDebianToolsImage('/tmp/x');
+ */
+export async function makeDebianToolsImage(outDir) {
+  const work = mkdtempSync(path.join(tmpdir(), 'space-deb-'));
+  try {
+    const root = path.join(work, 'root');
+    const tools = ['/bin/sh', '/bin/dash', '/usr/bin/ls', '/usr/bin/stat', '/usr/bin/cp', '/usr/bin/mv', '/usr/bin/cat', '/usr/bin/mkdir', '/usr/bin/du', '/usr/bin/readlink', '/usr/bin/id', '/usr/bin/sha256sum', '/usr/bin/touch', '/usr/bin/rm', '/usr/bin/sleep', '/usr/bin/echo', '/usr/bin/env'];
+    const files = new Set(tools);
+    for (const t of tools) {
+      for (const line of execFileSync('ldd', [t], { encoding: 'utf8' }).split('\n')) {
+        const m = /(\/\S+\.so[^\s]*)/.exec(line.includes('=>') ? line.split('=>')[1] : line);
+        if (m) files.add(m[1]);
+      }
+    }
+    for (const f of files) {
+      const dst = path.join(root, f);
+      mkdirSync(path.dirname(dst), { recursive: true });
+      copyFileSync(realpathSync(f), dst);
+      chmodSync(dst, 0o755);
+    }
+    for (const d of ['etc', 'tmp', 'home/user']) mkdirSync(path.join(root, d), { recursive: true });
+    writeFileSync(path.join(root, 'etc/passwd'), 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n');
+    writeFileSync(path.join(root, 'etc/group'), 'root:x:0:\nuser:x:1000:\n');
+    return await writeOciLayout(work, path.join(outDir, 'oci-debian-tools.tar'), [root]);
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+}
+
+/** Packs layer directories into an OCI image layout tarball at `file`. */
+async function writeOciLayout(work, file, layers, { corrupt = false, gzipLast = false } = {}) {
+  const layout = path.join(work, 'layout');
+  const blobs = path.join(layout, 'blobs/sha256');
+  mkdirSync(blobs, { recursive: true });
+  const put = (buf) => {
+    const d = sha(buf);
+    writeFileSync(path.join(blobs, d), buf);
+    return d;
+  };
+  const descs = [];
+  const diffIds = [];
+  for (const [i, dir] of layers.entries()) {
+    const raw = await tarDir(dir, false);
+    const gz = gzipLast && i === layers.length - 1 && i > 0;
+    const stored = gz ? await tarDir(dir, true) : raw;
+    const d = put(stored);
+    if (corrupt && i === 0) {
+      const b = readFileSync(path.join(blobs, d));
+      b[b.length >> 1] ^= 0xff;
+      writeFileSync(path.join(blobs, d), b);
+    }
+    diffIds.push(sha(raw));
+    descs.push({ mediaType: `application/vnd.oci.image.layer.v1.tar${gz ? '+gzip' : ''}`, digest: `sha256:${d}`, size: stored.length });
+  }
+  const config = Buffer.from(JSON.stringify(CONFIG(diffIds)));
+  const dc = put(config);
+  const manifest = Buffer.from(JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: `sha256:${dc}`, size: config.length }, layers: descs }));
+  const dm = put(manifest);
+  writeFileSync(path.join(layout, 'oci-layout'), JSON.stringify({ imageLayoutVersion: '1.0.0' }));
+  writeFileSync(path.join(layout, 'index.json'), JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: 'application/vnd.oci.image.manifest.v1+json', digest: `sha256:${dm}`, size: manifest.length }] }));
+  writeFileSync(file, await tarDir(layout, false));
+  return file;
 }
 
 /** Writes the same image as `docker save` does (manifest.json + layer.tar per layer). */
