@@ -66,7 +66,7 @@ export async function makeDebianToolsImage(outDir) {
   const work = mkdtempSync(path.join(tmpdir(), 'space-deb-'));
   try {
     const root = path.join(work, 'root');
-    const tools = ['/bin/sh', '/bin/dash', '/usr/bin/ls', '/usr/bin/stat', '/usr/bin/cp', '/usr/bin/mv', '/usr/bin/cat', '/usr/bin/mkdir', '/usr/bin/du', '/usr/bin/readlink', '/usr/bin/id', '/usr/bin/sha256sum', '/usr/bin/touch', '/usr/bin/rm', '/usr/bin/sleep', '/usr/bin/echo', '/usr/bin/env'];
+    const tools = ['/bin/sh', '/bin/dash', '/usr/bin/ls', '/usr/bin/stat', '/usr/bin/cp', '/usr/bin/mv', '/usr/bin/cat', '/usr/bin/mkdir', '/usr/bin/chmod', '/usr/bin/du', '/usr/bin/readlink', '/usr/bin/id', '/usr/bin/sha256sum', '/usr/bin/touch', '/usr/bin/rm', '/usr/bin/sleep', '/usr/bin/echo', '/usr/bin/env'];
     const files = new Set(tools);
     for (const t of tools) {
       for (const line of execFileSync('ldd', [t], { encoding: 'utf8' }).split('\n')) {

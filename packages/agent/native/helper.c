@@ -41,6 +41,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -380,6 +381,9 @@ static void sudo_serve(int c) {
   /* Who is asking: the kernel's SCM_CREDENTIALS on the first message (a process cannot claim
    * another uid there: EPERM). Not SO_PEERCRED: this runsc answers it with the listener's own
    * credentials (measured), which would make everyone root. */
+  /* A client that connects and never sends must not hold a root process: 10 s to ask. */
+  struct timeval ask = {10, 0};
+  setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &ask, sizeof ask);
   int on = 1;
   /* Set before the client sends (it waits for the "g"): a message sent earlier carries
    * placeholder credentials in this runsc (pid 0, the overflow uid), refused below. */

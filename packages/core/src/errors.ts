@@ -41,7 +41,7 @@ export const ERRORS = {
   COMMAND_FAILED_TO_START: { status: 400, message: 'The command could not be started', hint: 'Check that the program exists in the sandbox and cwd is a directory.' },
   SNAPSHOT_NOT_FOUND: { status: 404, message: 'No such snapshot', hint: 'List snapshots with `space snapshots ID`.' },
   SNAPSHOT_CORRUPT: { status: 422, message: 'The snapshot is corrupt and was not restored', hint: 'Restore another snapshot; this one failed its integrity check.' },
-  SNAPSHOT_UNSUPPORTED_STATE: { status: 409, message: 'The sandbox is in a state this runtime cannot snapshot', hint: 'Stop the named process (or close its sockets) and retry; the sandbox keeps running.' },
+  SNAPSHOT_UNSUPPORTED_STATE: { status: 409, message: 'The sandbox is in a state this runtime cannot snapshot', hint: 'Stop the named process (or close its sockets) and retry, or run such servers in a sandbox of the microVM driver (create with driver "microvm"), whose full-machine snapshots take any socket state. The sandbox keeps running.' },
   SNAPSHOT_FAILED: { status: 500, message: 'The snapshot failed', hint: 'See the sandbox events; the sandbox was restored from its last good snapshot if it died.' },
   TIMEOUT: { status: 504, message: 'The operation timed out' },
   TEMPLATE_NOT_ON_DRIVER: { status: 400, message: 'This template cannot start on the requested driver', hint: 'A template with a start command runs from its snapshot, taken on the daemon\'s default driver: create it without driver.' },
