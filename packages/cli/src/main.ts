@@ -698,6 +698,23 @@ keys
     process.stdout.write(`revoked ${keyId}\n`);
   });
 
+program
+  .command('mcp')
+  .description('serve SPACE to MCP clients: over stdio (default), or streamable HTTP with --http')
+  .option('--http <host:port>', 'serve MCP over streamable HTTP at http://HOST:PORT/mcp; each client sends its SPACE API key as a bearer token')
+  .action(async (o: { http?: string }) => {
+    // Loaded on use only: every other command starts without the MCP SDK.
+    const mcp = await import('@space/mcp');
+    const conn = connection();
+    if (!o.http) return mcp.serveStdio(conn);
+    const server = await mcp.serveHttp({ listen: o.http, apiUrl: conn.apiUrl ?? 'http://127.0.0.1:7070' });
+    process.stderr.write(`space mcp: serving MCP at ${server.url} (clients authenticate with their SPACE API key as a bearer token)\n`);
+    await new Promise<void>((resolve) => {
+      for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => resolve());
+    });
+    await server.close();
+  });
+
 program.addOption(new Option('--version').hideHelp()).on('option:version', () => {
   process.stdout.write(JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')).version + '\n');
   process.exit(0);
