@@ -195,8 +195,41 @@ describe('E2B-compatible API (e2b SDK)', () => {
     }
   });
 
+  it('allowInternetAccess: true (what SDKs before 2.51 send on every create) opens public destinations through the proxy', async () => {
+    const open = await create({ allowInternetAccess: true });
+    assert.equal((await api(fx, 'GET', `/v1/sandboxes/${open.sandboxId}/egress`)).body.publicInternet, true);
+    const closed = await create({ allowInternetAccess: false });
+    assert.equal((await api(fx, 'GET', `/v1/sandboxes/${closed.sandboxId}/egress`)).body.publicInternet, undefined, 'false keeps SPACE\'s default deny');
+    for (const sb of [open, closed]) await sb.kill();
+  });
+
+  for (const version of ['2.45.0', '2.50.0']) {
+    it(`the e2b SDK ${version} (sends allowInternetAccess: true by default) creates, runs a command and kills`, async () => {
+      const old = await import(`e2b-${version.replace(/\./g, '-')}`);
+      const sb = await old.Sandbox.create('base', opts);
+      made.push(sb.sandboxId);
+      fx.track(sb.sandboxId);
+      assert.equal((await sb.commands.run('echo $((6*7))')).stdout, '42\n');
+      await sb.kill();
+    });
+  }
+
+  it('an operator can pin E2B sandboxes to deny (--e2b-internet deny): allowInternetAccess: true is then refused, saying so', async () => {
+    const pinned = await startTestDaemon({ e2bInternet: 'deny' });
+    try {
+      const key = (await api(pinned, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b' } })).body.key;
+      const url = (await api(pinned, 'GET', '/v1/e2b')).body.url;
+      const o = { apiKey: key, apiUrl: url, sandboxUrl: url };
+      await assert.rejects(Sandbox.create('minimal', { ...o, allowInternetAccess: true }), /switched off for E2B sandboxes on this SPACE node \(--e2b-internet deny\)/);
+      const sb = await Sandbox.create('minimal', { ...o, allowInternetAccess: false });
+      pinned.track(sb.sandboxId);
+      assert.equal((await api(pinned, 'GET', `/v1/sandboxes/${sb.sandboxId}/egress`)).body.publicInternet, undefined);
+    } finally {
+      assert.deepEqual(await pinned.close(), []);
+    }
+  });
+
   it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {
-    await assert.rejects(Sandbox.create('base', { ...opts, allowInternetAccess: true }), /internet access from the sandbox is not supported.*egress proxy/i);
     await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'] } }), /"network" is not supported/);
     await assert.rejects(Sandbox.create('no-such-template', opts), /TEMPLATE_NOT_FOUND/);
     const bad = await fetch(`${opts.apiUrl}/sandboxes`, { method: 'POST', headers: { 'X-API-KEY': 'e2b_0000000000000000000000000000000000000000', 'content-type': 'application/json' }, body: '{}' });

@@ -264,6 +264,30 @@ for i in range(3):
     assert.equal(up.seen.find((r) => r.url === '/reattached').headers['x-api-key'], `${VALUE}-rotated`);
   });
 
+  it('publicInternet: any host without a domain entry, yet never a private address unless a CIDR allows it; audited', async () => {
+    const before = await sb.egress();
+    const other = `https://other.example.test:${up.httpsPort}/public-internet`;
+    try {
+      // The name resolves to 127.0.0.1 here: private, so refused although every domain is open.
+      await sb.setEgress({ publicInternet: true, ports: [up.httpsPort] });
+      assert.equal((await sb.egress()).publicInternet, true);
+      assert.match((await sh(sb, `curl -sS -o /dev/null -w '%{http_code}' ${other} 2>&1`)).stdout, /403/);
+      assert.match((await sh(sb, `curl --noproxy '' -sS -o /dev/null -w '%{http_code}' https://127.0.0.1:${up.httpsPort}/ 2>&1`)).stdout, /403/, 'a private literal address too');
+      const denied = (await sb.egressLog({ limit: 5 })).items.find((e) => e.host === 'other.example.test' && e.decision === 'denied');
+      assert.match(denied?.reason ?? '', /private or reserved address/);
+      // With that one address allowed by CIDR, the host is reached with no domain listed.
+      await sb.setEgress({ publicInternet: true, cidrs: ['127.0.0.1/32'], ports: [up.httpsPort] });
+      assert.equal((await sh(sb, `curl -sS -o /dev/null -w '%{http_code}' ${other}`)).stdout, '200');
+      assert.ok(up.seen.some((r) => r.url === '/public-internet'));
+      await sb.setEgress({ cidrs: ['127.0.0.1/32'], ports: [up.httpsPort] });
+      assert.match((await sh(sb, `curl -sS -o /dev/null -w '%{http_code}' ${other} 2>&1`)).stdout, /403/, 'without publicInternet the domain must be listed');
+      const bad = await api(fx, 'PUT', `/v1/sandboxes/${sb.id}/egress`, { json: { publicInternet: 'yes' } });
+      assert.equal(bad.status, 400);
+    } finally {
+      await sb.setEgress(before);
+    }
+  });
+
   it('passthrough destinations are tunnelled as raw TCP: no interception, no secrets, one audit entry', async () => {
     const dest = `api.example.test:${up.httpPort}`;
     // Through CONNECT (curl -p), a plain HTTP request: refused until the policy lists it as passthrough.

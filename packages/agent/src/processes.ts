@@ -99,7 +99,7 @@ export class Proc {
       let ptyCmd = cmd;
       let ptyEnv: Record<string, string> = { TERM: 'xterm-256color', ...env };
       if (PTY_SIGNALS && hasHelper) {
-        this.watchToken = addWatcher(this);
+        this.watchToken = addWatcher();
         ptyCmd = [HELPER, 'ptyexec', ...cmd];
         ptyEnv = { ...ptyEnv, SPACE_PTY_SOCK: WATCHER_SOCK, SPACE_PTY_TOKEN: this.watchToken };
       }
@@ -366,7 +366,7 @@ function rootArgv(argv: string[], pathVar: string | undefined): string[] {
 }
 
 /** Terminals' watchers (see `ptyexec` in native/helper.c), by the token their program got. */
-const watchers = new Map<string, { proc: Proc; socket?: net.Socket; waiting: ((s: net.Socket | undefined) => void)[] }>();
+const watchers = new Map<string, { socket?: net.Socket; waiting: ((s: net.Socket | undefined) => void)[] }>();
 let watcherServer: net.Server | undefined;
 /** Where watchers connect: an in-sandbox unix socket (snapshots keep it; nothing host-side). */
 const WATCHER_SOCK = '/run/space-pty.sock';
@@ -409,10 +409,10 @@ function ensureWatcherServer(): void {
 }
 
 /** Registers a terminal's program; returns the token its watcher will present. */
-function addWatcher(proc: Proc): string {
+function addWatcher(): string {
   ensureWatcherServer();
   const token = randomBytes(16).toString('hex');
-  watchers.set(token, { proc, waiting: [] });
+  watchers.set(token, { waiting: [] });
   return token;
 }
 

@@ -70,6 +70,7 @@ interface DaemonFlags {
   driver?: string;
   drivers?: string;
   microvmAccel?: string;
+  e2bInternet?: string;
 }
 
 /** The flags `up` and `daemon` share, passed on to spaced. */
@@ -84,11 +85,12 @@ function daemonCommand(name: string, description: string): Command {
     .option('--pool <template=n,...>', 'warm pools of the built-in templates, e.g. minimal=2')
     .option('--driver <name>', 'default isolation driver of the sandboxes: gvisor or microvm')
     .option('--drivers <list>', 'drivers a sandbox may choose at creation, e.g. gvisor,microvm')
-    .option('--microvm-accel <mode>', 'microvm acceleration: auto, kvm or tcg');
+    .option('--microvm-accel <mode>', 'microvm acceleration: auto, kvm or tcg')
+    .option('--e2b-internet <allow|deny>', "what E2B's allowInternetAccess: true gives E2B-created sandboxes: allow (public destinations through the egress proxy) or deny");
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : [])];
 }
 
 /**

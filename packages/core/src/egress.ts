@@ -29,6 +29,14 @@ export interface EgressPolicy {
   ports: number[];
   /** `host:port` pairs tunnelled as raw TCP (CONNECT only), without TLS interception or secrets. */
   passthrough: string[];
+  /**
+   * Any public destination on {@link ports}, by name or literal address, as E2B's
+   * `allowInternetAccess: true` means. Never private, loopback, link-local or reserved
+   * addresses (unless a range in {@link cidrs} allows them), the metadata service, the sandbox
+   * network or the daemon; every request is audited, and secrets are still injected only for
+   * their own hosts. Absent: false.
+   */
+  publicInternet?: boolean;
 }
 
 /** The policy of a new sandbox: nothing allowed. */
@@ -75,7 +83,7 @@ export function checkEgressPolicy(input: unknown): EgressPolicy {
     if (!Array.isArray(v) || v.length > EGRESS_LIMITS.entries) throw new SpaceError('EGRESS_POLICY_INVALID', `${field} must be an array of at most ${EGRESS_LIMITS.entries} entries`, { details: { field } });
     return v;
   };
-  for (const k of Object.keys(p)) if (!['domains', 'cidrs', 'ports', 'passthrough'].includes(k)) throw new SpaceError('EGRESS_POLICY_INVALID', `Unknown egress policy field ${JSON.stringify(k)}`, { details: { field: k } });
+  for (const k of Object.keys(p)) if (!['domains', 'cidrs', 'ports', 'passthrough', 'publicInternet'].includes(k)) throw new SpaceError('EGRESS_POLICY_INVALID', `Unknown egress policy field ${JSON.stringify(k)}`, { details: { field: k } });
   const domains = list('domains', []).map((d, i) => checkDomainPattern(d, 'EGRESS_POLICY_INVALID', `domains[${i}]`));
   const cidrs = list('cidrs', []).map((c, i) => {
     const parsed = typeof c === 'string' ? parseCidr(c) : undefined;
@@ -93,7 +101,8 @@ export function checkEgressPolicy(input: unknown): EgressPolicy {
     if (!host || !(port >= 1 && port <= 65535) || (!net.isIP(host) && !isHostName(host))) throw new SpaceError('EGRESS_POLICY_INVALID', `passthrough[${i}]: ${JSON.stringify(hp)} is not host:port`, { details: { field: `passthrough[${i}]` } });
     return `${net.isIP(host) === 6 ? `[${host}]` : host}:${port}`;
   });
-  return { domains: [...new Set(domains)], cidrs: [...new Set(cidrs)], ports: [...new Set(ports)].sort((a, b) => a - b), passthrough: [...new Set(passthrough)] };
+  if (p.publicInternet !== undefined && typeof p.publicInternet !== 'boolean') throw new SpaceError('EGRESS_POLICY_INVALID', 'publicInternet must be true or false', { details: { field: 'publicInternet' } });
+  return { domains: [...new Set(domains)], cidrs: [...new Set(cidrs)], ports: [...new Set(ports)].sort((a, b) => a - b), passthrough: [...new Set(passthrough)], ...(p.publicInternet ? { publicInternet: true } : {}) };
 }
 
 /** True when host name `host` matches pattern `p` (exact, or `*.` for any subdomain). */

@@ -20,6 +20,8 @@ export interface E2bAppDeps {
   /** Largest file upload, bytes. */
   maxUploadBytes: number;
   logger: false | FastifyBaseLogger;
+  /** What E2B's `allowInternetAccess: true` does (see {@link ControlDeps.internet}). @default "allow" */
+  internet?: 'allow' | 'deny';
 }
 
 /** E2B's error shape: `{ code: <HTTP status>, message }`. */

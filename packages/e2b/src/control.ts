@@ -20,6 +20,12 @@ export interface ControlDeps {
   service: SandboxService;
   keys: ApiKeys;
   tokens: AccessTokens;
+  /**
+   * What `allowInternetAccess: true` does: `allow` (E2B's meaning: any public destination
+   * through the egress proxy) or `deny` (the operator pins E2B-created sandboxes to SPACE's
+   * default deny, and such creates are refused saying so). @default "allow"
+   */
+  internet?: 'allow' | 'deny';
 }
 
 type Body = Record<string, unknown>;
@@ -82,8 +88,12 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const b = (req.body ?? {}) as Body;
     const egressHint = "a SPACE sandbox reaches only its egress proxy: allow destinations with SPACE's API (PUT /v1/sandboxes/{id}/egress, `space egress allow ID --domain HOST`), see docs/egress.md";
     if (b.network !== undefined && b.network !== null) throw unsupported('"network"', egressHint);
-    for (const k of ['iam', 'mcp', 'volumeMounts'] as const) if (b[k] !== undefined && b[k] !== null) throw unsupported(`"${k}"`);
-    if (b.allow_internet_access === true) throw unsupported('Open internet access from the sandbox', egressHint);
+    if (b.mcp !== undefined && b.mcp !== null) throw unsupported('"mcp" (an MCP gateway inside the sandbox)', 'SPACE serves MCP from outside the sandbox instead: `space mcp`, see docs/mcp.md');
+    for (const k of ['iam', 'volumeMounts'] as const) if (b[k] !== undefined && b[k] !== null) throw unsupported(`"${k}"`);
+    // E2B SDKs before 2.51 send allowInternetAccess: true on every create: E2B's meaning, through the proxy.
+    const internet = b.allow_internet_access === true;
+    if (internet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', `Internet access (allowInternetAccess: true, which E2B SDKs before 2.51 send by default) is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): create with allowInternetAccess: false and ${egressHint}`);
+    if (b.allow_internet_access !== undefined && b.allow_internet_access !== null && typeof b.allow_internet_access !== 'boolean') throw new SpaceError('BAD_REQUEST', 'allow_internet_access must be true or false');
     if (b.autoPauseMemory === false) throw unsupported('Pausing without memory (autoPauseMemory: false)');
     if ((b.autoResume as { enabled?: boolean } | undefined)?.enabled) throw unsupported('Resuming on traffic (autoResume)');
     if (b.secure === false) throw unsupported('Sandboxes without an access token (secure: false)');
@@ -92,7 +102,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const timeoutMs = seconds(b.timeout, 'timeout') ?? 300_000;
     const env = strMap(b.envVars, 'envVars');
     const metadata = strMap(b.metadata, 'metadata');
-    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}) });
+    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(internet ? { egress: { publicInternet: true } } : {}) });
     return created(sb);
   };
   app.post('/sandboxes', async (req, reply) => reply.code(201).send(await create(req)));

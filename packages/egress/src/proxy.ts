@@ -180,9 +180,14 @@ export class EgressProxy {
     if (!p.ports.includes(port)) throw new Refusal(403, `Port ${port} is not allowed by the egress policy (allowed: ${p.ports.join(', ') || 'none'})`);
     if (net.isIP(host)) {
       const bl = cidrList(p.cidrs);
-      if (!bl.check(host, net.isIPv4(host) ? 'ipv4' : 'ipv6')) throw new Refusal(403, `${host} is not in an allowed CIDR of the egress policy`);
+      if (bl.check(host, net.isIPv4(host) ? 'ipv4' : 'ipv6')) return;
+      // Public internet: any public address; the address rules refuse the rest (private, metadata, ...).
+      const why = p.publicInternet ? this.rules.refusal(host, bl) : `${host} is not in an allowed CIDR of the egress policy`;
+      if (why) throw new Refusal(403, why);
       return;
     }
+    // Public internet: any name; the address it resolves to is checked when connecting (pickAddress).
+    if (p.publicInternet) return;
     if (![...p.domains, ...secretHosts].some((d) => hostMatches(d, host))) throw new Refusal(403, `${host} is not an allowed domain of the egress policy`);
   }
 

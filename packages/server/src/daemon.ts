@@ -42,6 +42,12 @@ export interface DaemonOptions {
    * host (port 0 when the main port is 0)
    */
   e2bListen?: string;
+  /**
+   * What E2B's `allowInternetAccess: true` gives E2B-created sandboxes: `allow` (any public
+   * destination through the egress proxy, E2B's meaning) or `deny` (refused, saying so).
+   * @default "allow" (or SPACE_E2B_INTERNET)
+   */
+  e2bInternet?: 'allow' | 'deny';
   /** Directory of key files the operator provides (local key provider). @default `${dataDir}/keys` */
   keyDir?: string;
   /** The node's key (a file in keyDir), used for tenants without their own. @default "node.key" */
@@ -74,6 +80,12 @@ export function parseDrivers(s: string): ('gvisor' | 'microvm')[] {
 /** Checks an acceleration setting (flag `--microvm-accel`, `SPACE_MICROVM_ACCEL`). */
 export function parseAccel(s: string): 'auto' | 'kvm' | 'tcg' {
   if (s !== 'auto' && s !== 'kvm' && s !== 'tcg') throw new SpaceError('BAD_REQUEST', `Unknown acceleration ${JSON.stringify(s)}: use auto, kvm or tcg`);
+  return s;
+}
+
+/** Checks the E2B internet setting (flag `--e2b-internet`, `SPACE_E2B_INTERNET`). */
+export function parseE2bInternet(s: string): 'allow' | 'deny' {
+  if (s !== 'allow' && s !== 'deny') throw new SpaceError('BAD_REQUEST', `Unknown --e2b-internet ${JSON.stringify(s)}: use allow (E2B's allowInternetAccess opens public destinations through the egress proxy) or deny`);
   return s;
 }
 
@@ -252,7 +264,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   let e2bUrl: string | undefined;
   if (e2bListen !== 'off') {
     const l = parseListen(e2bListen);
-    e2b = await buildE2bApp({ service, keys, tokens: new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens')), maxUploadBytes, logger: logger.child({ api: 'e2b' }) });
+    const internet = opts.e2bInternet ?? (process.env.SPACE_E2B_INTERNET ? parseE2bInternet(process.env.SPACE_E2B_INTERNET) : 'allow');
+    e2b = await buildE2bApp({ service, keys, tokens: new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens')), maxUploadBytes, internet, logger: logger.child({ api: 'e2b' }) });
     await e2b.listen({ host: l.host, port: l.port });
     const a = e2b.server.address();
     e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);

@@ -3,14 +3,14 @@
  * `spaced` — the SPACE daemon, in the foreground. Logs JSON lines to stdout; SIGTERM/SIGINT
  * stop it gracefully (sandboxes keep running and are re-adopted on the next start).
  *
- * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off]
+ * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off] [--e2b-internet allow|deny]
  *        [--pkcs11-module LIB --pkcs11-token LABEL --pkcs11-pin-file FILE]
  *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
-import { parseAccel, parseDriver, parseDrivers, parsePools, startDaemon } from './daemon.js';
+import { parseAccel, parseDriver, parseDrivers, parseE2bInternet, parsePools, startDaemon } from './daemon.js';
 import { parseEgressHosts } from './egress.js';
 
 const { values } = parseArgs({
@@ -24,6 +24,7 @@ const { values } = parseArgs({
     'debian-mirror': { type: 'string' },
     pool: { type: 'string' },
     'e2b-listen': { type: 'string' },
+    'e2b-internet': { type: 'string' },
     'pkcs11-module': { type: 'string' },
     'pkcs11-token': { type: 'string' },
     'pkcs11-pin-file': { type: 'string' },
@@ -62,6 +63,7 @@ try {
     ...(values['debian-mirror'] ? { debianMirror: values['debian-mirror'] } : {}),
     ...(values.pool ? { pools: parsePools(values.pool) } : {}),
     ...(values['e2b-listen'] ? { e2bListen: values['e2b-listen'] } : {}),
+    ...(values['e2b-internet'] ? { e2bInternet: parseE2bInternet(values['e2b-internet']) } : {}),
     ...(values['pkcs11-module'] ? { pkcs11: { module: values['pkcs11-module'], tokenLabel: values['pkcs11-token'] ?? '', pin: values['pkcs11-pin-file'] ? readFileSync(values['pkcs11-pin-file'], 'utf8').trim() : (process.env.SPACE_PKCS11_PIN ?? '') } } : {}),
   });
   const stop = () => void d.close().then(() => process.exit(0), () => process.exit(1));

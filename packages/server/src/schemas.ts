@@ -18,6 +18,7 @@ export const EgressPolicySchema = Type.Object(
     cidrs: Type.Array(Type.String(), { description: 'Address ranges reachable by literal IP, and where private addresses may be reached' }),
     ports: Type.Array(Type.Integer(), { description: 'Destination ports. @default [80, 443]' }),
     passthrough: Type.Array(Type.String(), { description: 'host:port pairs tunnelled as raw TCP (no TLS interception, no secrets)' }),
+    publicInternet: Type.Optional(Type.Boolean({ description: 'Any public destination on the allowed ports (never private, link-local, metadata, the sandbox network or the daemon); absent: false' })),
   },
   { description: 'Where a sandbox may connect through its egress proxy; everything else is denied' },
 );
@@ -28,6 +29,7 @@ export const EgressPolicyBody = Type.Object(
     cidrs: Type.Optional(Type.Array(Type.String({ maxLength: 64 }), { maxItems: 256 })),
     ports: Type.Optional(Type.Array(Type.Integer(), { maxItems: 256 })),
     passthrough: Type.Optional(Type.Array(Type.String({ maxLength: 300 }), { maxItems: 256 })),
+    publicInternet: Type.Optional(Type.Boolean()),
   },
   { additionalProperties: false },
 );
