@@ -79,7 +79,7 @@ describe('E2B-compatible API (e2b SDK)', () => {
     assert.ok(!(await sb.commands.list()).some((p) => p.pid === h.pid));
   });
 
-  it('PTY: create, input, resize, kill', async () => {
+  it('PTY: create, input, resize, ^C, kill', async () => {
     const sb = await create();
     let out = '';
     const pty = await sb.pty.create({ cols: 80, rows: 24, onData: (d) => (out += Buffer.from(d).toString()) });
@@ -90,6 +90,12 @@ describe('E2B-compatible API (e2b SDK)', () => {
     await sb.pty.resize(pty.pid, { cols: 100, rows: 30 });
     await sb.pty.sendInput(pty.pid, new TextEncoder().encode('stty size\n'));
     await until(/30 100/);
+    // ^C stops the foreground job, as in any terminal (typed once the job runs).
+    await sb.pty.sendInput(pty.pid, new TextEncoder().encode('sleep 100\n'));
+    await eventually(async () => (await sb.commands.run('pgrep -x -f "sleep 100" || true')).stdout.trim() !== '', { tries: 100 });
+    await sb.pty.sendInput(pty.pid, new Uint8Array([3]));
+    await sb.pty.sendInput(pty.pid, new TextEncoder().encode('echo "rc=$?"\n'));
+    await until(/rc=130/);
     assert.equal(await sb.pty.kill(pty.pid), true);
   });
 

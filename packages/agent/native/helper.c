@@ -2,8 +2,9 @@
  * space-helper: what the in-sandbox agent (Node.js) cannot do itself, and what this runsc's
  * kernel lacks (docs/architecture.md, "gVisor compatibility").
  *
- *   space-helper sethostname NAME   set the UTS hostname (needs CAP_SYS_ADMIN, which only the
- *                                   agent holds)
+ *   space-helper sethostname NAME [BOOT_ID]  set the UTS hostname (needs CAP_SYS_ADMIN, which
+ *                                   only the agent holds); with BOOT_ID, also what kernelfiles
+ *                                   BOOT_ID does
  *   space-helper exec PROG ARGS...  drop CAP_SYS_ADMIN from every capability set, including
  *                                   the bounding set, then exec PROG: commands a client runs
  *                                   as root never hold it
@@ -640,16 +641,17 @@ int main(int argc, char **argv) {
   const char *base = strrchr(argv[0], '/');
   if (strcmp(base ? base + 1 : argv[0], "sudo") == 0) return sudo_main(argc, argv);
   if (argc == 2 && strcmp(argv[1], "sudod") == 0) return sudod();
-  if (argc == 3 && strcmp(argv[1], "sethostname") == 0) {
+  if ((argc == 3 || argc == 4) && strcmp(argv[1], "sethostname") == 0) {
     if (sethostname(argv[2], strlen(argv[2])) != 0) {
       perror("space-helper: sethostname");
       return 1;
     }
-    /* Where /proc/sys/kernel is our tmpfs (see kernelfiles), its hostname file follows. */
+    /* Where /proc/sys/kernel is our tmpfs (see kernelfiles), its hostname file follows, and a
+     * new identity's BOOT_ID is written in the same call (one process start, not two). */
     char line[80];
     snprintf(line, sizeof line, "%.64s\n", argv[2]);
     if (access(KERNEL_MARK, F_OK) == 0) write_file(KERNEL_DIR "/hostname", line, 0644);
-    return 0;
+    return argc == 4 ? kernelfiles(argv[3]) : 0;
   }
   if (argc >= 3 && strcmp(argv[1], "exec") == 0) {
     if (drop_sys_admin() != 0) {
@@ -677,6 +679,6 @@ int main(int argc, char **argv) {
   if (argc >= 4 && strcmp(argv[1], "init") == 0 && strcmp(argv[2], "--") == 0) return init_main(argv + 3);
   if (argc >= 3 && strcmp(argv[1], "ptyexec") == 0) return ptyexec(argv + 2);
   if (argc == 3 && strcmp(argv[1], "kernelfiles") == 0) return kernelfiles(argv[2]);
-  fprintf(stderr, "usage: space-helper sethostname NAME | exec PROG [ARGS...] | reseed < ENTROPY | init -- PROG [ARGS...] | ptyexec PROG [ARGS...] | kernelfiles BOOT_ID | sudod\n");
+  fprintf(stderr, "usage: space-helper sethostname NAME [BOOT_ID] | exec PROG [ARGS...] | reseed < ENTROPY | init -- PROG [ARGS...] | ptyexec PROG [ARGS...] | kernelfiles BOOT_ID | sudod\n");
   return 2;
 }

@@ -49,11 +49,12 @@ const RUNTIME_ENV = ['PATH', 'LANG'];
 async function takeIdentity(req: IdentityRequest): Promise<void> {
   if (typeof req.sandboxId !== 'string' || !/^[a-z0-9]{1,64}$/.test(req.sandboxId)) throw new AgentError('BAD_REQUEST', 'sandboxId must be [a-z0-9]{1,64}');
   if (req.hostname !== undefined && (typeof req.hostname !== 'string' || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(req.hostname))) throw new AgentError('BAD_REQUEST', 'hostname must be [a-z0-9-]{1,63}');
+  // A new identity is a new boot: a new boot_id, set with the hostname in one helper call.
+  const bootId = req.sandboxId !== sandboxId ? randomUUID() : undefined;
   if (req.hostname) {
-    await setHostname(req.hostname);
+    await setHostname(req.hostname, bootId);
     hostsEntry(req.hostname);
-  }
-  if (req.sandboxId !== sandboxId) kernelFiles(randomUUID());
+  } else if (bootId) kernelFiles(bootId);
   sandboxId = req.sandboxId;
   if (req.env && typeof req.env === 'object') {
     for (const k of Object.keys(baseEnv)) if (!RUNTIME_ENV.includes(k)) delete baseEnv[k];

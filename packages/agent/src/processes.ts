@@ -486,11 +486,14 @@ export function startSudoBroker(): void {
   child.unref();
 }
 
-/** Sets the sandbox's hostname (the agent holds the capability for it; its children do not). */
-export function setHostname(name: string): Promise<void> {
+/**
+ * Sets the sandbox's hostname (the agent holds the capability for it; its children do not),
+ * and with `bootId` gives the sandbox that boot id in the same helper call (see kernelFiles).
+ */
+export function setHostname(name: string, bootId?: string): Promise<void> {
   return new Promise((resolve, reject) => {
     if (!hasHelper) return reject(new AgentError('INTERNAL', 'this sandbox runtime has no space-helper to set the hostname'));
-    execFile(HELPER, ['sethostname', name], { timeout: 5000 }, (err, _out, stderr) =>
+    execFile(HELPER, ['sethostname', name, ...(bootId ? [bootId] : [])], { timeout: 5000 }, (err, _out, stderr) =>
       err ? reject(new AgentError('INTERNAL', `cannot set the hostname: ${stderr.trim() || err.message}`)) : resolve(),
     );
   });
