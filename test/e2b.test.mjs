@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 // SPACE_E2B_SDK points at another build of the SDK (scripts/check-e2b-latest.mjs: the newest).
-const { CommandExitError, NotFoundError, Sandbox } = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
+const { CommandExitError, NotFoundError, Sandbox, SandboxNotFoundError } = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { mkdtempSync, rmSync } from 'node:fs';
 import { api, cliRunner, eventually, startTestDaemon } from './helpers.mjs';
 
@@ -199,6 +199,24 @@ describe('E2B-compatible API (e2b SDK)', () => {
     } finally {
       for (const k of Object.keys(env)) if (saved[k] === undefined) delete process.env[k];
     }
+  });
+
+  it('files.write of several files writes each at its own path; remove of a missing path does not throw; fork of a killed sandbox is SandboxNotFoundError', async () => {
+    const sb = await create();
+    const written = await sb.files.write([
+      { path: '/tmp/multi/a/one.txt', data: 'one' },
+      { path: '/tmp/multi/b/c/two.txt', data: 'two' },
+    ]);
+    assert.deepEqual(written.map((w) => w.path), ['/tmp/multi/a/one.txt', '/tmp/multi/b/c/two.txt']);
+    assert.equal(await sb.files.read('/tmp/multi/a/one.txt'), 'one');
+    assert.equal(await sb.files.read('/tmp/multi/b/c/two.txt'), 'two');
+    assert.equal(await sb.files.exists('/home/user/one.txt'), false, 'not flattened into the home directory');
+    await sb.files.remove('/tmp/multi/never-existed');
+    await sb.files.remove('/tmp/multi/a/one.txt');
+    assert.equal(await sb.files.exists('/tmp/multi/a/one.txt'), false);
+    const id = sb.sandboxId;
+    await sb.kill();
+    await assert.rejects(Sandbox.fork(id, opts), (err) => err instanceof SandboxNotFoundError);
   });
 
   it('allowInternetAccess: true (what SDKs before 2.51 send on every create) opens public destinations through the proxy', async () => {

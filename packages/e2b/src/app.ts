@@ -57,7 +57,8 @@ export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {
   app.setErrorHandler((err, _req, reply) => sendE2bError(reply, err));
   app.setNotFoundHandler((req, reply) => reply.code(404).send({ code: 404, message: `No route ${req.method} ${req.url.split('?')[0]} in SPACE's E2B-compatible API` }));
   app.addContentTypeParser('application/octet-stream', { bodyLimit: deps.maxUploadBytes }, (_req, payload, done) => done(null, payload));
-  await app.register(multipart, { limits: { fileSize: deps.maxUploadBytes, files: 1000 } });
+  // preservePath: the SDK's files.write([{path, data}, ...]) names each part by its full path.
+  await app.register(multipart, { preservePath: true, limits: { fileSize: deps.maxUploadBytes, files: 1000 } });
 
   registerControl(app, deps);
 

@@ -232,6 +232,9 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const count = b.count === undefined ? 1 : b.count;
     if (typeof count !== 'number') throw new SpaceError('BAD_REQUEST', 'count must be a number');
     const timeoutMs = seconds(b.timeout, 'timeout');
+    // An ended sandbox is gone as far as E2B is concerned (its SDK raises SandboxNotFoundError).
+    const parent = await svc.get(tenantId, req.params.id);
+    if (parent.state === 'killed' || parent.state === 'dead') throw new SpaceError('SANDBOX_NOT_FOUND', `Sandbox ${parent.id} has ended`);
     const results = await svc.fork(tenantId, req.params.id, { count });
     const out = [];
     for (const r of results) {

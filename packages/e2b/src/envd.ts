@@ -351,7 +351,12 @@ export function envdRoutes(deps: EnvdDeps): (router: ConnectRouter) => void {
       }),
       remove: guard(async (req, ctx) => {
         const c = who(ctx);
-        await unary(c, { op: 'remove', path: resolvePath(req.path, c.user), recursive: true });
+        try {
+          await unary(c, { op: 'remove', path: resolvePath(req.path, c.user), recursive: true });
+        } catch (err) {
+          // E2B's semantics: removing what is not there is not an error.
+          if (!(err instanceof SpaceError && err.code === 'FILE_NOT_FOUND')) throw err;
+        }
         return {};
       }),
       async *watchDir(req, ctx) {
