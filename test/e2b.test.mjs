@@ -219,6 +219,20 @@ describe('E2B-compatible API (e2b SDK)', () => {
     await assert.rejects(Sandbox.fork(id, opts), (err) => err instanceof SandboxNotFoundError);
   });
 
+  it('setTimeout shortens as well as extends; connect() never shortens a running sandbox\'s timeout', async () => {
+    const sb = await create({ timeoutMs: 3_600_000 });
+    const endsIn = async () => Date.parse((await sb.getInfo()).endAt) - Date.now();
+    assert.ok((await endsIn()) > 3_500_000);
+    await Sandbox.connect(sb.sandboxId, { ...opts, timeoutMs: 60_000 });
+    assert.ok((await endsIn()) > 3_500_000, 'connect with a shorter timeout leaves the hour');
+    await sb.setTimeout(30_000);
+    const short = await endsIn();
+    assert.ok(short > 0 && short <= 30_000, `setTimeout(30 s) shortened it (ends in ${short} ms)`);
+    await Sandbox.connect(sb.sandboxId, { ...opts, timeoutMs: 600_000 });
+    assert.ok((await endsIn()) > 590_000, 'connect with a longer timeout extends it');
+    await sb.kill();
+  });
+
   it('allowInternetAccess: true (what SDKs before 2.51 send on every create) opens public destinations through the proxy', async () => {
     const open = await create({ allowInternetAccess: true });
     assert.equal((await api(fx, 'GET', `/v1/sandboxes/${open.sandboxId}/egress`)).body.publicInternet, true);

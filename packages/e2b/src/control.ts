@@ -123,8 +123,11 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
       sb = await svc.resume(tenantId, sb.id);
       resumed = true;
     } else if (mustBePaused) throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} is already running`);
+    // Connecting extends a sandbox's life to at least `timeout` from now, never shortens it
+    // (the SDK sends its 5-minute default on every connect).
     const timeoutMs = seconds(b.timeout, 'timeout');
-    if (timeoutMs !== undefined) sb = await svc.setTimeout(tenantId, sb.id, timeoutMs);
+    const endsAt = sb.expiresAt ? Date.parse(sb.expiresAt) : Number.POSITIVE_INFINITY;
+    if (timeoutMs !== undefined && Date.now() + timeoutMs > endsAt) sb = await svc.setTimeout(tenantId, sb.id, timeoutMs);
     return { resumed, body: created(sb) };
   };
   for (const p of ['/sandboxes/:id/connect', '/v2/sandboxes/:id/connect']) {
