@@ -219,6 +219,21 @@ describe('E2B-compatible API (e2b SDK)', () => {
     await assert.rejects(Sandbox.fork(id, opts), (err) => err instanceof SandboxNotFoundError);
   });
 
+  it('entry info names owner and group, gives a symlink\'s absolute target; connect to a missing pid rejects', async () => {
+    const sb = await create();
+    const passwd = await sb.files.getInfo('/etc/passwd');
+    assert.deepEqual([passwd.owner, passwd.group], ['root', 'root']);
+    await sb.files.write('/home/user/owned.txt', 'x');
+    const mine = await sb.files.getInfo('/home/user/owned.txt');
+    assert.deepEqual([mine.owner, mine.group], ['user', 'user']);
+    await sb.commands.run('cd /tmp && ln -s ../etc/hostname rel && ln -s /etc/passwd abs');
+    assert.equal((await sb.files.getInfo('/tmp/rel')).symlinkTarget, '/etc/hostname');
+    assert.equal((await sb.files.getInfo('/tmp/abs')).symlinkTarget, '/etc/passwd');
+    assert.ok((await sb.files.list('/tmp')).some((e) => e.name === 'rel' && e.symlinkTarget === '/etc/hostname' && e.owner === 'user'));
+    await assert.rejects(sb.commands.connect(999999));
+    await sb.kill();
+  });
+
   it('setTimeout shortens as well as extends; connect() never shortens a running sandbox\'s timeout', async () => {
     const sb = await create({ timeoutMs: 3_600_000 });
     const endsIn = async () => Date.parse((await sb.getInfo()).endAt) - Date.now();

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { Channel, INITIAL_WINDOW, type EntryInfo, type EntryType } from '@space/protocol';
 import { AgentError } from './processes.js';
 import type { Stream } from './streams.js';
-import { DEFAULT_USER, resolveUser, type User } from './users.js';
+import { DEFAULT_USER, idName, resolveUser, type User } from './users.js';
 
 const MAX_LIST = 10_000;
 const READ_CHUNK = 64 * 1024;
@@ -54,7 +54,7 @@ function typeOf(st: import('node:fs').Stats): EntryType {
 export async function stat(p: string): Promise<EntryInfo> {
   try {
     const st = await fs.lstat(p);
-    const info: EntryInfo = { name: path.basename(p), path: p, type: typeOf(st), size: st.size, mode: st.mode & 0o7777, mtimeMs: Math.round(st.mtimeMs) };
+    const info: EntryInfo = { name: path.basename(p), path: p, type: typeOf(st), size: st.size, mode: st.mode & 0o7777, mtimeMs: Math.round(st.mtimeMs), owner: idName(st.uid), group: idName(st.gid, true) };
     if (st.isSymbolicLink()) info.symlinkTarget = await fs.readlink(p);
     return info;
   } catch (err) {

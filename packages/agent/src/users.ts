@@ -14,19 +14,30 @@ export interface User {
 /** The default non-root user of every sandbox. */
 export const DEFAULT_USER: User = { name: 'user', uid: 1000, gid: 1000, home: '/home/user', shell: '/bin/sh' };
 
-let cache: { at: number; lines: string[] } | undefined;
-/** /etc/passwd, re-read at most once a second (a file read through gVisor's gofer is not free). */
-function passwdLines(): string[] {
+const cache = new Map<string, { at: number; lines: string[] }>();
+/** A file's lines, re-read at most once a second (a file read through gVisor's gofer is not free). */
+function linesOf(file: '/etc/passwd' | '/etc/group'): string[] {
   const now = Date.now();
-  if (cache && now - cache.at < 1000) return cache.lines;
+  const c = cache.get(file);
+  if (c && now - c.at < 1000) return c.lines;
   let lines: string[] = [];
   try {
-    lines = readFileSync('/etc/passwd', 'utf8').split('\n');
+    lines = readFileSync(file, 'utf8').split('\n');
   } catch {
-    // no passwd file: only root and the default user exist
+    // no such file: only root and the default user exist
   }
-  cache = { at: now, lines };
+  cache.set(file, { at: now, lines });
   return lines;
+}
+const passwdLines = () => linesOf('/etc/passwd');
+
+/** The name of uid `uid` (or gid, with `group`), from /etc/passwd or /etc/group; else the number. */
+export function idName(id: number, group = false): string {
+  for (const line of linesOf(group ? '/etc/group' : '/etc/passwd')) {
+    const [name, , n] = line.split(':');
+    if (name && n === String(id)) return name;
+  }
+  return String(id);
 }
 
 /** Looks up `who` (a name or a numeric uid); undefined when it is not known. */

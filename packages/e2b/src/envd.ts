@@ -96,6 +96,8 @@ interface AgentEntry {
   mode: number;
   mtimeMs: number;
   symlinkTarget?: string;
+  owner?: string;
+  group?: string;
 }
 
 const TYPE: Record<AgentEntry['type'], FileType> = { file: FileType.FILE, dir: FileType.DIRECTORY, symlink: FileType.SYMLINK, other: FileType.UNSPECIFIED };
@@ -116,10 +118,11 @@ function entry(e: AgentEntry): MessageInitShape<typeof EntryInfoSchema> {
     size: BigInt(e.size),
     mode: e.mode,
     permissions: permissions(e),
-    owner: '',
-    group: '',
+    owner: e.owner ?? '',
+    group: e.group ?? '',
     modifiedTime: timestampFromMs(e.mtimeMs),
-    ...(e.symlinkTarget !== undefined ? { symlinkTarget: e.symlinkTarget } : {}),
+    // E2B gives a link's target as an absolute path (SPACE's own API gives readlink's text).
+    ...(e.symlinkTarget !== undefined ? { symlinkTarget: path.posix.resolve(path.posix.dirname(e.path), e.symlinkTarget) } : {}),
   };
 }
 
@@ -269,6 +272,9 @@ export function envdRoutes(deps: EnvdDeps): (router: ConnectRouter) => void {
         try {
           const c = who(ctx);
           pid = await pidOf(c, req.process);
+          // Refuse an unknown pid now: attaching would only fail once the stream has started.
+          const r = await svc.unary(c.tenantId, c.sandboxId, 'exec', { op: 'ps' });
+          if (!((r.processes ?? []) as { pid: number }[]).some((x) => x.pid === pid)) throw new SpaceError('PROCESS_NOT_FOUND', `No process ${pid} in sandbox ${c.sandboxId}`);
           call = await attach(c, pid);
         } catch (err) {
           throw toConnectError(err);

@@ -152,6 +152,10 @@ export interface EntryInfo {
   mode: number;
   mtimeMs: number;
   symlinkTarget?: string;
+  /** The owner's user name (the numeric uid when /etc/passwd has none). */
+  owner?: string;
+  /** The group's name (the numeric gid when /etc/group has none). */
+  group?: string;
 }
 
 export interface StatRequest {
