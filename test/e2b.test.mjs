@@ -234,6 +234,30 @@ describe('E2B-compatible API (e2b SDK)', () => {
     await sb.kill();
   });
 
+  it('list: order, template and startedAfter filter across pages as E2B\'s API does', async () => {
+    const tag = { suite: `list-${Date.now()}` };
+    const a = await create({ metadata: tag });
+    await new Promise((r) => setTimeout(r, 20));
+    const mid = new Date();
+    await new Promise((r) => setTimeout(r, 20));
+    const b = await Sandbox.create('minimal', { ...opts, metadata: tag });
+    made.push(b.sandboxId);
+    fx.track(b.sandboxId);
+    const ids = async (o) => (await Sandbox.list({ ...opts, ...o, query: { metadata: tag, ...(o.query ?? {}) } }).nextItems()).map((x) => x.sandboxId);
+    assert.deepEqual(await ids({ order: 'asc' }), [a.sandboxId, b.sandboxId]);
+    assert.deepEqual(await ids({ order: 'desc' }), [b.sandboxId, a.sandboxId]);
+    assert.deepEqual(await ids({ query: { template: 'minimal' } }), [b.sandboxId]);
+    assert.deepEqual(await ids({ query: { startedAfter: mid } }), [b.sandboxId]);
+    const pager = Sandbox.list({ ...opts, query: { metadata: tag }, order: 'asc', limit: 1 });
+    assert.deepEqual((await pager.nextItems()).map((x) => x.sandboxId), [a.sandboxId]);
+    assert.equal(pager.hasNext, true);
+    assert.deepEqual((await pager.nextItems()).map((x) => x.sandboxId), [b.sandboxId]);
+    const bad = await fetch(`${opts.apiUrl}/v2/sandboxes?order=sideways`, { headers: { 'X-API-KEY': opts.apiKey } });
+    assert.equal(bad.status, 400);
+    await a.kill();
+    await b.kill();
+  });
+
   it('setTimeout shortens as well as extends; connect() never shortens a running sandbox\'s timeout', async () => {
     const sb = await create({ timeoutMs: 3_600_000 });
     const endsIn = async () => Date.parse((await sb.getInfo()).endAt) - Date.now();

@@ -121,6 +121,14 @@ export interface SandboxEgressOptions {
 export interface ListSandboxesOpts {
   states?: Sandbox['state'][];
   metadata?: Record<string, string>;
+  /** Only sandboxes of this template. */
+  template?: string;
+  /** Only sandboxes created at or after this time (ISO 8601). */
+  createdAfter?: string;
+  /** Only sandboxes created at or before this time (ISO 8601). */
+  createdBefore?: string;
+  /** Newest first (`desc`, the default) or oldest first. */
+  order?: 'asc' | 'desc';
   limit?: number;
   cursor?: string;
 }
@@ -778,7 +786,26 @@ export class SandboxService {
   async list(tenantId: string, q: ListSandboxesOpts = {}): Promise<SandboxPage> {
     const limit = q.limit ?? 50;
     if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw new SpaceError('BAD_REQUEST', 'limit must be an integer from 1 to 1000');
-    return this.store.listSandboxes({ tenantId, limit, ...(q.states ? { states: q.states } : {}), ...(q.metadata ? { metadata: q.metadata } : {}), ...(q.cursor ? { cursor: q.cursor } : {}) });
+    const time = (v: string | undefined, field: string): string | undefined => {
+      if (v === undefined) return undefined;
+      const t = Date.parse(v);
+      if (!Number.isFinite(t)) throw new SpaceError('BAD_REQUEST', `${field} must be a time in ISO 8601, e.g. 2026-12-01T10:00:00Z; got ${JSON.stringify(v)}`);
+      return new Date(t).toISOString();
+    };
+    if (q.order !== undefined && q.order !== 'asc' && q.order !== 'desc') throw new SpaceError('BAD_REQUEST', 'order must be asc or desc');
+    const createdAfter = time(q.createdAfter, 'createdAfter');
+    const createdBefore = time(q.createdBefore, 'createdBefore');
+    return this.store.listSandboxes({
+      tenantId,
+      limit,
+      ...(q.states ? { states: q.states } : {}),
+      ...(q.metadata ? { metadata: q.metadata } : {}),
+      ...(q.template !== undefined ? { template: q.template } : {}),
+      ...(createdAfter ? { createdAfter } : {}),
+      ...(createdBefore ? { createdBefore } : {}),
+      ...(q.order ? { order: q.order } : {}),
+      ...(q.cursor ? { cursor: q.cursor } : {}),
+    });
   }
 
   /** Kills a sandbox and frees everything it had on the host. */

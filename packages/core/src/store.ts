@@ -35,8 +35,16 @@ export interface SandboxQuery {
   states?: SandboxState[];
   /** Every pair must match the sandbox's metadata. */
   metadata?: Record<string, string>;
+  /** Only sandboxes of this template. */
+  template?: string;
+  /** Only sandboxes created at or after this time (ISO 8601). */
+  createdAfter?: string;
+  /** Only sandboxes created at or before this time (ISO 8601). */
+  createdBefore?: string;
+  /** By creation: newest first (`desc`, the default) or oldest first. */
+  order?: 'asc' | 'desc';
   limit: number;
-  /** Opaque cursor from a previous page. */
+  /** Opaque cursor from a previous page (of the same query and order). */
   cursor?: string;
 }
 

@@ -204,7 +204,17 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const states = [...(wanted.includes('running') ? (['starting', 'running'] as const) : []), ...(wanted.includes('paused') ? (['paused', 'hibernated'] as const) : [])];
     const limit = q.limit ? Number(q.limit) : 100;
     if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw new SpaceError('BAD_REQUEST', 'limit must be from 1 to 1000');
-    const page = await svc.list(tenantId, { states: [...states], ...(metadata ? { metadata } : {}), limit, ...(q.nextToken ? { cursor: q.nextToken } : {}) });
+    if (q.order !== undefined && q.order !== 'asc' && q.order !== 'desc') throw new SpaceError('BAD_REQUEST', 'order must be asc or desc');
+    const page = await svc.list(tenantId, {
+      states: [...states],
+      ...(metadata ? { metadata } : {}),
+      ...(q.template ? { template: q.template } : {}),
+      ...(q.startedAfter ? { createdAfter: q.startedAfter } : {}),
+      ...(q.startedBefore ? { createdBefore: q.startedBefore } : {}),
+      ...(q.order ? { order: q.order } : {}),
+      limit,
+      ...(q.nextToken ? { cursor: q.nextToken } : {}),
+    });
     return page;
   };
   app.get<{ Querystring: Record<string, string | undefined> }>('/v2/sandboxes', async (req, reply) => {

@@ -245,17 +245,23 @@ export class SqliteStore implements MetadataStore {
         exists(selectFrom('sandbox_labels').select(sql`1`.as('one')).whereRef('sandbox_labels.sandbox_id', '=', 'sandboxes.id').where('key', '=', k).where('value', '=', v)),
       );
     }
+    if (q.template !== undefined) qb = qb.where(sql<string>`json_extract(doc, '$.template')`, '=', q.template);
+    if (q.createdAfter !== undefined) qb = qb.where('created_at', '>=', q.createdAfter);
+    if (q.createdBefore !== undefined) qb = qb.where('created_at', '<=', q.createdBefore);
+    const asc = q.order === 'asc';
     if (q.cursor) {
-      const after = Number.parseInt(Buffer.from(q.cursor, 'base64url').toString(), 10);
-      if (!Number.isSafeInteger(after)) throw new SpaceError('BAD_REQUEST', 'Invalid cursor: pass the nextCursor of a previous page unchanged');
-      qb = qb.where('seq', '<', after);
+      // A cursor is the last row's seq; an ascending one says so ("a" prefix), so it cannot be misread.
+      const text = Buffer.from(q.cursor, 'base64url').toString();
+      const after = Number.parseInt(asc ? text.slice(1) : text, 10);
+      if (!Number.isSafeInteger(after) || (asc !== text.startsWith('a'))) throw new SpaceError('BAD_REQUEST', 'Invalid cursor: pass the nextCursor of a previous page of the same query and order unchanged');
+      qb = qb.where('seq', asc ? '>' : '<', after);
     }
-    const rows = await qb.orderBy('seq', 'desc').limit(q.limit + 1).execute();
+    const rows = await qb.orderBy('seq', asc ? 'asc' : 'desc').limit(q.limit + 1).execute();
     const page = rows.slice(0, q.limit);
     const more = rows.length > q.limit;
     return {
       items: page.map((r) => JSON.parse(r.doc) as Sandbox),
-      ...(more ? { nextCursor: Buffer.from(String(page[page.length - 1]!.seq)).toString('base64url') } : {}),
+      ...(more ? { nextCursor: Buffer.from(`${asc ? 'a' : ''}${page[page.length - 1]!.seq}`).toString('base64url') } : {}),
     };
   }
 
