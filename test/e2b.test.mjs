@@ -258,6 +258,35 @@ describe('E2B-compatible API (e2b SDK)', () => {
     await b.kill();
   });
 
+  it('snapshots: Sandbox.create(snapshotId) starts from it (twice), listSnapshots filters by name, deleteSnapshot deletes', async () => {
+    const sb = await create();
+    await sb.files.write('/home/user/state.txt', 'from the snapshot');
+    const keep = await sb.createSnapshot({ name: 'keep' });
+    const other = await sb.createSnapshot({ name: 'other' });
+    await sb.files.write('/home/user/state.txt', 'changed later');
+    const byName = await Sandbox.listSnapshots({ ...opts, sandboxId: sb.sandboxId, name: 'keep' }).nextItems();
+    assert.deepEqual(byName.map((x) => x.snapshotId), [keep.snapshotId]);
+    for (let i = 0; i < 2; i++) {
+      const copy = await Sandbox.create(keep.snapshotId, opts);
+      made.push(copy.sandboxId);
+      fx.track(copy.sandboxId);
+      assert.notEqual(copy.sandboxId, sb.sandboxId);
+      assert.equal(await copy.files.read('/home/user/state.txt'), 'from the snapshot');
+      await copy.kill();
+    }
+    assert.equal(await Sandbox.deleteSnapshot(other.snapshotId, opts), true);
+    assert.equal(await Sandbox.deleteSnapshot(other.snapshotId, opts), false, 'gone: 404');
+    const left = await Sandbox.listSnapshots({ ...opts, sandboxId: sb.sandboxId }).nextItems();
+    assert.deepEqual(left.map((x) => x.snapshotId), [keep.snapshotId]);
+    await assert.rejects(Sandbox.create('sn000000000000000000', opts));
+    // The snapshot a paused (hibernated) sandbox sleeps in holds its state: not deletable.
+    await sb.pause();
+    const sleeping = (await Sandbox.listSnapshots({ ...opts, sandboxId: sb.sandboxId }).nextItems()).at(-1);
+    assert.notEqual(sleeping.snapshotId, keep.snapshotId);
+    await assert.rejects(Sandbox.deleteSnapshot(sleeping.snapshotId, opts), /wake or kill the sandbox first/);
+    await Sandbox.kill(sb.sandboxId, opts);
+  });
+
   it('setTimeout shortens as well as extends; connect() never shortens a running sandbox\'s timeout', async () => {
     const sb = await create({ timeoutMs: 3_600_000 });
     const endsIn = async () => Date.parse((await sb.getInfo()).endAt) - Date.now();

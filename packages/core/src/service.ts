@@ -952,6 +952,35 @@ export class SandboxService {
     return this.store.listSnapshots(id);
   }
 
+  /** A tenant's snapshot by id; another tenant's is as unknown as a missing one. */
+  async getSnapshot(tenantId: string, snapshotId: string): Promise<Snapshot> {
+    const snap = typeof snapshotId === 'string' && snapshotId.length < 64 ? await this.store.getSnapshot(snapshotId) : undefined;
+    if (!snap || snap.tenantId !== tenantId) throw new SpaceError('SNAPSHOT_NOT_FOUND', `No snapshot ${JSON.stringify(snapshotId)} for this API key`, { details: { snapshotId } });
+    return snap;
+  }
+
+  /**
+   * Deletes one snapshot. The snapshot a hibernated sandbox sleeps in holds its state and is
+   * refused (`SANDBOX_INVALID_STATE`); deleting a running sandbox's newest snapshot makes the
+   * one before it the point a crash recovers to.
+   *
+   * @example
+   * await svc.removeSnapshot('tenant1', 'sn0123456789abcdefgh');
+   */
+  async removeSnapshot(tenantId: string, snapshotId: string): Promise<void> {
+    const snap = await this.getSnapshot(tenantId, snapshotId);
+    await this.withLock(snap.sandboxId, async () => {
+      const sb = await this.get(tenantId, snap.sandboxId);
+      if (sb.lastSnapshotId === snap.id && sb.state === 'hibernated') throw new SpaceError('SANDBOX_INVALID_STATE', `Snapshot ${snap.id} holds hibernated sandbox ${sb.id}: wake or kill the sandbox first`);
+      if (sb.lastSnapshotId === snap.id) {
+        const rest = (await this.store.listSnapshots(sb.id)).filter((x) => x.id !== snap.id);
+        await this.store.updateSandbox(sb.id, { lastSnapshotId: rest.at(-1)?.id });
+      }
+      await this.deleteSnapshot(snap);
+      await this.event(sb.id, 'snapshot-deleted', `snapshot ${snap.id} deleted`);
+    });
+  }
+
   /** Saves the whole sandbox to a snapshot and releases every host resource. */
   hibernate(tenantId: string, id: string): Promise<Sandbox> {
     return this.withLock(id, async () => {

@@ -102,6 +102,14 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const timeoutMs = seconds(b.timeout, 'timeout') ?? 300_000;
     const env = strMap(b.envVars, 'envVars');
     const metadata = strMap(b.metadata, 'metadata');
+    // Sandbox.create(snapshotId): E2B snapshots are templates; SPACE forks the snapshot.
+    if (/^sn[a-z0-9]{18}$/.test(template)) {
+      if (env || metadata) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot has the snapshot\'s environment and labels: create it without envs and metadata');
+      const snapshot = await svc.getSnapshot(tenantId, template);
+      const [r] = await svc.fork(tenantId, snapshot.sandboxId, { count: 1, snapshotId: snapshot.id });
+      if (!r || 'error' in r) throw new SpaceError((r?.error.code as never) ?? 'INTERNAL', r?.error.message ?? 'the fork returned nothing');
+      return created(await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs));
+    }
     const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(internet ? { egress: { publicInternet: true } } : {}) });
     return created(sb);
   };
@@ -236,8 +244,15 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const tenantId = await tenantOf(req);
     const ids = req.query.sandboxID ? [req.query.sandboxID] : (await svc.list(tenantId, { limit: 1000 })).items.map((s) => s.id);
     const out: ReturnType<typeof snap>[] = [];
-    for (const id of ids) out.push(...(await svc.snapshots(tenantId, id)).map(snap));
+    for (const id of ids) out.push(...(await svc.snapshots(tenantId, id)).filter((s) => req.query.name === undefined || s.name === req.query.name).map(snap));
     return out;
+  });
+  // Sandbox.deleteSnapshot(id): E2B deletes a snapshot as the template it is.
+  app.delete<{ Params: { id: string } }>('/templates/:id', async (req, reply) => {
+    const tenantId = await tenantOf(req);
+    if (!/^sn[a-z0-9]{18}$/.test(req.params.id)) throw unsupported('Deleting templates', 'remove SPACE templates with `space template rm NAME`');
+    await svc.removeSnapshot(tenantId, req.params.id);
+    return reply.code(204).send();
   });
   app.post<{ Params: { id: string } }>('/sandboxes/:id/fork', async (req) => {
     const tenantId = await tenantOf(req);
