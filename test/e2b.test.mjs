@@ -336,7 +336,8 @@ describe('E2B-compatible API (e2b SDK)', () => {
   });
 
   it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {
-    await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'] } }), /"network" is not supported/);
+    await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'], rules: { 'example.com': [{ transform: { headers: { 'X-A': 'b' } } }] } } }), /Header transforms \(network.rules\) is not supported.*space secret set/);
+    await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['not a host!'] } }), /EGRESS_POLICY_INVALID|not a host|domain/i);
     await assert.rejects(Sandbox.create('no-such-template', opts), /TEMPLATE_NOT_FOUND/);
     const bad = await fetch(`${opts.apiUrl}/sandboxes`, { method: 'POST', headers: { 'X-API-KEY': 'e2b_0000000000000000000000000000000000000000', 'content-type': 'application/json' }, body: '{}' });
     assert.equal(bad.status, 401);

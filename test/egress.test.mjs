@@ -22,6 +22,7 @@ const sh = (sb, cmd) => sb.commands.run(cmd, { timeoutMs: 60_000 });
 describe('egress: secrets injected by the proxy, nothing else reachable', () => {
   let fx;
   let up;
+  let e2bUp;
   let tmp;
   let sb;
   let opts;
@@ -29,11 +30,13 @@ describe('egress: secrets injected by the proxy, nothing else reachable', () => 
 
   before(async () => {
     up = await startUpstream(['api.example.test', 'other.example.test', 'rebind.example.test']);
+    // E2B's network rules carry no ports: SPACE opens 80 and 443 for them, so this one listens there.
+    e2bUp = await startUpstream(['e2b-allowed.example.test', 'e2b-other.example.test'], { address: '127.0.0.2', httpsPort: 443, httpPort: 80 });
     tmp = mkdtempSync('/tmp/spt-egress-');
-    writeFileSync(path.join(tmp, 'upstream-ca.pem'), up.caPem);
+    writeFileSync(path.join(tmp, 'upstream-ca.pem'), up.caPem + e2bUp.caPem);
     await new Promise((r) => hostListener.listen(0, '0.0.0.0', r));
     fx = await startTestDaemon({
-      egress: { upstreamCaFile: path.join(tmp, 'upstream-ca.pem'), hosts: { 'api.example.test': '127.0.0.1', 'other.example.test': '127.0.0.1', 'rebind.example.test': '127.0.0.2', 'denied.example.test': '127.0.0.1' } },
+      egress: { upstreamCaFile: path.join(tmp, 'upstream-ca.pem'), hosts: { 'api.example.test': '127.0.0.1', 'other.example.test': '127.0.0.1', 'rebind.example.test': '127.0.0.2', 'denied.example.test': '127.0.0.1', 'e2b-allowed.example.test': '127.0.0.2', 'e2b-other.example.test': '127.0.0.2' } },
     });
     opts = fx.conn;
     await Secrets.set('API_TOKEN', { ...opts, value: VALUE, hosts: ['api.example.test'] });
@@ -48,6 +51,7 @@ describe('egress: secrets injected by the proxy, nothing else reachable', () => 
   after(async () => {
     hostListener.close();
     await up?.close();
+    await e2bUp?.close();
     if (tmp) rmSync(tmp, { recursive: true, force: true });
     if (fx) assert.deepEqual(await fx.close(), []);
   });
@@ -285,6 +289,30 @@ for i in range(3):
       assert.equal(bad.status, 400);
     } finally {
       await sb.setEgress(before);
+    }
+  });
+
+  it('an E2B-created sandbox: network.allowOut reaches the listed host through the proxy; others are refused and audited', async () => {
+    {
+      const { Sandbox: E2bSandbox } = await import('e2b');
+      const key = (await api(fx, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b-net' } })).body.key;
+      const url = (await api(fx, 'GET', '/v1/e2b')).body.url;
+      const e = await E2bSandbox.create('base', { apiKey: key, apiUrl: url, sandboxUrl: url, network: { allowOut: ['e2b-allowed.example.test', '127.0.0.2'] } });
+      fx.track(e.sandboxId);
+      const code = async (host) => (await e.commands.run(`curl -sS -o /dev/null -w '%{http_code}' https://${host}/e2b-net 2>&1 || true`)).stdout;
+      assert.equal(await code('e2b-allowed.example.test'), '200');
+      assert.ok(e2bUp.seen.some((r) => r.url === '/e2b-net'));
+      assert.match(await code('e2b-other.example.test'), /403/);
+      const log = (await api(fx, 'GET', `/v1/sandboxes/${e.sandboxId}/egress/log`)).body.items;
+      assert.ok(log.some((x) => x.host === 'e2b-other.example.test' && x.decision === 'denied'), 'the refusal is audited');
+      // updateNetwork: everything public but one denied name; the listed address range stays allowed.
+      await e.updateNetwork({ allowOut: ['127.0.0.2'], denyOut: ['e2b-other.example.test'] });
+      const policy = (await api(fx, 'GET', `/v1/sandboxes/${e.sandboxId}/egress`)).body;
+      assert.deepEqual([policy.domains, policy.cidrs, policy.publicInternet ?? false], [[], ['127.0.0.2/32'], false], 'no internet access was given: only the listed range');
+      await e.updateNetwork({ allowOut: ['0.0.0.0/0', '127.0.0.2'], denyOut: ['e2b-other.example.test'] });
+      assert.equal(await code('e2b-allowed.example.test'), '200', 'all traffic allowed: a name not listed');
+      assert.match(await code('e2b-other.example.test'), /403/, 'denyOut still refuses its name');
+      await e.kill();
     }
   });
 

@@ -60,15 +60,15 @@ function handler(seen) {
 }
 
 /**
- * Starts an HTTPS and an HTTP server on 127.0.0.1 (random ports) for `names`.
- * `seen` collects every request they received.
+ * Starts an HTTPS and an HTTP server on `address` (127.0.0.1; random ports unless given) for
+ * `names`. `seen` collects every request they received.
  */
-export async function startUpstream(names = ['api.example.test', 'other.example.test']) {
+export async function startUpstream(names = ['api.example.test', 'other.example.test'], { address = '127.0.0.1', httpsPort = 0, httpPort = 0 } = {}) {
   const pki = await makePki(names);
   const seen = [];
   const tlsServer = https.createServer({ key: pki.keyPem, cert: pki.certPem }, handler(seen));
   const plain = http.createServer(handler(seen));
-  await Promise.all([tlsServer, plain].map((s) => new Promise((r) => s.listen(0, '127.0.0.1', r))));
+  await Promise.all([[tlsServer, httpsPort], [plain, httpPort]].map(([s, port]) => new Promise((r, j) => s.once('error', j).listen(port, address, r))));
   return {
     ...pki,
     seen,

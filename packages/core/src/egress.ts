@@ -37,6 +37,12 @@ export interface EgressPolicy {
    * their own hosts. Absent: false.
    */
   publicInternet?: boolean;
+  /**
+   * With {@link publicInternet}: host names (and `*.` wildcards) and address ranges refused
+   * although public, checked after the allow lists (an allowed destination stays allowed, as
+   * in E2B's `denyOut`). Absent: none.
+   */
+  deny?: { domains?: string[]; cidrs?: string[] };
 }
 
 /** The policy of a new sandbox: nothing allowed. */
@@ -83,7 +89,7 @@ export function checkEgressPolicy(input: unknown): EgressPolicy {
     if (!Array.isArray(v) || v.length > EGRESS_LIMITS.entries) throw new SpaceError('EGRESS_POLICY_INVALID', `${field} must be an array of at most ${EGRESS_LIMITS.entries} entries`, { details: { field } });
     return v;
   };
-  for (const k of Object.keys(p)) if (!['domains', 'cidrs', 'ports', 'passthrough', 'publicInternet'].includes(k)) throw new SpaceError('EGRESS_POLICY_INVALID', `Unknown egress policy field ${JSON.stringify(k)}`, { details: { field: k } });
+  for (const k of Object.keys(p)) if (!['domains', 'cidrs', 'ports', 'passthrough', 'publicInternet', 'deny'].includes(k)) throw new SpaceError('EGRESS_POLICY_INVALID', `Unknown egress policy field ${JSON.stringify(k)}`, { details: { field: k } });
   const domains = list('domains', []).map((d, i) => checkDomainPattern(d, 'EGRESS_POLICY_INVALID', `domains[${i}]`));
   const cidrs = list('cidrs', []).map((c, i) => {
     const parsed = typeof c === 'string' ? parseCidr(c) : undefined;
@@ -102,7 +108,14 @@ export function checkEgressPolicy(input: unknown): EgressPolicy {
     return `${net.isIP(host) === 6 ? `[${host}]` : host}:${port}`;
   });
   if (p.publicInternet !== undefined && typeof p.publicInternet !== 'boolean') throw new SpaceError('EGRESS_POLICY_INVALID', 'publicInternet must be true or false', { details: { field: 'publicInternet' } });
-  return { domains: [...new Set(domains)], cidrs: [...new Set(cidrs)], ports: [...new Set(ports)].sort((a, b) => a - b), passthrough: [...new Set(passthrough)], ...(p.publicInternet ? { publicInternet: true } : {}) };
+  let deny: EgressPolicy['deny'];
+  if (p.deny !== undefined) {
+    const d = p.deny as { domains?: unknown; cidrs?: unknown };
+    if (typeof d !== 'object' || d === null || Array.isArray(d) || Object.keys(d).some((k) => k !== 'domains' && k !== 'cidrs')) throw new SpaceError('EGRESS_POLICY_INVALID', 'deny must be an object with domains and cidrs', { details: { field: 'deny' } });
+    const checked = checkEgressPolicy({ domains: d.domains ?? [], cidrs: d.cidrs ?? [] });
+    if (checked.domains.length || checked.cidrs.length) deny = { domains: checked.domains, cidrs: checked.cidrs };
+  }
+  return { domains: [...new Set(domains)], cidrs: [...new Set(cidrs)], ports: [...new Set(ports)].sort((a, b) => a - b), passthrough: [...new Set(passthrough)], ...(p.publicInternet ? { publicInternet: true } : {}), ...(deny ? { deny } : {}) };
 }
 
 /** True when host name `host` matches pattern `p` (exact, or `*.` for any subdomain). */

@@ -6,7 +6,8 @@
  * ask for that SPACE cannot honour is refused with 400 and says what, never ignored.
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { SpaceError, type ApiKeys, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
+import net from 'node:net';
+import { SpaceError, parseCidr, type ApiKeys, type EgressPolicy, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
 import type { AccessTokens } from './access.js';
 
 /** The envd version SPACE reports: new enough that the SDK enables every feature it speaks. */
@@ -32,6 +33,48 @@ type Body = Record<string, unknown>;
 
 function unsupported(what: string, why?: string): SpaceError {
   return new SpaceError('BAD_REQUEST', `${what} is not supported by SPACE's E2B-compatible API${why ? ` (${why})` : ''}`);
+}
+
+/** E2B's selector for all traffic (its SDK exports it as ALL_TRAFFIC). */
+const ALL_TRAFFIC = new Set(['0.0.0.0/0', '::/0']);
+
+/**
+ * E2B's `network` ({allowOut, denyOut}) as a SPACE egress policy. E2B's rules: a destination in
+ * allowOut is allowed (allow beats deny); else one in denyOut is refused; else it is allowed
+ * only when allowOut was not given and the sandbox has internet access. So: allowOut's names
+ * and ranges become the policy's domains and cidrs; "all traffic" in allowOut, or no allowOut
+ * with internet access, opens the public internet (`publicInternet`), unless denyOut holds all
+ * traffic; denyOut's names and ranges become the policy's deny lists.
+ */
+export function networkPolicy(network: unknown, internet: boolean): Partial<EgressPolicy> {
+  if (typeof network !== 'object' || network === null || Array.isArray(network)) throw new SpaceError('BAD_REQUEST', 'network must be an object with allowOut and denyOut');
+  const n = network as Record<string, unknown>;
+  if (n.rules !== undefined && n.rules !== null) throw unsupported('Header transforms (network.rules)', 'attach a secret with a header instead, which the egress proxy injects for its hosts: `space secret set NAME --host HOST --header Authorization`, see docs/egress.md');
+  if (n.egressProxy !== undefined && n.egressProxy !== null) throw unsupported('network.egressProxy', 'every SPACE sandbox already reaches the network only through SPACE\'s egress proxy');
+  for (const k of Object.keys(n)) if (!['allowOut', 'denyOut', 'rules', 'egressProxy', 'maskRequestHost'].includes(k)) throw new SpaceError('BAD_REQUEST', `Unknown network option ${JSON.stringify(k)}`);
+  if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) throw unsupported('network.maskRequestHost', 'the egress proxy forwards requests to the host they name');
+  const split = (v: unknown, field: string) => {
+    if (v === undefined || v === null) return undefined;
+    if (!Array.isArray(v) || v.length > 256 || v.some((x) => typeof x !== 'string')) throw new SpaceError('BAD_REQUEST', `network.${field} must be a list of at most 256 addresses, CIDRs or host names`);
+    const out = { all: false, domains: [] as string[], cidrs: [] as string[] };
+    for (const raw of v as string[]) {
+      const x = raw.trim().toLowerCase();
+      if (ALL_TRAFFIC.has(x)) out.all = true;
+      else if (net.isIP(x)) out.cidrs.push(`${x}/${net.isIPv4(x) ? 32 : 128}`);
+      else if (parseCidr(x)) out.cidrs.push(x);
+      else out.domains.push(x);
+    }
+    return out;
+  };
+  const allow = split(n.allowOut, 'allowOut');
+  const deny = split(n.denyOut, 'denyOut');
+  const open = (allow?.all || (allow === undefined && internet)) && !deny?.all;
+  return {
+    domains: allow?.domains ?? [],
+    cidrs: allow?.cidrs ?? [],
+    ...(open ? { publicInternet: true } : {}),
+    ...(open && deny && (deny.domains.length || deny.cidrs.length) ? { deny: { domains: deny.domains, cidrs: deny.cidrs } } : {}),
+  };
 }
 
 /** E2B's `state`: running or paused (SPACE's paused and hibernated). */
@@ -87,11 +130,12 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const tenantId = await tenantOf(req);
     const b = (req.body ?? {}) as Body;
     const egressHint = "a SPACE sandbox reaches only its egress proxy: allow destinations with SPACE's API (PUT /v1/sandboxes/{id}/egress, `space egress allow ID --domain HOST`), see docs/egress.md";
-    if (b.network !== undefined && b.network !== null) throw unsupported('"network"', egressHint);
     if (b.mcp !== undefined && b.mcp !== null) throw unsupported('"mcp" (an MCP gateway inside the sandbox)', 'SPACE serves MCP from outside the sandbox instead: `space mcp`, see docs/mcp.md');
     for (const k of ['iam', 'volumeMounts'] as const) if (b[k] !== undefined && b[k] !== null) throw unsupported(`"${k}"`);
     // E2B SDKs before 2.51 send allowInternetAccess: true on every create: E2B's meaning, through the proxy.
     const internet = b.allow_internet_access === true;
+    const egress = b.network !== undefined && b.network !== null ? networkPolicy(b.network, internet) : internet ? { publicInternet: true } : undefined;
+    if (egress?.publicInternet && !internet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', `Internet access (network.allowOut with all traffic) is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): list the destinations instead, or ${egressHint}`);
     if (internet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', `Internet access (allowInternetAccess: true, which E2B SDKs before 2.51 send by default) is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): create with allowInternetAccess: false and ${egressHint}`);
     if (b.allow_internet_access !== undefined && b.allow_internet_access !== null && typeof b.allow_internet_access !== 'boolean') throw new SpaceError('BAD_REQUEST', 'allow_internet_access must be true or false');
     if (b.autoPauseMemory === false) throw unsupported('Pausing without memory (autoPauseMemory: false)');
@@ -110,11 +154,21 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
       if (!r || 'error' in r) throw new SpaceError((r?.error.code as never) ?? 'INTERNAL', r?.error.message ?? 'the fork returned nothing');
       return created(await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs));
     }
-    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(internet ? { egress: { publicInternet: true } } : {}) });
+    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(egress ? { egress } : {}) });
     return created(sb);
   };
   app.post('/sandboxes', async (req, reply) => reply.code(201).send(await create(req)));
   app.post('/v2/sandboxes', async (req, reply) => reply.code(201).send(await create(req)));
+
+  // ---- network: sandbox.updateNetwork({allowOut, denyOut}) replaces the egress policy
+  app.put<{ Params: { id: string } }>('/sandboxes/:id/network', async (req, reply) => {
+    const tenantId = await tenantOf(req);
+    const sb = await svc.get(tenantId, req.params.id);
+    const policy = networkPolicy(req.body ?? {}, !!sb.egress?.publicInternet);
+    if (policy.publicInternet && !sb.egress?.publicInternet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', 'Internet access is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): list the destinations instead');
+    await svc.setEgress(tenantId, sb.id, { ...(sb.egress ?? {}), ...policy, ...(policy.publicInternet ? {} : { publicInternet: false }), ...(policy.deny ? {} : { deny: undefined }) });
+    return reply.code(204).send();
+  });
 
   // ---- connect / resume: 200 when it was running, 201 when it had to be resumed
   const connect = async (req: FastifyRequest<{ Params: { id: string } }>, mustBePaused: boolean) => {

@@ -181,14 +181,25 @@ export class EgressProxy {
     if (net.isIP(host)) {
       const bl = cidrList(p.cidrs);
       if (bl.check(host, net.isIPv4(host) ? 'ipv4' : 'ipv6')) return;
-      // Public internet: any public address; the address rules refuse the rest (private, metadata, ...).
-      const why = p.publicInternet ? this.rules.refusal(host, bl) : `${host} is not in an allowed CIDR of the egress policy`;
+      // Public internet: any public address not denied; the address rules refuse the rest (private, metadata, ...).
+      const why = p.publicInternet ? (this.denied(p, host) ?? this.rules.refusal(host, bl)) : `${host} is not in an allowed CIDR of the egress policy`;
       if (why) throw new Refusal(403, why);
       return;
     }
-    // Public internet: any name; the address it resolves to is checked when connecting (pickAddress).
-    if (p.publicInternet) return;
-    if (![...p.domains, ...secretHosts].some((d) => hostMatches(d, host))) throw new Refusal(403, `${host} is not an allowed domain of the egress policy`);
+    if ([...p.domains, ...secretHosts].some((d) => hostMatches(d, host))) return;
+    // Public internet: any name not denied; the address it resolves to is checked when connecting (pickAddress).
+    const why = p.publicInternet ? this.denied(p, host) : `${host} is not an allowed domain of the egress policy`;
+    if (why) throw new Refusal(403, why);
+  }
+
+  /** Why the policy's deny lists refuse `hostOrAddress` (not listed as allowed), if they do. */
+  private denied(p: EgressContext['policy'], hostOrAddress: string): string | undefined {
+    if (!p.deny) return undefined;
+    if (net.isIP(hostOrAddress)) {
+      const a = hostOrAddress;
+      return cidrList(p.deny.cidrs ?? []).check(a, net.isIPv4(a) ? 'ipv4' : 'ipv6') ? `${a} is in a denied CIDR of the egress policy` : undefined;
+    }
+    return (p.deny.domains ?? []).some((d) => hostMatches(d, hostOrAddress)) ? `${hostOrAddress} is a denied domain of the egress policy` : undefined;
   }
 
   /** Resolves `host` and returns the first address the rules allow; throws a Refusal if none. */
@@ -200,9 +211,11 @@ export class EgressProxy {
       throw new Refusal(502, err instanceof Error ? err.message : String(err));
     }
     const allowed = cidrList(ctx.policy.cidrs);
+    // A name open only because the internet is (not listed) must not resolve into a denied range.
+    const listed = net.isIP(host) ? allowed.check(host, net.isIPv4(host) ? 'ipv4' : 'ipv6') : ctx.policy.domains.some((d) => hostMatches(d, host));
     let why = `${host} has no address`;
     for (const a of addrs) {
-      const r = this.rules.refusal(a, allowed) ?? (this.opts.forbiddenEndpoint?.(a, port) ? `${a}:${port} is the SPACE daemon itself` : undefined);
+      const r = this.rules.refusal(a, allowed) ?? (ctx.policy.publicInternet && !listed && !allowed.check(a, net.isIPv4(a) ? 'ipv4' : 'ipv6') ? this.denied(ctx.policy, a) : undefined) ?? (this.opts.forbiddenEndpoint?.(a, port) ? `${a}:${port} is the SPACE daemon itself` : undefined);
       if (!r) return a;
       why = r;
     }

@@ -19,6 +19,7 @@ export const EgressPolicySchema = Type.Object(
     ports: Type.Array(Type.Integer(), { description: 'Destination ports. @default [80, 443]' }),
     passthrough: Type.Array(Type.String(), { description: 'host:port pairs tunnelled as raw TCP (no TLS interception, no secrets)' }),
     publicInternet: Type.Optional(Type.Boolean({ description: 'Any public destination on the allowed ports (never private, link-local, metadata, the sandbox network or the daemon); absent: false' })),
+    deny: Type.Optional(Type.Object({ domains: Type.Optional(Type.Array(Type.String())), cidrs: Type.Optional(Type.Array(Type.String())) }, { description: 'With publicInternet: destinations refused although public, unless listed as allowed' })),
   },
   { description: 'Where a sandbox may connect through its egress proxy; everything else is denied' },
 );
@@ -30,6 +31,7 @@ export const EgressPolicyBody = Type.Object(
     ports: Type.Optional(Type.Array(Type.Integer(), { maxItems: 256 })),
     passthrough: Type.Optional(Type.Array(Type.String({ maxLength: 300 }), { maxItems: 256 })),
     publicInternet: Type.Optional(Type.Boolean()),
+    deny: Type.Optional(Type.Object({ domains: Type.Optional(Type.Array(Type.String({ maxLength: 256 }), { maxItems: 256 })), cidrs: Type.Optional(Type.Array(Type.String({ maxLength: 64 }), { maxItems: 256 })) }, { additionalProperties: false })),
   },
   { additionalProperties: false },
 );
