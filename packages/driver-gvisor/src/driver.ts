@@ -406,7 +406,13 @@ export class GvisorDriver implements SandboxDriver {
   /** Removes one container incarnation, its netns and cgroups. Idempotent. */
   private async releaseRuntime(rid: string): Promise<void> {
     await tryRun(this.runsc, ['--root', this.stateDir, 'kill', rid, 'KILL'], 10_000);
-    await tryRun(this.runsc, ['--root', this.stateDir, 'delete', '--force', rid], 20_000);
+    // A delete can fail at once on a busy host (another runsc call holds the container's lock):
+    // while the container is still there, try again, so no sandbox leaves an orphan behind.
+    for (let attempt = 0; attempt < 5; attempt++) {
+      if (await tryRun(this.runsc, ['--root', this.stateDir, 'delete', '--force', rid], 20_000)) break;
+      if (!(await tryRun(this.runsc, ['--root', this.stateDir, 'state', rid], 10_000))) break;
+      await new Promise((r) => setTimeout(r, 200 * (attempt + 1)));
+    }
     await tryRun('ip', ['netns', 'del', `${NETNS_PREFIX}${rid}`], 10_000);
     await this.opts.network?.detach(`${NETNS_PREFIX}${rid}`);
     for (const ctl of ['memory', 'cpu', 'cpuacct', 'cpuset', 'pids', 'blkio', 'devices', 'freezer', 'systemd']) {
