@@ -287,6 +287,18 @@ describe('E2B-compatible API (e2b SDK)', () => {
     await Sandbox.kill(sb.sandboxId, opts);
   });
 
+  it('a command whose sandbox is killed under it ends with the SDK\'s end-of-life TimeoutError, not a command exit', async () => {
+    const sb = await create();
+    const running = sb.commands.run('sleep 60').then(() => undefined, (err) => err);
+    await eventually(async () => (await sb.commands.list()).some((p) => p.cmd === '/bin/bash' || p.args?.join(' ').includes('sleep 60')), { tries: 100 });
+    await Sandbox.kill(sb.sandboxId, opts);
+    const err = await running;
+    assert.ok(err, 'the command did not end in an error');
+    // (by name: the SDK may throw it from its CommonJS build, another class object)
+    assert.equal(err.name, 'TimeoutError', `${err.name}: ${err.message}`);
+    assert.match(err.message, /sandbox ended while the command ran/);
+  });
+
   it('setTimeout shortens as well as extends; connect() never shortens a running sandbox\'s timeout', async () => {
     const sb = await create({ timeoutMs: 3_600_000 });
     const endsIn = async () => Date.parse((await sb.getInfo()).endAt) - Date.now();

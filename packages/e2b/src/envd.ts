@@ -126,6 +126,9 @@ function entry(e: AgentEntry): MessageInitShape<typeof EntryInfoSchema> {
   };
 }
 
+/** Errors of a call whose sandbox went away under it. */
+const SANDBOX_GONE = new Set(['AGENT_DISCONNECTED', 'AGENT_UNAVAILABLE', 'SANDBOX_NOT_RUNNING', 'SANDBOX_NOT_FOUND']);
+
 const EXEC_SIGNAL: Partial<Record<Signal, string>> = { [Signal.SIGTERM]: 'SIGTERM', [Signal.SIGKILL]: 'SIGKILL' };
 
 type ProcessEventInit = MessageInitShape<typeof StartResponseSchema>['event'];
@@ -141,6 +144,8 @@ async function* processEvents(call: AgentCall, pid: number, ctx: HandlerContext)
   const interval = Number(ctx.requestHeader.get('keepalive-ping-interval') ?? 0);
   const keepalive = interval > 0 ? setInterval(() => q.push({ event: { event: { case: 'keepalive', value: {} } } }), Math.max(1, interval) * 1000) : undefined;
   let finished = false;
+  /** Set when the sandbox itself went away under the process (killed, timed out, crashed). */
+  let lost: SpaceError | undefined;
   const onAbort = () => call.cancel('client went away');
   ctx.signal.addEventListener('abort', onAbort, { once: true });
   void (async () => {
@@ -154,7 +159,9 @@ async function* processEvents(call: AgentCall, pid: number, ctx: HandlerContext)
       const sig = typeof end.signal === 'string' ? end.signal : undefined;
       q.push({ event: { event: { case: 'end', value: { exitCode: code, exited: end.exitCode !== null && end.exitCode !== undefined, status: sig ? `signal: ${sig.replace(/^SIG/, '').toLowerCase()}` : `exit status ${code}`, ...(end.timedOut ? { error: 'timed out' } : {}) } } } });
     } catch (err) {
-      if (!ctx.signal.aborted) q.push({ event: { event: { case: 'end', value: { exitCode: -1, exited: false, status: 'error', error: toSpaceError(err).message } } } });
+      const e = toSpaceError(err);
+      if (SANDBOX_GONE.has(e.code)) lost = e;
+      else if (!ctx.signal.aborted) q.push({ event: { event: { case: 'end', value: { exitCode: -1, exited: false, status: 'error', error: e.message } } } });
     } finally {
       finished = true;
       q.close();
@@ -162,6 +169,9 @@ async function* processEvents(call: AgentCall, pid: number, ctx: HandlerContext)
   })();
   try {
     yield* q;
+    // Unavailable is how E2B says the sandbox ended (its SDK raises its end-of-life TimeoutError),
+    // not an exit of the command.
+    if (lost) throw new ConnectError(`The sandbox ended while the command ran (${lost.code}): it was killed or reached its timeout`, Code.Unavailable);
   } finally {
     clearInterval(keepalive);
     ctx.signal.removeEventListener('abort', onAbort);
