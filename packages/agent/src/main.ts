@@ -49,8 +49,9 @@ const RUNTIME_ENV = ['PATH', 'LANG'];
 async function takeIdentity(req: IdentityRequest): Promise<void> {
   if (typeof req.sandboxId !== 'string' || !/^[a-z0-9]{1,64}$/.test(req.sandboxId)) throw new AgentError('BAD_REQUEST', 'sandboxId must be [a-z0-9]{1,64}');
   if (req.hostname !== undefined && (typeof req.hostname !== 'string' || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(req.hostname))) throw new AgentError('BAD_REQUEST', 'hostname must be [a-z0-9-]{1,63}');
-  // A new identity is a new boot: a new boot_id, set with the hostname in one helper call.
-  const bootId = req.sandboxId !== sandboxId ? randomUUID() : undefined;
+  // A new identity is a new boot: a new boot_id, set with the hostname in one helper call. Drawn
+  // from the kernel: Node's UUID cache is memory, which every fork of one snapshot shares.
+  const bootId = req.sandboxId !== sandboxId ? randomUUID({ disableEntropyCache: true }) : undefined;
   if (req.hostname) {
     await setHostname(req.hostname, bootId);
     hostsEntry(req.hostname);
@@ -371,7 +372,7 @@ process.on('unhandledRejection', (err) => log('unhandled rejection', err));
 process.on('SIGTERM', () => process.exit(0));
 // A first boot (not a restore: the agent's memory is the image's then) on a runtime without
 // /proc/sys/kernel/random gets one, with a boot_id (tools such as E2B's read it).
-if (!serialPath) kernelFiles(randomUUID(), true);
+if (!serialPath) kernelFiles(randomUUID({ disableEntropyCache: true }), true);
 hostsEntry(hostname());
 startSudoBroker();
 if (serialPath) {
