@@ -19,7 +19,7 @@
  *                                   watcher in the session that does it when the agent asks.
  *   space-helper sudod               the sudo broker (this runsc never honours set-id bits);
  *                                   the same binary named `sudo` is its client.
- *   space-helper kernelfiles BOOT_ID  where /proc/sys/kernel/random is missing (this runsc),
+ *   space-helper kernelfiles BOOT_ID|new  where /proc/sys/kernel/random is missing (this runsc),
  *                                   makes it: /proc/sys/kernel becomes a tmpfs holding copies
  *                                   of the original entries and random/boot_id, entropy_avail,
  *                                   poolsize. With the directory present, only
@@ -227,8 +227,29 @@ static int read_small(const char *path, char *buf, size_t size) {
  * `sethostname` below keeps current) are read first and written to a tmpfs over the directory,
  * with random/boot_id beside them. Any failure once the tmpfs is mounted unmounts it again.
  */
+/* A random (version 4) UUID from the kernel's generator, which each restored copy draws anew. */
+static void new_uuid(char out[37]) {
+  unsigned char b[16] = {0};
+  if (syscall(SYS_getrandom, b, sizeof b, 0) != (long)sizeof b) {
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd >= 0) {
+      (void)!read(fd, b, sizeof b);
+      close(fd);
+    }
+  }
+  b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+  b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+  snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+/* BOOT_ID "new": one drawn here (not by the agent: Node's generator lives in memory that every
+ * fork of one snapshot shares, so two forks drew the same id — measured). */
 static int kernelfiles(const char *boot_id) {
-  char line[64];
+  char line[64], fresh[37];
+  if (strcmp(boot_id, "new") == 0) {
+    new_uuid(fresh);
+    boot_id = fresh;
+  }
   snprintf(line, sizeof line, "%.36s\n", boot_id);
   if (access(KERNEL_DIR "/random", F_OK) == 0) {
     /* Ours (a tmpfs file) if we made it; a kernel's own is left alone. */

@@ -25,7 +25,6 @@ import {
 import { appendFileSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { execFileSync } from 'node:child_process';
-import { randomUUID } from 'node:crypto';
 import { SerialPort, type SerialConnection } from './serial.js';
 import * as files from './files.js';
 import { snapshotBlockers } from './snapshot.js';
@@ -49,9 +48,10 @@ const RUNTIME_ENV = ['PATH', 'LANG'];
 async function takeIdentity(req: IdentityRequest): Promise<void> {
   if (typeof req.sandboxId !== 'string' || !/^[a-z0-9]{1,64}$/.test(req.sandboxId)) throw new AgentError('BAD_REQUEST', 'sandboxId must be [a-z0-9]{1,64}');
   if (req.hostname !== undefined && (typeof req.hostname !== 'string' || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(req.hostname))) throw new AgentError('BAD_REQUEST', 'hostname must be [a-z0-9-]{1,63}');
-  // A new identity is a new boot: a new boot_id, set with the hostname in one helper call. Drawn
-  // from the kernel: Node's UUID cache is memory, which every fork of one snapshot shares.
-  const bootId = req.sandboxId !== sandboxId ? randomUUID({ disableEntropyCache: true }) : undefined;
+  // A new identity is a new boot: a new boot_id, set with the hostname in one helper call. The
+  // helper draws it from the kernel ("new"): Node's generators live in memory that every fork of
+  // one snapshot shares (two forks drew one id).
+  const bootId = req.sandboxId !== sandboxId ? 'new' : undefined;
   if (req.hostname) {
     await setHostname(req.hostname, bootId);
     hostsEntry(req.hostname);
@@ -372,7 +372,7 @@ process.on('unhandledRejection', (err) => log('unhandled rejection', err));
 process.on('SIGTERM', () => process.exit(0));
 // A first boot (not a restore: the agent's memory is the image's then) on a runtime without
 // /proc/sys/kernel/random gets one, with a boot_id (tools such as E2B's read it).
-if (!serialPath) kernelFiles(randomUUID({ disableEntropyCache: true }), true);
+if (!serialPath) kernelFiles('new', true);
 hostsEntry(hostname());
 startSudoBroker();
 if (serialPath) {

@@ -458,7 +458,8 @@ async function askWatcher(token: string, byte: number): Promise<number> {
 
 /**
  * Where the runtime lacks /proc/sys/kernel/random (this runsc), has the helper make it with a
- * `boot_id`; on a new identity, gives it a new one. No-op on a kernel that has its own.
+ * `boot_id` (`new`: the helper draws one from the kernel); on a new identity, gives it a new
+ * one. No-op on a kernel that has its own.
  */
 export function kernelFiles(bootId: string, sync = false): void {
   if (!hasHelper) return;
