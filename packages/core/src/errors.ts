@@ -16,6 +16,7 @@ export interface ErrorSpec {
 /** Every error code SPACE can return. */
 export const ERRORS = {
   BAD_REQUEST: { status: 400, message: 'The request is invalid', hint: 'Check the request against GET /openapi.json.' },
+  CONFIG_INVALID: { status: 400, message: 'A setting is invalid', hint: 'Fix the flag or environment variable the message names; `--help` lists the flags.' },
   INVALID_JSON: { status: 400, message: 'The request body is not valid JSON', hint: 'Send a JSON object with Content-Type: application/json.' },
   INVALID_LIMITS: { status: 400, message: 'Resource limits are out of range', hint: 'Use cpu 0.1–16, memoryMb 64–65536 and timeoutMs 1000–604800000.' },
   INVALID_PATH: { status: 400, message: 'The path is invalid', hint: 'Use an absolute path without NUL bytes, at most 4096 bytes long.' },

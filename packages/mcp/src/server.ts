@@ -231,7 +231,7 @@ export async function serveHttp(opts: HttpOptions): Promise<HttpMcp> {
   }, 60_000);
   sweeper.unref();
   const m = /^(.*):(\d+)$/.exec(opts.listen);
-  if (!m) throw new SpaceError('BAD_REQUEST', `--http takes HOST:PORT, not ${JSON.stringify(opts.listen)}`);
+  if (!m) throw new SpaceError('CONFIG_INVALID', `--http takes HOST:PORT, not ${JSON.stringify(opts.listen)}`);
   await new Promise<void>((resolve, reject) => {
     httpServer.once('error', reject);
     httpServer.listen(Number(m[2]), m[1]!.replace(/^\[|\]$/g, ''), () => resolve());

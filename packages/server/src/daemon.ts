@@ -85,7 +85,7 @@ export function parseAccel(s: string): 'auto' | 'kvm' | 'tcg' {
 
 /** Checks the E2B internet setting (flag `--e2b-internet`, `SPACE_E2B_INTERNET`). */
 export function parseE2bInternet(s: string): 'allow' | 'deny' {
-  if (s !== 'allow' && s !== 'deny') throw new SpaceError('BAD_REQUEST', `Unknown --e2b-internet ${JSON.stringify(s)}: use allow (E2B's allowInternetAccess opens public destinations through the egress proxy) or deny`);
+  if (s !== 'allow' && s !== 'deny') throw new SpaceError('CONFIG_INVALID', `Unknown --e2b-internet ${JSON.stringify(s)}: use allow (E2B's allowInternetAccess opens public destinations through the egress proxy) or deny`);
   return s;
 }
 
