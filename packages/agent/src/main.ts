@@ -48,14 +48,12 @@ const RUNTIME_ENV = ['PATH', 'LANG'];
 async function takeIdentity(req: IdentityRequest): Promise<void> {
   if (typeof req.sandboxId !== 'string' || !/^[a-z0-9]{1,64}$/.test(req.sandboxId)) throw new AgentError('BAD_REQUEST', 'sandboxId must be [a-z0-9]{1,64}');
   if (req.hostname !== undefined && (typeof req.hostname !== 'string' || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(req.hostname))) throw new AgentError('BAD_REQUEST', 'hostname must be [a-z0-9-]{1,63}');
-  // A new identity is a new boot: a new boot_id, set with the hostname in one helper call. The
-  // helper draws it from the kernel ("new"): Node's generators live in memory that every fork of
-  // one snapshot shares (two forks drew one id).
-  const bootId = req.sandboxId !== sandboxId ? 'new' : undefined;
+  // A new identity is a new boot: a new boot_id, set with the hostname in one helper call.
+  const newBoot = req.sandboxId !== sandboxId;
   if (req.hostname) {
-    await setHostname(req.hostname, bootId);
+    await setHostname(req.hostname, newBoot);
     hostsEntry(req.hostname);
-  } else if (bootId) kernelFiles(bootId);
+  } else if (newBoot) kernelFiles();
   sandboxId = req.sandboxId;
   if (req.env && typeof req.env === 'object') {
     for (const k of Object.keys(baseEnv)) if (!RUNTIME_ENV.includes(k)) delete baseEnv[k];
@@ -372,7 +370,7 @@ process.on('unhandledRejection', (err) => log('unhandled rejection', err));
 process.on('SIGTERM', () => process.exit(0));
 // A first boot (not a restore: the agent's memory is the image's then) on a runtime without
 // /proc/sys/kernel/random gets one, with a boot_id (tools such as E2B's read it).
-if (!serialPath) kernelFiles('new', true);
+if (!serialPath) kernelFiles(true);
 hostsEntry(hostname());
 startSudoBroker();
 if (serialPath) {

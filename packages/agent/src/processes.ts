@@ -458,20 +458,21 @@ async function askWatcher(token: string, byte: number): Promise<number> {
 
 /**
  * Where the runtime lacks /proc/sys/kernel/random (this runsc), has the helper make it with a
- * `boot_id` (`new`: the helper draws one from the kernel); on a new identity, gives it a new
- * one. No-op on a kernel that has its own.
+ * `boot_id`; on a new identity, gives it a new one. The helper draws it from the kernel: Node's
+ * generators live in memory that every fork of one snapshot shares (two forks drew one id).
+ * No-op on a kernel that has its own.
  */
-export function kernelFiles(bootId: string, sync = false): void {
+export function kernelFiles(sync = false): void {
   if (!hasHelper) return;
   if (sync) {
     try {
-      execFileSync(HELPER, ['kernelfiles', bootId], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 5000 });
+      execFileSync(HELPER, ['kernelfiles', 'new'], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 5000 });
     } catch (err) {
       process.stderr.write(`space-agent: ${(err as { stderr?: Buffer }).stderr?.toString().trim() || String(err)}\n`);
     }
     return;
   }
-  execFile(HELPER, ['kernelfiles', bootId], { timeout: 5000 }, (err, _o, stderr) => {
+  execFile(HELPER, ['kernelfiles', 'new'], { timeout: 5000 }, (err, _o, stderr) => {
     if (err) process.stderr.write(`space-agent: ${stderr.trim() || err.message}\n`);
   });
 }
@@ -489,12 +490,12 @@ export function startSudoBroker(): void {
 
 /**
  * Sets the sandbox's hostname (the agent holds the capability for it; its children do not),
- * and with `bootId` gives the sandbox that boot id in the same helper call (see kernelFiles).
+ * and with `newBoot` gives it a new boot id in the same helper call (see kernelFiles).
  */
-export function setHostname(name: string, bootId?: string): Promise<void> {
+export function setHostname(name: string, newBoot = false): Promise<void> {
   return new Promise((resolve, reject) => {
     if (!hasHelper) return reject(new AgentError('INTERNAL', 'this sandbox runtime has no space-helper to set the hostname'));
-    execFile(HELPER, ['sethostname', name, ...(bootId ? [bootId] : [])], { timeout: 5000 }, (err, _out, stderr) =>
+    execFile(HELPER, ['sethostname', name, ...(newBoot ? ['new'] : [])], { timeout: 5000 }, (err, _out, stderr) =>
       err ? reject(new AgentError('INTERNAL', `cannot set the hostname: ${stderr.trim() || err.message}`)) : resolve(),
     );
   });

@@ -17,7 +17,8 @@ export const METADATA_ADDRESSES = ['169.254.169.254/32', '169.254.170.2/32', '10
 
 const special = cidrList(SPECIAL);
 
-function family(ip: string): 'ipv4' | 'ipv6' {
+/** The BlockList family of an address. */
+export function family(ip: string): 'ipv4' | 'ipv6' {
   return net.isIPv4(ip) ? 'ipv4' : 'ipv6';
 }
 

@@ -17,7 +17,7 @@ import net from 'node:net';
 import tls from 'node:tls';
 import type { Duplex } from 'node:stream';
 import { cidrList, hostMatches, type EgressLogEntry, type EgressPolicy, type SecretAttachment, type SecretInfo } from '@space/core';
-import { AddressRules, Resolver, unmap } from './addresses.js';
+import { AddressRules, Resolver, family, unmap } from './addresses.js';
 import type { TenantCas } from './ca.js';
 
 /** What the proxy knows of the sandbox behind a connection, fetched for every request. */
@@ -180,7 +180,7 @@ export class EgressProxy {
     if (!p.ports.includes(port)) throw new Refusal(403, `Port ${port} is not allowed by the egress policy (allowed: ${p.ports.join(', ') || 'none'})`);
     if (net.isIP(host)) {
       const bl = cidrList(p.cidrs);
-      if (bl.check(host, net.isIPv4(host) ? 'ipv4' : 'ipv6')) return;
+      if (bl.check(host, family(host))) return;
       // Public internet: any public address not denied; the address rules refuse the rest (private, metadata, ...).
       const why = p.publicInternet ? (this.denied(p, host) ?? this.rules.refusal(host, bl)) : `${host} is not in an allowed CIDR of the egress policy`;
       if (why) throw new Refusal(403, why);
@@ -197,7 +197,7 @@ export class EgressProxy {
     if (!p.deny) return undefined;
     if (net.isIP(hostOrAddress)) {
       const a = hostOrAddress;
-      return cidrList(p.deny.cidrs ?? []).check(a, net.isIPv4(a) ? 'ipv4' : 'ipv6') ? `${a} is in a denied CIDR of the egress policy` : undefined;
+      return cidrList(p.deny.cidrs ?? []).check(a, family(a)) ? `${a} is in a denied CIDR of the egress policy` : undefined;
     }
     return (p.deny.domains ?? []).some((d) => hostMatches(d, hostOrAddress)) ? `${hostOrAddress} is a denied domain of the egress policy` : undefined;
   }
@@ -212,10 +212,11 @@ export class EgressProxy {
     }
     const allowed = cidrList(ctx.policy.cidrs);
     // A name open only because the internet is (not listed) must not resolve into a denied range.
-    const listed = net.isIP(host) ? allowed.check(host, net.isIPv4(host) ? 'ipv4' : 'ipv6') : ctx.policy.domains.some((d) => hostMatches(d, host));
+    const listed = net.isIP(host) ? allowed.check(host, family(host)) : ctx.policy.domains.some((d) => hostMatches(d, host));
+    const deniedAt = (a: string) => (ctx.policy.publicInternet && !listed && !allowed.check(a, family(a)) ? this.denied(ctx.policy, a) : undefined);
     let why = `${host} has no address`;
     for (const a of addrs) {
-      const r = this.rules.refusal(a, allowed) ?? (ctx.policy.publicInternet && !listed && !allowed.check(a, net.isIPv4(a) ? 'ipv4' : 'ipv6') ? this.denied(ctx.policy, a) : undefined) ?? (this.opts.forbiddenEndpoint?.(a, port) ? `${a}:${port} is the SPACE daemon itself` : undefined);
+      const r = this.rules.refusal(a, allowed) ?? deniedAt(a) ?? (this.opts.forbiddenEndpoint?.(a, port) ? `${a}:${port} is the SPACE daemon itself` : undefined);
       if (!r) return a;
       why = r;
     }
