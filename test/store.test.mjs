@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { after, describe, it } from 'node:test';
 import Database from 'better-sqlite3';
-import { ApiKeys } from '../packages/core/dist/index.js';
+import { ApiKeys, Journal } from '../packages/core/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 
 const dir = mkdtempSync('/tmp/sps-');
@@ -46,6 +46,22 @@ describe('SqliteStore', () => {
     assert.deepEqual((await s.sandboxesInStates(['running'])).map((x) => x.id).sort(), ['other', 'sb1', 'sb2', 'sb3', 'sb4']);
     await assert.rejects(s.listSandboxes({ tenantId: 't1', limit: 2, cursor: '!!' }), (e) => e.code === 'BAD_REQUEST');
     await s.close();
+  });
+
+  it('keeps lifecycle intents across reopening until they are done', async () => {
+    const file = `${dir}/intents.db`;
+    const s = SqliteStore.open(file);
+    const journal = new Journal(s);
+    const a = await journal.begin('sb1', 'snapshot', { step: 'checkpoint', snapshotId: 'sn1', imageDir: '/w/sn1', trigger: 'manual', keepRunning: true });
+    const b = await journal.begin('sb2', 'wake', { step: 'restore', snapshotId: 'sn2' });
+    await journal.step(a, 'checkpointed');
+    await s.close();
+    const s2 = SqliteStore.open(file);
+    const left = await new Journal(s2).list();
+    assert.deepEqual(left.map((i) => [i.sandboxId, i.op, i.step, i.snapshotId]), [['sb1', 'snapshot', 'checkpointed', 'sn1'], ['sb2', 'wake', 'restore', 'sn2']]);
+    await new Journal(s2).done(left[0]);
+    assert.deepEqual((await s2.listIntents()).map((i) => i.id), [b.id]);
+    await s2.close();
   });
 
   it('stores only hashes of API keys; revoked keys no longer verify', async () => {

@@ -449,10 +449,18 @@ export class DedupBlobStore implements BlobStore {
         if (Date.now() - at > RECENT_MS) this.recent.delete(k);
         else if (await this.inner.stat(k)) live.add(k);
       }
+      let deleted = 0;
+      // A snapshot whose record was deleted but whose bytes were not (a crash in between) leaves its manifest.
+      for (const dir of (await this.inner.list?.('snapshots')) ?? []) {
+        for (const k of (await this.inner.list?.(dir)) ?? []) {
+          if (live.has(k)) continue;
+          await this.inner.delete(k);
+          deleted++;
+        }
+      }
       const byTenant = new Map<string, string[]>();
       for (const k of live) byTenant.set(tenantOfKey(k), [...(byTenant.get(tenantOfKey(k)) ?? []), k]);
       const tenants = new Set([...byTenant.keys(), ...((await this.inner.list?.('chunks')) ?? []).map((p) => p.split('/')[1]!)]);
-      let deleted = 0;
       for (const tenant of tenants) {
         const referenced = new Set<string>();
         const index = new Map<string, Located>();

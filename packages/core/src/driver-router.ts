@@ -122,6 +122,16 @@ export class DriverRouter implements SandboxDriver {
     return this.of(id).checkpoint(id, imageDir);
   }
 
+  /** Waits for runtime operations a previous daemon left running on `id` (see {@link SandboxDriver.settle}). */
+  async settle(id: string, timeoutMs: number): Promise<void> {
+    await this.of(id).settle?.(id, timeoutMs);
+  }
+
+  /** Releases what earlier incarnations of `id` left (see {@link SandboxDriver.releaseStale}). */
+  async releaseStale(id: string): Promise<void> {
+    await this.of(id).releaseStale?.(id);
+  }
+
   retire(id: string): Promise<void> {
     return this.of(id).retire(id);
   }

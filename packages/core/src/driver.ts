@@ -88,6 +88,9 @@ export interface ImageFileCodec {
   decode(src: string, dest: string): Promise<void>;
 }
 
+/** Written into a checkpoint image directory once the image is complete (see {@link SandboxDriver.checkpoint}). */
+export const CHECKPOINT_COMPLETE = '.space-complete';
+
 /**
  * One isolation technology (gVisor, microVM, ...). Every driver passes the shared conformance
  * suite (`@space/core`'s `conformance` tests) with explicit, reasoned skips.
@@ -135,8 +138,19 @@ export interface SandboxDriver {
   /**
    * Saves the whole sandbox (memory, processes, filesystem) into `imageDir`. The sandbox is
    * stopped afterwards (a restore brings it back). The agent must be quiesced first.
+   *
+   * Crash contract: the file {@link CHECKPOINT_COMPLETE} appears in `imageDir` when, and only
+   * when, the image is complete, even if the daemon dies meanwhile; a checkpoint interrupted
+   * by the daemon's death either completes on its own or leaves the sandbox able to go on
+   * (running or paused), never stopped without an image.
    */
   checkpoint(id: string, imageDir: string): Promise<void>;
+  /**
+   * After a daemon restart: waits until no runtime operation the previous daemon started on
+   * the sandbox (a checkpoint, a restore) is still running; one still running after
+   * `timeoutMs` is killed. Drivers whose operations die with the daemon need not implement it.
+   */
+  settle?(id: string, timeoutMs: number): Promise<void>;
   /**
    * Boots a sandbox from a checkpoint image. `spec.id` may be the sandbox it was taken from
    * (in place: whatever runtime is left of it is removed first) or a new one (fork).
@@ -153,6 +167,11 @@ export interface SandboxDriver {
    * checkpoint (runtime and agent), so that a template snapshot is retaken when it changes.
    */
   version(): Promise<string>;
+  /**
+   * After a daemon restart: releases whatever is left of earlier incarnations of a running
+   * sandbox (a release the crash interrupted). Drivers with one incarnation per sandbox need not implement it.
+   */
+  releaseStale?(id: string): Promise<void>;
   /** Stops the sandbox and removes every host resource it had. Idempotent. */
   destroy(id: string): Promise<void>;
   /** Ids of sandboxes the runtime knows of (to find orphans). */

@@ -18,6 +18,8 @@ export type { ApiKeyRecord, MetadataStore, SandboxPage, SandboxQuery, TenantCaRe
 export { AgentCall, AgentChannel } from './agent-channel.js';
 export type { OutputChunk } from './agent-channel.js';
 export { SandboxService } from './service.js';
+export { Journal } from './intents.js';
+export type { Intent, IntentOp, IntentStep, IntentStore } from './intents.js';
 export { checkPath } from './validate.js';
 export { TemplateService, templateImageBlobKey } from './templates.js';
 export type { TemplateBuildRequest, TemplateImageStore, TemplateServiceOptions, TemplateUpload } from './templates.js';
@@ -34,6 +36,7 @@ export { AsyncQueue } from './async-queue.js';
 export { DEFAULT_EGRESS_POLICY, EGRESS_LIMITS, MAX_SECRET_BYTES, SecretService, checkEgressPolicy, checkSecretName, cidrList, hostMatches, newPlaceholder, parseCidr } from './egress.js';
 export type { EgressLogEntry, EgressLogPage, EgressPolicy, SecretAttachment, SecretInfo, SecretRecord, SecretSpec } from './egress.js';
 export type { SandboxNetwork } from './driver.js';
+export { CHECKPOINT_COMPLETE } from './driver.js';
 export { run, tryRun } from './exec.js';
 export type { RunResult } from './exec.js';
 export { AGENT_ARGV, RUNTIME, ensureRuntime } from './agent-runtime.js';

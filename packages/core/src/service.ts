@@ -3,13 +3,14 @@
  * agents' connections. The HTTP API is a thin layer over it. Tenancy is enforced here: a
  * sandbox of another tenant is indistinguishable from one that does not exist.
  */
-import { promises as fs } from 'node:fs';
+import { existsSync, promises as fs } from 'node:fs';
 import { availableParallelism, totalmem } from 'node:os';
 import path from 'node:path';
 import type { Duplex } from 'node:stream';
 import { PROTOCOL_VERSION, type AgentRequest } from '@space/protocol';
 import { AgentChannel, type AgentCall } from './agent-channel.js';
-import type { DriverCreateSpec, SandboxDriver } from './driver.js';
+import { CHECKPOINT_COMPLETE, type DriverCreateSpec, type SandboxDriver } from './driver.js';
+import { Journal, type Intent } from './intents.js';
 import { DriverRouter } from './driver-router.js';
 import { SpaceError } from './errors.js';
 import type { BlobStore } from './blobs.js';
@@ -75,9 +76,10 @@ export interface SandboxServiceOptions {
    */
   egress?: SandboxEgressOptions;
   /**
-   * Fault injection for crash tests: the process SIGKILLs itself at these points
-   * (`snapshot:after-checkpoint`, `snapshot:after-blob`), or a checkpoint fails and takes the
-   * container with it (`snapshot:checkpoint-fails`). Never set in production.
+   * Fault injection for crash tests: the process SIGKILLs itself at these points (the step
+   * boundaries of each lifecycle operation, listed in docs/operations.md, e.g.
+   * `snapshot:after-checkpoint`), or a checkpoint fails and takes the container with it
+   * (`snapshot:checkpoint-fails`). Never set in production.
    */
   faults?: string[];
 }
@@ -156,6 +158,9 @@ interface Live {
   gate?: Promise<void>;
 }
 
+/** How long a restarted daemon waits for a checkpoint or restore its predecessor left running. */
+const SETTLE_TIMEOUT_MS = 300_000;
+
 /** Result of one copy of a fork. */
 export type ForkResult = { sandbox: Sandbox } | { error: { code: string; message: string } };
 
@@ -188,6 +193,8 @@ export class SandboxService {
   private readonly workDir: string;
   private readonly maxSnapshotBytes: number;
   private readonly faults: Set<string>;
+  /** Intents of lifecycle operations under way, durable (see intents.ts). */
+  private readonly journal: Journal;
   private readonly egress: SandboxEgressOptions | undefined;
   private readonly maxMemoryMb: number;
   private readonly poolMinAvailableMb: number;
@@ -213,6 +220,7 @@ export class SandboxService {
     this.workDir = opts.workDir;
     this.maxSnapshotBytes = opts.maxSnapshotBytes ?? 32 * 1024 ** 3;
     this.faults = new Set(opts.faults ?? []);
+    this.journal = new Journal(this.store);
     this.egress = opts.egress;
     this.maxConcurrentCreates = opts.maxConcurrentCreates ?? Math.max(2, availableParallelism());
     this.maxQueuedCreates = opts.maxQueuedCreates ?? 256;
@@ -317,45 +325,77 @@ export class SandboxService {
     }
   }
 
-  /** Prepares the driver, re-adopts sandboxes that still run, marks the rest dead, removes orphans. */
+  /** Fault injection while `p` runs (a runtime operation under way): the daemon dies 25 ms into it. */
+  private during<T>(point: string, p: Promise<T>): Promise<T> {
+    if (this.faults.has(point)) setTimeout(() => this.fault(point), 25);
+    return p;
+  }
+
+  /**
+   * Prepares the driver, finishes or undoes the operations a crash interrupted (the journal),
+   * re-adopts sandboxes that still run, restores the others from their newest snapshot (dead
+   * only without one), finishes interrupted creates, and removes what no sandbox owns.
+   */
   async start(): Promise<void> {
     this.driver.bind({ agentConnected: (id, s) => this.onAgent(id, s) });
     await this.driver.init();
     await this.templates.start();
     // `minimal` needs no download: have it ready (its image follows in the background).
     await this.templates.rootfsOf(await this.templates.resolve('', 'minimal'));
-    // Scratch images of checkpoints interrupted by a crash are never complete: drop them.
+    await fs.mkdir(this.workDir, { recursive: true, mode: 0o700 });
+    // Operations a crash interrupted: each is finished or undone first, from what the journal
+    // and the runtime say (checkpoint images in the work directory included).
+    const intents = await this.journal.list();
+    const settled = new Set<string>();
+    for (const intent of intents) {
+      const sb = await this.store.getSandbox(intent.sandboxId);
+      if (sb && !TERMINAL_STATES.includes(sb.state) && !settled.has(sb.id) && (await this.reconcile(sb, intent))) settled.add(sb.id);
+      await this.journal.done(intent);
+      if (intent.imageDir) await fs.rm(intent.imageDir, { recursive: true, force: true });
+    }
+    // Whatever else is in the work directory (unpacked snapshots) belonged to finished or undone operations.
     await fs.rm(this.workDir, { recursive: true, force: true });
     await fs.mkdir(this.workDir, { recursive: true, mode: 0o700 });
     const hibernated = await this.store.sandboxesInStates(['hibernated']);
-    for (const sb of hibernated) this.schedule(sb);
+    for (const sb of hibernated) if (!settled.has(sb.id)) this.schedule(sb);
     const active = await this.store.sandboxesInStates(['starting', 'running', 'paused']);
     const known = new Set([...active, ...hibernated].map((s) => s.id));
     for (const sb of active) {
+      if (settled.has(sb.id)) continue;
+      if (sb.state === 'starting') {
+        await this.finishCreate(sb);
+        continue;
+      }
       let alive = false;
       try {
         // A sandbox of a driver this daemon no longer runs cannot be adopted (nor recovered: it ends dead, saying why).
         this.driver.assign(sb.id, sb.driver);
-        alive = sb.state !== 'starting' && (await this.driver.adopt(sb.id));
+        alive = await this.adoptRunning(sb);
       } catch (err) {
         this.log.warn({ err, sandboxId: sb.id }, 'adopt failed');
       }
       if (alive) {
         this.log.info({ sandboxId: sb.id }, 're-adopted running sandbox');
-        this.arm(sb);
       } else if (sb.lastSnapshotId) {
         // Restores it from its last snapshot, or marks it dead if that fails.
         await this.recover(sb, 'the sandbox was gone when the daemon started');
       } else {
         const st = await this.driver.status(sb.id).catch(() => ({ running: false, reason: undefined, detail: undefined }));
         await this.driver.destroy(sb.id).catch((err) => this.log.error({ err, sandboxId: sb.id }, 'cleanup of dead sandbox failed'));
-        await this.end(sb.id, 'dead', st.reason ?? (sb.state === 'starting' ? 'start-failed' : 'lost'), st.detail ?? 'the sandbox was gone when the daemon started');
+        await this.end(sb.id, 'dead', st.reason ?? 'lost', st.detail ?? 'the sandbox was gone when the daemon started');
       }
     }
+    const hibernatedNow = new Set((await this.store.sandboxesInStates(['hibernated'])).map((s) => s.id));
+    const runningNow = new Set((await this.store.sandboxesInStates(['running', 'paused'])).map((s) => s.id));
     for (const id of await this.driver.list()) {
       if (!known.has(id)) {
         this.log.warn({ sandboxId: id }, 'removing orphaned runtime sandbox');
         await this.driver.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'orphan removal failed'));
+      } else if (hibernatedNow.has(id)) {
+        // A hibernated sandbox holds nothing on the host; a crash may have cut its release short.
+        await this.driver.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'releasing a hibernated sandbox failed'));
+      } else if (runningNow.has(id)) {
+        await this.driver.releaseStale(id).catch((err) => this.log.warn({ err, sandboxId: id }, 'releasing stale incarnations failed'));
       }
     }
     for (const t of await this.templates.all()) if (t.poolSize > 0 || (t.tenantId === '' && t.name === 'minimal')) this.preparePool(t);
@@ -457,7 +497,9 @@ export class SandboxService {
     this.creatingIds.add(sb.id);
     let release: (() => void) | undefined;
     try {
+      // Stored as `starting`: the record is the create's intent (a restart finishes the create).
       await this.store.insertSandbox(sb);
+      this.fault('create:after-record');
       let timings: CreateTimings;
       if (pooled) {
         timings = { source: 'pool', queueMs: 0, agentMs: 0, identityMs, totalMs: Math.round(performance.now() - t0) };
@@ -466,7 +508,7 @@ export class SandboxService {
         release = await this.createSlot();
         const queueMs = Math.round(performance.now() - t0);
         try {
-          timings = { queueMs, ...(await this.startSandbox(t, sb, fullEnv, trust, signal)), totalMs: 0 };
+          timings = { queueMs, ...(await this.during('create:during-start', this.startSandbox(t, sb, fullEnv, trust, signal))), totalMs: 0 };
         } catch (err) {
           this.log.error({ err, sandboxId: sb.id }, 'sandbox failed to start');
           await this.driver.destroy(sb.id).catch(() => {});
@@ -632,7 +674,7 @@ export class SandboxService {
       signal.throwIfAborted();
       progress(80, 'taking the template snapshot');
       await this.assertSnapshottable(ch, id, `template ${t.name}`);
-      await this.quiesceAndCheckpoint(id, ch, tmp);
+      await this.quiesceAndCheckpoint(id, ch, tmp, false);
       await fs.writeFile(path.join(tmp, '.space-complete'), new Date().toISOString());
       await fs.rm(dir, { recursive: true, force: true });
       await fs.rename(tmp, dir);
@@ -987,15 +1029,18 @@ export class SandboxService {
       const sb = await this.get(tenantId, id);
       assertAllowed(sb, 'hibernate');
       const t0 = Date.now();
-      const { snapshot, imageDir } = await this.takeSnapshot(sb, 'hibernate', undefined, false);
+      const { snapshot, imageDir, intent } = await this.takeSnapshot(sb, 'hibernate', undefined, false);
       await fs.rm(imageDir, { recursive: true, force: true });
+      this.fault('hibernate:after-snapshot');
       const e = this.entry(id);
       clearTimeout(e.policyTimer);
       clearTimeout(e.idleTimer);
       await this.driver.retire(id);
       e.quiescing = false;
       await this.event(id, 'hibernated', `hibernated to snapshot ${snapshot.id} in ${Date.now() - t0} ms`);
-      return this.store.updateSandbox(id, { state: 'hibernated' });
+      const r = await this.store.updateSandbox(id, { state: 'hibernated' });
+      await this.journal.done(intent);
+      return r;
     });
   }
 
@@ -1007,13 +1052,29 @@ export class SandboxService {
       const snap = sb.lastSnapshotId ? await this.store.getSnapshot(sb.lastSnapshotId) : undefined;
       if (!snap) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot to wake from`);
       const t0 = Date.now();
-      await this.restoreFrom(snap, sb);
+      const intent = await this.journal.begin(id, 'wake', { step: 'restore', snapshotId: snap.id });
+      this.fault('wake:after-intent');
+      try {
+        await this.during('wake:during-restore', this.restoreFrom(snap, sb));
+      } catch (err) {
+        // Still hibernated in its snapshot: whatever the restore left is removed.
+        await this.driver.destroy(id).catch((e) => this.log.warn({ err: e, sandboxId: id }, 'cleanup after a failed wake failed'));
+        await this.journal.done(intent);
+        throw err;
+      }
+      this.fault('wake:after-restore');
       await this.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
-      // Waking starts the timeout afresh (like creating), or a timeout that hibernated it would fire at once.
-      const woke = await this.store.updateSandbox(id, { state: 'running', ...(sb.timeoutMs ? { expiresAt: new Date(Date.now() + sb.timeoutMs).toISOString() } : {}) });
-      this.arm(woke);
+      const woke = await this.markWoken(sb);
+      await this.journal.done(intent);
       return woke;
     });
+  }
+
+  /** Records a woken sandbox as running; the timeout starts afresh (like creating), or a timeout that hibernated it would fire at once. */
+  private async markWoken(sb: Sandbox): Promise<Sandbox> {
+    const woke = await this.store.updateSandbox(sb.id, { state: 'running', ...(sb.timeoutMs ? { expiresAt: new Date(Date.now() + sb.timeoutMs).toISOString() } : {}) });
+    this.arm(woke);
+    return woke;
   }
 
   /** Rolls a sandbox back to one of its snapshots, in place. The snapshot is verified before anything changes. */
@@ -1022,22 +1083,31 @@ export class SandboxService {
       const sb = await this.get(tenantId, id);
       assertAllowed(sb, 'rollback');
       const snap = await this.ownSnapshot(sb, snapshotId);
+      const intent = await this.journal.begin(id, 'rollback', { step: 'verify', snapshotId: snap.id });
       // Verified (and decrypted) before anything changes: a corrupt snapshot or a revoked key is refused as is.
-      const dir = await this.unpack(snap);
+      const dir = await this.unpack(snap).catch(async (err) => {
+        await this.journal.done(intent);
+        throw err;
+      });
+      this.fault('rollback:after-verify');
       try {
-        await this.restoreFrom(snap, sb, dir);
+        await this.journal.step(intent, 'restore');
+        await this.during('rollback:during-restore', this.restoreFrom(snap, sb, dir));
       } catch (err) {
         // A restore that fails now may have lost the old incarnation.
         const msg = err instanceof Error ? err.message : String(err);
         const st = await this.driver.status(id).catch(() => ({ running: false }));
         if (!st.running) await this.recover(sb, `rollback to ${snap.id} failed: ${msg}`);
+        await this.journal.done(intent);
         throw new SpaceError('SNAPSHOT_FAILED', `Rollback of ${id} to ${snap.id} failed: ${msg}`, { cause: err });
       } finally {
         await fs.rm(dir, { recursive: true, force: true });
       }
+      this.fault('rollback:after-restore');
       await this.event(id, 'rolled-back', `rolled back to snapshot ${snap.id} (${snap.createdAt})`);
       const r = await this.store.updateSandbox(id, { state: 'running', fromSnapshotId: snap.id });
       this.schedulePolicy(r);
+      await this.journal.done(intent);
       return r;
     });
   }
@@ -1089,8 +1159,9 @@ export class SandboxService {
           fromSnapshotId: snap.id,
         };
         await this.store.insertSandbox(child);
+        this.fault('fork:after-record');
         try {
-          await this.restoreFrom(snap, child, imageDir);
+          await this.during('fork:during-restore', this.restoreFrom(snap, child, imageDir));
           const running = await this.store.updateSandbox(child.id, { state: 'running', startedAt: new Date().toISOString() });
           this.arm(running);
           await this.event(child.id, 'forked', `forked from ${parent.id} at snapshot ${snap.id}`);
@@ -1201,7 +1272,7 @@ export class SandboxService {
    * Disconnects the agent for good (a unix socket to the host cannot be checkpointed) and
    * checkpoints the sandbox into `imageDir`. Leaves `quiescing` set: the caller restores or retires.
    */
-  private async quiesceAndCheckpoint(id: string, ch: AgentChannel, imageDir: string): Promise<void> {
+  private async quiesceAndCheckpoint(id: string, ch: AgentChannel, imageDir: string, injectFaults = true): Promise<void> {
     const e = this.entry(id);
     e.quiescing = true;
     await this.driver.detachAgent(id);
@@ -1210,20 +1281,24 @@ export class SandboxService {
     await Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))]);
     ch.destroy();
     e.channel = undefined;
-    if (this.faults.has('snapshot:checkpoint-fails')) {
+    if (injectFaults) this.fault('snapshot:after-quiesce');
+    if (injectFaults && this.faults.has('snapshot:checkpoint-fails')) {
       // What a failed checkpoint does in this runsc: the container is gone.
       await this.driver.destroy(id);
       throw new Error('injected checkpoint failure');
     }
-    await this.driver.checkpoint(id, imageDir);
+    await this.during(injectFaults ? 'snapshot:during-checkpoint' : '', this.driver.checkpoint(id, imageDir));
   }
 
   /**
    * Checks the sandbox can be checkpointed, quiesces its agent, checkpoints it, and (when
    * `keepRunning`) restores it at once. The snapshot is stored and listed only when complete.
    * If the checkpoint fails and kills the sandbox, it is restored from its last good snapshot.
+   *
+   * The operation is journalled: with `keepRunning` its intent is done when this returns;
+   * without (hibernate), the caller finishes the returned intent once the sandbox is retired.
    */
-  private async takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean): Promise<{ snapshot: Snapshot; imageDir: string }> {
+  private async takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
     const wasPaused = sb.state === 'paused';
     if (wasPaused) await this.driver.resume(sb.id);
     // Refuse before stopping anything if the snapshot could not be stored (e.g. a revoked key).
@@ -1240,7 +1315,7 @@ export class SandboxService {
     }
   }
 
-  private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean): Promise<{ snapshot: Snapshot; imageDir: string }> {
+  private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
     try {
       await this.assertSnapshottable(ch, sb.id, `sandbox ${sb.id}`);
     } catch (err) {
@@ -1250,6 +1325,8 @@ export class SandboxService {
     const id = newSnapshotId();
     const imageDir = path.join(this.workDir, id);
     const e = this.entry(sb.id);
+    const intent = await this.journal.begin(sb.id, keepRunning ? 'snapshot' : 'hibernate', { step: 'checkpoint', snapshotId: id, imageDir, trigger, ...(name ? { name } : {}), keepRunning, wasPaused });
+    this.fault('snapshot:after-intent');
     const t0 = performance.now();
     try {
       await this.quiesceAndCheckpoint(sb.id, ch, imageDir);
@@ -1266,18 +1343,62 @@ export class SandboxService {
         e.quiescing = false;
         await this.recover(sb, `checkpoint failed: ${err instanceof Error ? err.message : String(err)}`);
       }
+      await this.journal.done(intent);
       throw new SpaceError('SNAPSHOT_FAILED', `Snapshot of ${sb.id} failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }
+    await this.journal.step(intent, 'checkpointed');
     let downtimeMs = Math.round(performance.now() - t0);
     if (keepRunning) {
       try {
-        await this.bootFromImage(sb, imageDir);
+        await this.during('snapshot:during-restore', this.bootFromImage(sb, imageDir));
         this.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'restored');
         if (wasPaused) await this.driver.pause(sb.id);
       } finally {
         e.quiescing = false;
       }
       downtimeMs = Math.round(performance.now() - t0);
+      this.fault('snapshot:after-restore');
+    }
+    let snapshot: Snapshot;
+    try {
+      snapshot = await this.storeImage(sb, intent, imageDir, downtimeMs);
+    } catch (err) {
+      // The failure changes nothing of the sandbox: it runs on, or (hibernating) goes on from its image.
+      if (!keepRunning) await this.continueFromImage(sb, imageDir, err);
+      await fs.rm(imageDir, { recursive: true, force: true });
+      await this.journal.done(intent);
+      throw err;
+    }
+    if (keepRunning) await this.journal.done(intent);
+    else await this.journal.step(intent, 'stored');
+    return { snapshot, imageDir, intent };
+  }
+
+  /** A hibernate whose snapshot could not be stored: the sandbox goes on from its checkpoint image. */
+  private async continueFromImage(sb: Sandbox, imageDir: string, cause: unknown): Promise<void> {
+    this.log.warn({ err: cause, sandboxId: sb.id }, 'the hibernate snapshot could not be stored; the sandbox goes on from its checkpoint');
+    const e = this.entry(sb.id);
+    try {
+      await this.bootFromImage(sb, imageDir);
+    } catch (err) {
+      e.quiescing = false;
+      await this.recover(sb, `storing the hibernate snapshot failed (${cause instanceof Error ? cause.message : String(cause)}) and so did going on from its checkpoint (${err instanceof Error ? err.message : String(err)})`);
+      return;
+    }
+    e.quiescing = false;
+  }
+
+  /**
+   * Packs a complete checkpoint image into the blob store as the snapshot `intent` names,
+   * records it and makes it the sandbox's newest. Idempotent: a snapshot already recorded is
+   * returned as it is (recovery may call it twice).
+   */
+  private async storeImage(sb: Sandbox, intent: Intent, imageDir: string, downtimeMs: number): Promise<Snapshot> {
+    const id = intent.snapshotId!;
+    const existing = await this.store.getSnapshot(id);
+    if (existing) {
+      if (sb.lastSnapshotId !== id) await this.store.updateSandbox(sb.id, { lastSnapshotId: id });
+      return existing;
     }
     const createdAt = new Date().toISOString();
     const { stream, meta } = await packSnapshot(imageDir, {
@@ -1293,11 +1414,12 @@ export class SandboxService {
     const blobKey = `snapshots/${sb.tenantId}/${id}`;
     const sizeBytes = await this.blobs.put(blobKey, stream);
     this.fault('snapshot:after-blob');
+    const trigger = intent.trigger ?? 'manual';
     const snapshot: Snapshot = {
       id,
       sandboxId: sb.id,
       tenantId: sb.tenantId,
-      ...(name ? { name } : {}),
+      ...(intent.name ? { name: intent.name } : {}),
       trigger,
       createdAt,
       sizeBytes,
@@ -1308,9 +1430,10 @@ export class SandboxService {
       blobKey,
     };
     await this.store.insertSnapshot(snapshot);
+    this.fault('snapshot:after-record');
     await this.store.updateSandbox(sb.id, { lastSnapshotId: id });
-    await this.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${name ? `, "${name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime`);
-    return { snapshot, imageDir };
+    await this.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime`);
+    return snapshot;
   }
 
   /** Restores `target` from an image directory and waits for its agent. */
@@ -1371,10 +1494,165 @@ export class SandboxService {
       return false;
     }
     const lostS = Math.round((Date.now() - Date.parse(snap.createdAt)) / 1000);
-    await this.event(sb.id, 'recovered', `${why}; restored from snapshot ${snap.id}, losing the last ${lostS} s`);
+    await this.event(sb.id, 'recovered', `${why}; rolled back to snapshot ${snap.id}, its newest complete state, losing the last ${lostS} s`);
     const r = await this.store.updateSandbox(sb.id, { state: 'running', fromSnapshotId: snap.id });
     this.arm(r);
     return true;
+  }
+
+  // ---------------------------------------------------------------- crash recovery
+
+  /**
+   * Re-attaches to a sandbox whose runtime still runs, and makes the runtime's state match the
+   * session's: a crash mid-checkpoint can leave a running session's runtime paused. False when
+   * the runtime is gone.
+   */
+  private async adoptRunning(sb: Sandbox): Promise<boolean> {
+    if (sb.state === 'starting' || !(await this.driver.adopt(sb.id))) return false;
+    if (sb.state === 'paused') await this.driver.pause(sb.id).catch(() => {});
+    else await this.driver.resume(sb.id).catch(() => {});
+    this.arm(sb);
+    return true;
+  }
+
+  /**
+   * Finishes or undoes one operation a crash interrupted, from its intent and what the runtime
+   * holds: rolls forward when the runtime's output is complete, back otherwise, and never to
+   * an older snapshot while newer complete state exists. Records what it did as a `recovered`
+   * event. Returns false when the sandbox is left to the ordinary start-up path (adopt, or
+   * restore from its newest snapshot). Never throws.
+   */
+  private async reconcile(sb: Sandbox, intent: Intent): Promise<boolean> {
+    const what = `the daemon stopped during ${intent.op === 'snapshot' ? `a ${intent.trigger ?? 'manual'} snapshot` : `a ${intent.op}`} (step ${intent.step}, begun ${intent.startedAt})`;
+    try {
+      this.driver.assign(sb.id, sb.driver);
+      // A checkpoint or restore the dead daemon started may still be running: let it end (bounded).
+      await this.driver.settle(sb.id, SETTLE_TIMEOUT_MS);
+      switch (intent.op) {
+        case 'snapshot':
+        case 'hibernate':
+          return await this.reconcileSnapshot(sb, intent, what);
+        case 'wake':
+          return await this.reconcileWake(sb, intent, what);
+        case 'rollback':
+          return await this.reconcileRollback(sb, intent, what);
+        default:
+          return false;
+      }
+    } catch (err) {
+      this.log.error({ err, sandboxId: sb.id, intent }, 'reconciling an interrupted operation failed');
+      await this.event(sb.id, 'recovery-failed', `${what}; finishing it failed: ${err instanceof Error ? err.message : String(err)}`);
+      return false;
+    }
+  }
+
+  private async reconcileSnapshot(sb: Sandbox, intent: Intent, what: string): Promise<boolean> {
+    const stored = intent.snapshotId ? await this.store.getSnapshot(intent.snapshotId) : undefined;
+    const complete = !!stored || (!!intent.imageDir && existsSync(path.join(intent.imageDir, CHECKPOINT_COMPLETE)));
+    const running = (await this.driver.status(sb.id).catch(() => ({ running: false }))).running;
+    if (intent.op === 'hibernate' && sb.state === 'hibernated') {
+      // Only the journal's last word was missing.
+      await this.driver.destroy(sb.id);
+      this.schedule(sb);
+      return true;
+    }
+    if (!complete) {
+      if (running && (await this.adoptRunning(sb))) {
+        await this.event(sb.id, 'recovered', `${what}: the checkpoint was not complete, so it was rolled back; the sandbox ran on untouched, nothing lost`);
+        return true;
+      }
+      // Stopped without a complete image: the newest complete state is its last snapshot (none: it is lost).
+      return false;
+    }
+    // The checkpoint is complete: it becomes the snapshot it was meant to be.
+    const snap = await this.storeImage(sb, intent, intent.imageDir!, Date.now() - Date.parse(intent.startedAt));
+    if (intent.op === 'hibernate') {
+      if (running && (await this.adoptRunning(sb))) {
+        await this.event(sb.id, 'recovered', `${what}: rolled forward, snapshot ${snap.id} is stored; the sandbox still ran, so it runs on; nothing lost`);
+        return true;
+      }
+      await this.driver.destroy(sb.id);
+      const r = await this.store.updateSandbox(sb.id, { state: 'hibernated' });
+      this.schedule(r);
+      await this.event(sb.id, 'recovered', `${what}: rolled forward, hibernated in snapshot ${snap.id} (its checkpoint was complete); nothing lost`);
+      return true;
+    }
+    if (running && (await this.adoptRunning(sb))) {
+      await this.event(sb.id, 'recovered', `${what}: rolled forward, the complete checkpoint is stored as snapshot ${snap.id} and the sandbox ran on; nothing lost`);
+      return true;
+    }
+    await this.restoreFrom(snap, sb, intent.imageDir);
+    const r = await this.store.getSandbox(sb.id);
+    if (r?.state === 'paused') await this.driver.pause(sb.id).catch(() => {});
+    this.arm(r ?? sb);
+    await this.event(sb.id, 'recovered', `${what}: rolled forward, the complete checkpoint is stored as snapshot ${snap.id} and the sandbox restored from it; nothing lost`);
+    return true;
+  }
+
+  private async reconcileWake(sb: Sandbox, intent: Intent, what: string): Promise<boolean> {
+    if (sb.state !== 'hibernated') return false;
+    const running = (await this.driver.status(sb.id).catch(() => ({ running: false }))).running;
+    if (running && (await this.driver.adopt(sb.id).catch(() => false))) {
+      await this.markWoken(sb);
+      await this.event(sb.id, 'recovered', `${what}: rolled forward, the restore from snapshot ${intent.snapshotId} had completed; woken, nothing lost`);
+      return true;
+    }
+    await this.driver.destroy(sb.id);
+    this.schedule(sb);
+    await this.event(sb.id, 'recovered', `${what}: rolled back, still hibernated in snapshot ${intent.snapshotId}; nothing lost (wake it again)`);
+    return true;
+  }
+
+  private async reconcileRollback(sb: Sandbox, intent: Intent, what: string): Promise<boolean> {
+    const snap = intent.snapshotId ? await this.store.getSnapshot(intent.snapshotId) : undefined;
+    if (intent.step === 'verify' || !snap) {
+      // Nothing had changed yet: the sandbox is as it was before the request.
+      await this.event(sb.id, 'recovered', `${what}: the rollback to ${intent.snapshotId} had not begun, so it was dropped; the sandbox is as before`);
+      return false;
+    }
+    // The old incarnation may be gone already: finish what was asked, from the snapshot asked for.
+    await this.restoreFrom(snap, sb);
+    const r = await this.store.updateSandbox(sb.id, { state: 'running', fromSnapshotId: snap.id });
+    this.arm(r);
+    await this.event(sb.id, 'recovered', `${what}: rolled forward, rolled back to snapshot ${snap.id} as asked`);
+    return true;
+  }
+
+  /**
+   * A sandbox still `starting` after a crash: its create (or fork copy) never returned. It is
+   * finished afresh: from its template, or from the snapshot a fork copy comes from.
+   */
+  private async finishCreate(sb: Sandbox): Promise<void> {
+    try {
+      this.driver.assign(sb.id, sb.driver);
+      await this.driver.settle(sb.id, SETTLE_TIMEOUT_MS);
+      await this.driver.destroy(sb.id);
+      let from: string;
+      if (sb.parentId && sb.fromSnapshotId) {
+        const snap = await this.store.getSnapshot(sb.fromSnapshotId);
+        if (!snap) throw new SpaceError('SNAPSHOT_NOT_FOUND', `snapshot ${sb.fromSnapshotId} it is copied from is gone`);
+        await this.restoreFrom(snap, sb);
+        from = `snapshot ${snap.id} of ${sb.parentId}`;
+      } else {
+        const t = await this.templates.resolve(sb.tenantId, sb.template);
+        const trust = this.egress ? await this.egress.trust(sb.tenantId) : undefined;
+        const release = await this.createSlot();
+        try {
+          await this.startSandbox(t, sb, this.envOf(t.env, sb.env, sb.secrets), trust);
+        } finally {
+          release();
+        }
+        from = `template ${t.name}`;
+      }
+      const r = await this.store.updateSandbox(sb.id, { state: 'running', startedAt: new Date().toISOString() });
+      this.arm(r);
+      await this.event(sb.id, 'recovered', `the daemon stopped while creating it: rolled forward, started afresh from ${from}`);
+    } catch (err) {
+      this.log.error({ err, sandboxId: sb.id }, 'finishing an interrupted create failed');
+      await this.driver.destroy(sb.id).catch(() => {});
+      await this.end(sb.id, 'dead', 'start-failed', `the daemon stopped while creating it, and starting it again failed: ${err instanceof Error ? err.message : String(err)}`);
+      this.live.delete(sb.id);
+    }
   }
 
   private entry(id: string): Live {

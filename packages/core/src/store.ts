@@ -4,6 +4,7 @@
  */
 import type { EgressLogEntry, EgressLogPage, SecretRecord } from './egress.js';
 import type { DataKeyRecord, TenantKey } from './keys.js';
+import type { IntentStore } from './intents.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from './model.js';
 
 /** A stored API key (never the key itself, only its hash). */
@@ -58,7 +59,7 @@ export interface SandboxPage {
  * Persistent metadata. Every method is atomic; implementations must be safe to call from one
  * process concurrently.
  */
-export interface MetadataStore {
+export interface MetadataStore extends IntentStore {
   insertSandbox(sb: Sandbox): Promise<void>;
   /** Writes the changed fields; returns the updated sandbox. */
   updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'tenantId'>>): Promise<Sandbox>;

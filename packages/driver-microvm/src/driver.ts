@@ -16,7 +16,7 @@ import { spawn } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
-import { SpaceError, randomString, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
+import { CHECKPOINT_COMPLETE, SpaceError, randomString, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
 import { SERIAL_OPEN_MAGIC, type SerialOpen } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 import { GuestBuilder } from './guest.js';
@@ -593,6 +593,9 @@ export class MicrovmDriver implements SandboxDriver {
     if (ramFile) await run('cp', ['--sparse=always', ram.path, path.join(imageDir, 'ram')], 300_000);
     const config = JSON.parse(await fs.readFile(p.config, 'utf8')) as VmConfig;
     await fs.writeFile(path.join(imageDir, 'vm.json'), JSON.stringify({ ...config, ramFile }));
+    // The stream ends in the daemon: a daemon that dies before this line leaves the VM stopped
+    // (not quit) and no mark, and the next daemon continues the VM.
+    await fs.writeFile(path.join(imageDir, CHECKPOINT_COMPLETE), new Date().toISOString());
     // A checkpointed sandbox is stopped; a restore brings it back.
     await qmp(p.qmp, [{ execute: 'quit' }]).catch(() => {});
   }

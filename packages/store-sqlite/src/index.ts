@@ -4,7 +4,7 @@
  */
 import Database from 'better-sqlite3';
 import { Kysely, SqliteDialect, sql, type Generated } from 'kysely';
-import type { ApiKeyRecord, DataKeyRecord, EgressLogEntry, EgressLogPage, MetadataStore, SecretRecord, TenantCaRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
+import type { Intent, ApiKeyRecord, DataKeyRecord, EgressLogEntry, EgressLogPage, MetadataStore, SecretRecord, TenantCaRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
 import { SpaceError } from '@space/core';
 
 interface SandboxTable {
@@ -79,7 +79,15 @@ interface TenantCaTable {
   sealed_key: Buffer;
   created_at: string;
 }
+interface IntentTable {
+  id: string;
+  sandbox_id: string;
+  started_at: string;
+  doc: string;
+}
+
 interface Schema {
+  intents: IntentTable;
   secrets: SecretTable;
   egress_log: EgressLogTable;
   tenant_cas: TenantCaTable;
@@ -167,6 +175,11 @@ const MIGRATIONS: string[] = [
      cert_pem TEXT NOT NULL,
      sealed_key BLOB NOT NULL,
      created_at TEXT NOT NULL);`,
+  `CREATE TABLE intents (
+     id TEXT PRIMARY KEY,
+     sandbox_id TEXT NOT NULL,
+     started_at TEXT NOT NULL,
+     doc TEXT NOT NULL);`,
 ];
 
 function toKey(r: ApiKeyTable): ApiKeyRecord {
@@ -286,6 +299,20 @@ export class SqliteStore implements MetadataStore {
 
   async deleteSnapshot(id: string): Promise<void> {
     await this.db.deleteFrom('snapshots').where('id', '=', id).execute();
+  }
+
+  async putIntent(i: Intent): Promise<void> {
+    const row = { id: i.id, sandbox_id: i.sandboxId, started_at: i.startedAt, doc: JSON.stringify(i) };
+    await this.db.insertInto('intents').values(row).onConflict((oc) => oc.column('id').doUpdateSet({ doc: row.doc })).execute();
+  }
+
+  async deleteIntent(id: string): Promise<void> {
+    await this.db.deleteFrom('intents').where('id', '=', id).execute();
+  }
+
+  async listIntents(): Promise<Intent[]> {
+    const rows = await this.db.selectFrom('intents').select('doc').orderBy('started_at').orderBy('id').execute();
+    return rows.map((r) => JSON.parse(r.doc) as Intent);
   }
 
   async insertEvent(e: SandboxEvent): Promise<void> {
