@@ -22,7 +22,7 @@ import path from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { SpaceError } from './errors.js';
-import type { ImageFileCodec } from './driver.js';
+import { CHECKPOINT_COMPLETE, type ImageFileCodec } from './driver.js';
 
 export const SNAPSHOT_MAGIC = Buffer.from('SPACESNP');
 export const SNAPSHOT_FORMAT_VERSION = 2;
@@ -55,7 +55,8 @@ export interface SnapshotMeta {
  * await blobs.put(key, stream);
  */
 export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256'>, codec?: ImageFileCodec): Promise<{ stream: Readable; meta: SnapshotMeta }> {
-  const names = (await fs.readdir(imageDir)).sort();
+  // The runtime's completion mark (see SandboxDriver.checkpoint) says something about the directory, not the image.
+  const names = (await fs.readdir(imageDir)).filter((n) => n !== CHECKPOINT_COMPLETE).sort();
   const files: SnapshotMeta['files'] = [];
   const sources: string[] = [];
   const encodedDir = `${imageDir}.stored`;
