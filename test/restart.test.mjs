@@ -50,11 +50,9 @@ describe('daemon restart', () => {
     const b2 = await Sandbox.connect(b.id, current.conn);
     assert.equal(b2.info.state, 'dead');
     assert.ok(['crashed', 'lost'].includes(b2.info.endReason), b2.info.endReason);
-    // (Polled: once in a while the released container is still listed right after the start;
-    // the cause is not known yet, see issue 18. A container that stays fails the test.)
-    await eventually(() => leftovers(dataDir, [b.id]).filter((l) => !l.startsWith('runsc container ' + a.id)).length === 0).catch(() => {
-      assert.deepEqual(leftovers(dataDir, [b.id]).filter((l) => !l.startsWith('runsc container ' + a.id)), [], 'the dead sandbox\'s resources were released');
-    });
+    // Only b's: the daemon may be taking the template's snapshot in a sandbox of its own meanwhile
+    // (it does after a SIGKILL interrupted the last one), and that container is not a leak.
+    assert.deepEqual(leftovers(dataDir, [b.id]).filter((l) => !l.startsWith('runsc container ') || l.startsWith(`runsc container ${b.id}`)), [], 'the dead sandbox\'s resources were released');
   });
 
   it('SIGTERM stops the daemon gracefully: exit 0, state file removed, sandboxes keep running', async () => {
