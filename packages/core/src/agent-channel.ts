@@ -161,9 +161,10 @@ export class AgentCall {
       }
       case FrameKind.End: {
         const p = parseJson(f.payload);
-        if (!this.replyD.settled) this.replyD.resolve({});
+        // A call that fails before it replied rejects its reply too (e.g. watching a path that is not there).
         if (p.error) this.fail(wireError(p.error, 'call failed in the agent'));
         else {
+          if (!this.replyD.settled) this.replyD.resolve({});
           this.ended = true;
           this.doneD.resolve(p);
           this.wake?.();
