@@ -3,7 +3,7 @@
  * relative. Writes land in a temporary file renamed into place on success, so a failed
  * upload never leaves a truncated file behind. New files belong to the requesting user.
  */
-import { constants, promises as fs, watch, type FSWatcher } from 'node:fs';
+import { constants, promises as fs, readdirSync, watch, type FSWatcher } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { Channel, INITIAL_WINDOW, type EntryInfo, type EntryType } from '@space/protocol';
@@ -218,12 +218,19 @@ export { DEFAULT_USER };
  * Streams changes under `dir` as JSON lines until the stream closes. A rename shows as the
  * removal of the old name and the creation of the new one (inotify's rename events carry
  * no pairing here).
+ *
+ * Whether a `rename` event is a creation or a removal is decided by the names known to exist
+ * (listed before the watch starts, then kept up to date by the events themselves), not by
+ * looking at the file afterwards: a file made and removed before the look would otherwise be
+ * reported removed twice and never created.
  */
 export async function watchTo(dir: string, recursive: boolean, stream: Stream): Promise<void> {
   const top = await stat(dir);
   if (top.type !== 'dir') throw new AgentError('NOT_A_DIRECTORY', `${dir} is not a directory`);
   let watcher: FSWatcher;
+  let known: Set<string>;
   try {
+    known = new Set(readdirSync(dir, { recursive }).map((n) => n.toString()));
     watcher = watch(dir, { recursive, persistent: false });
   } catch (err) {
     throw fsError(err, dir);
@@ -235,11 +242,20 @@ export async function watchTo(dir: string, recursive: boolean, stream: Stream): 
     const name = filename.toString();
     // The agent's own temporary files of an atomic write (see writeFrom) are not news.
     if (/^\..+\.space-[0-9a-f]{12}$/.test(path.basename(name))) return;
-    if (eventType === 'change') return void emit(name, 'write');
-    fs.lstat(path.join(dir, name)).then(
-      () => emit(name, 'create'),
-      () => emit(name, 'remove'),
-    );
+    if (eventType === 'change') {
+      if (!known.has(name)) {
+        known.add(name);
+        emit(name, 'create');
+      }
+      return void emit(name, 'write');
+    }
+    if (known.delete(name)) {
+      for (const k of known) if (k.startsWith(`${name}/`)) known.delete(k);
+      emit(name, 'remove');
+    } else {
+      known.add(name);
+      emit(name, 'create');
+    }
   });
   watcher.on('error', (err) => stream.fail('INTERNAL', `watching ${dir} failed: ${err.message}`));
   await new Promise<void>((resolve) => {
