@@ -19,7 +19,8 @@ describe('E2B-compatible API (e2b SDK)', () => {
     return sb;
   };
   before(async () => {
-    fx = await startTestDaemon();
+    // Usage sampled every 300 ms so that a metrics series builds up within the test.
+    fx = await startTestDaemon({ usageSampleMs: 300 });
     const key = await api(fx, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b' } });
     assert.match(key.body.key, /^e2b_[0-9a-f]{40}$/);
     const url = (await api(fx, 'GET', '/v1/e2b')).body.url;
@@ -138,7 +139,7 @@ describe('E2B-compatible API (e2b SDK)', () => {
     await sb.setTimeout(600_000);
     assert.ok((await sb.getInfo()).endAt.getTime() > Date.now() + 500_000);
     const metrics = await sb.getMetrics();
-    assert.ok(metrics.length === 1 && metrics[0].memUsed > 0 && metrics[0].cpuCount >= 1, JSON.stringify(metrics));
+    assert.ok(metrics.length >= 1 && metrics[0].memUsed > 0 && metrics[0].cpuCount >= 1, JSON.stringify(metrics));
 
     await sb.files.write('/tmp/state.txt', 'kept');
     await sb.commands.run('python3 -c "import time\nwhile True: time.sleep(1)" >/dev/null 2>&1 &', { background: false });
@@ -347,10 +348,101 @@ describe('E2B-compatible API (e2b SDK)', () => {
     }
   });
 
+  it('signed file URLs (downloadUrl/uploadUrl) work as the SDK builds them, with no headers; bad and expired ones get envd\'s 401', async () => {
+    const sb = await create();
+    await sb.files.write('/tmp/signed.txt', 'by url');
+    // A browser or curl: no E2B headers at all, only the URL.
+    const down = await sb.downloadUrl('/tmp/signed.txt');
+    assert.match(down, /[?&]signature=v1_/);
+    const r = await fetch(down);
+    assert.equal(r.status, 200);
+    assert.equal(await r.text(), 'by url');
+    const expiring = await sb.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: 60 });
+    assert.match(expiring, /signature_expiration=\d+/);
+    assert.equal(await (await fetch(expiring)).text(), 'by url');
+    const up = await sb.uploadUrl('/tmp/uploaded.txt');
+    const form = new FormData();
+    form.append('file', new Blob(['uploaded by url']), 'uploaded.txt');
+    const u = await fetch(up, { method: 'POST', body: form });
+    assert.equal(u.status, 200, await u.clone().text());
+    assert.equal(await sb.files.read('/tmp/uploaded.txt'), 'uploaded by url');
+    // A signature for reading is not one for writing, nor for another path.
+    assert.equal((await fetch(down.replace('signed.txt', 'other.txt'))).status, 401);
+    const wrongOp = await fetch(down, { method: 'POST', body: form });
+    assert.equal(wrongOp.status, 401);
+    assert.deepEqual(await wrongOp.json(), { code: 401, message: 'invalid signature' });
+    const expired = await sb.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: -10 });
+    const e = await fetch(expired);
+    assert.equal(e.status, 401);
+    assert.deepEqual(await e.json(), { code: 401, message: 'signature is already expired' });
+    const tampered = new URL(down);
+    tampered.searchParams.set('signature', 'v1_' + 'A'.repeat(43));
+    assert.deepEqual(await (await fetch(tampered)).json(), { code: 401, message: 'invalid signature' });
+    // Once the sandbox is gone its URLs are dead.
+    await sb.kill();
+    assert.equal((await fetch(down)).status, 401);
+  });
+
+  it('getMetrics returns a series over time and honours start and end', async () => {
+    const sb = await create();
+    await sb.commands.run('i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done');
+    await eventually(async () => (await sb.getMetrics()).length >= 4, { tries: 100 });
+    const all = await sb.getMetrics();
+    const times = all.map((m) => m.timestamp.getTime());
+    assert.deepEqual(times, [...times].sort((a, b) => a - b), 'oldest first');
+    assert.ok(all.every((m) => m.memUsed > 0 && m.memTotal === 512 * 1048576 && m.cpuCount === 1 && m.cpuUsedPct >= 0), JSON.stringify(all[0]));
+    // A window strictly inside the series: fewer samples, all within it (E2B's range is in whole seconds).
+    const mid = new Date(Math.floor(times.at(-1) / 1000) * 1000);
+    const later = await sb.getMetrics({ start: mid });
+    assert.ok(later.length >= 1 && later.length < all.length + 5, `${later.length} of ${all.length}`);
+    assert.ok(later.every((m) => m.timestamp.getTime() >= mid.getTime()));
+    const earlier = await sb.getMetrics({ end: new Date(times[0] - 5000) });
+    assert.deepEqual(earlier, [], 'nothing before the sandbox existed');
+    await sb.kill();
+  });
+
+  it('watchDir reports changes promptly (a directory made and filled at once included); a missing path or a file is rejected', async () => {
+    const sb = await create();
+    await sb.files.makeDir('/tmp/w');
+    const events = [];
+    let onChange = () => {};
+    const w = await sb.files.watchDir('/tmp/w', (e) => {
+      events.push(`${e.type} ${e.name}`);
+      onChange();
+    }, { recursive: true });
+    // Each step waits for its events (bounded: "promptly" is well under 10 s) before the next.
+    const step = async (run, want) => {
+      const seen = new Promise((resolve) => (onChange = () => want.every((x) => events.includes(x)) && resolve()));
+      await run();
+      onChange();
+      let timer;
+      await Promise.race([seen, new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`waiting for ${want}; events: ${events.join(', ')}`)), 10_000)))]);
+      clearTimeout(timer);
+    };
+    await step(() => sb.files.write('/tmp/w/a.txt', '1'), ['create a.txt']);
+    await step(() => sb.commands.run('echo 2 >> /tmp/w/a.txt'), ['write a.txt']);
+    await step(() => sb.commands.run('mkdir /tmp/w/d && echo y > /tmp/w/d/inner.txt'), ['create d', 'create d/inner.txt']);
+    await step(() => sb.commands.run('rm /tmp/w/a.txt'), ['remove a.txt']);
+    assert.equal(events.filter((e) => e === 'remove a.txt').length, 1, events.join(', '));
+    await w.stop();
+    await assert.rejects(sb.files.watchDir('/tmp/nowhere', () => {}), (e) => e instanceof NotFoundError);
+    await sb.files.write('/tmp/plain.txt', 'x');
+    await assert.rejects(sb.files.watchDir('/tmp/plain.txt', () => {}), (e) => e.name === 'InvalidArgumentError' || /not a directory/.test(e.message));
+    await sb.kill();
+  });
+
   it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {
-    await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'], rules: { 'example.com': [{ transform: { headers: { 'X-A': 'b' } } }] } } }), /Header transforms \(network.rules\) is not supported.*space secret set/);
+    await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'], rules: { '*': [{ transform: { headers: { 'X-A': 'b' } } }] } } }), /bare "\*" is not a host/);
     await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['not a host!'] } }), /EGRESS_POLICY_INVALID|not a host|domain/i);
     await assert.rejects(Sandbox.create('no-such-template', opts), /TEMPLATE_NOT_FOUND/);
+    // A files-only pause is refused, never silently turned into a full one.
+    await assert.rejects(Sandbox.create('base', { ...opts, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } }), /keepMemory: false.*keeps memory/);
+    const sb = await create();
+    await assert.rejects(sb.pause({ keepMemory: false }), /keepMemory: false/);
+    await assert.rejects(sb.files.write('/tmp/m.txt', 'x', { metadata: { owner: 'agent' } }), /File metadata/);
+    assert.equal(await sb.files.exists('/tmp/m.txt'), false, 'nothing was written');
+    assert.equal((await sb.getInfo()).state, 'running');
+    await sb.kill();
     const bad = await fetch(`${opts.apiUrl}/sandboxes`, { method: 'POST', headers: { 'X-API-KEY': 'e2b_0000000000000000000000000000000000000000', 'content-type': 'application/json' }, body: '{}' });
     assert.equal(bad.status, 401);
     assert.deepEqual(Object.keys(await bad.json()).sort(), ['code', 'message']);

@@ -316,6 +316,44 @@ for i in range(3):
     }
   });
 
+  it('E2B header transforms (network.rules): the proxy sets the header for its host; the value never enters the sandbox; a rule opens nothing', async () => {
+    const { Sandbox: E2bSandbox } = await import('e2b');
+    const key = (await api(fx, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b-rules' } })).body.key;
+    const url = (await api(fx, 'GET', '/v1/e2b')).body.url;
+    const value = 'Bearer e2b-rule-value-0123456789';
+    const e = await E2bSandbox.create('base', {
+      apiKey: key,
+      apiUrl: url,
+      sandboxUrl: url,
+      network: { allowOut: ['e2b-allowed.example.test', '127.0.0.2'], rules: { 'e2b-allowed.example.test': [{ transform: { headers: { Authorization: value } } }], 'e2b-other.example.test': [{ transform: { headers: { 'X-Other': 'x' } } }] } },
+    });
+    fx.track(e.sandboxId);
+    const get = async (host, p) => (await e.commands.run(`curl -sS -o /dev/null -w '%{http_code}' -H 'Authorization: from-inside' https://${host}${p} 2>&1 || true`)).stdout;
+    assert.equal(await get('e2b-allowed.example.test', '/rule-1'), '200');
+    assert.equal(e2bUp.seen.find((r) => r.url === '/rule-1').headers.authorization, value, 'the rule replaced the header the sandbox sent');
+    // Not in the sandbox: not in its environment, not in any file the agent wrote.
+    const inside = await e.commands.run(`env; cat /proc/1/environ 2>/dev/null; grep -rs 'e2b-rule-value' /etc /home /tmp /root 2>/dev/null; true`);
+    assert.ok(!inside.stdout.includes('e2b-rule-value'), 'the value is not inside the sandbox');
+    // A rule grants no access: e2b-other is not in allowOut.
+    assert.match(await get('e2b-other.example.test', '/rule-2'), /403/);
+    assert.ok(!e2bUp.seen.some((r) => r.url === '/rule-2'));
+    const log = (await api(fx, 'GET', `/v1/sandboxes/${e.sandboxId}/egress/log`)).body.items;
+    assert.ok(log.some((x) => x.host === 'e2b-allowed.example.test' && x.secrets.some((n) => n.startsWith(`RULE_${e.sandboxId}_`))), 'the injection is audited by rule name');
+    // updateNetwork replaces the rules; leaving them out clears them.
+    await e.updateNetwork({ allowOut: ['e2b-allowed.example.test', '127.0.0.2'] });
+    assert.equal(await get('e2b-allowed.example.test', '/rule-3'), '200');
+    assert.equal(e2bUp.seen.find((r) => r.url === '/rule-3').headers.authorization, 'from-inside');
+    await e.updateNetwork({ allowOut: ['e2b-allowed.example.test', '127.0.0.2'], rules: { 'e2b-allowed.example.test': [{ transform: { headers: { 'X-Api-Key': 'k2' } } }] } });
+    assert.equal(await get('e2b-allowed.example.test', '/rule-4'), '200');
+    assert.equal(e2bUp.seen.find((r) => r.url === '/rule-4').headers['x-api-key'], 'k2');
+    // The rule's sealed value is a secret of the sandbox's own, and goes with it.
+    const stored = (await api(fx, 'GET', '/v1/secrets')).body.secrets.filter((s) => s.name.startsWith(`RULE_${e.sandboxId}_`));
+    assert.deepEqual(stored.map((s) => [s.header, s.hosts, s.sandboxId]), [['X-Api-Key', ['e2b-allowed.example.test'], e.sandboxId]]);
+    await e.kill();
+    const rules = async () => (await api(fx, 'GET', '/v1/secrets')).body.secrets.filter((s) => s.name.startsWith(`RULE_${e.sandboxId}_`));
+    assert.deepEqual(await rules(), []);
+  });
+
   it('passthrough destinations are tunnelled as raw TCP: no interception, no secrets, one audit entry', async () => {
     const dest = `api.example.test:${up.httpPort}`;
     // Through CONNECT (curl -p), a plain HTTP request: refused until the policy lists it as passthrough.

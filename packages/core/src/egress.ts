@@ -144,8 +144,22 @@ export interface SecretInfo {
   header?: string;
   /** ...to this text, `{value}` standing for the value. @default "{value}" */
   format?: string;
+  /** Set for a header rule of one sandbox (see {@link HeaderRule}): deleted when that sandbox ends. */
+  sandboxId?: string;
   createdAt: string;
   updatedAt: string;
+}
+
+/**
+ * A request header the egress proxy sets on a sandbox's requests to some hosts (E2B's network
+ * `rules` with a header `transform`). The value is stored sealed as a secret of the sandbox's
+ * own and never enters the sandbox; unlike a secret, a rule grants no access to its hosts.
+ */
+export interface HeaderRule {
+  /** Hosts (and `*.` wildcards) whose requests get the header. */
+  hosts: string[];
+  header: string;
+  value: string;
 }
 
 /** A stored secret: its description and its value sealed under a data key of the tenant. */
@@ -169,6 +183,8 @@ export interface SecretAttachment {
   name: string;
   /** Random per sandbox; the env var `name` holds it inside the sandbox. */
   placeholder: string;
+  /** A header rule ({@link HeaderRule}): no env var, and its hosts are not opened by it. */
+  rule?: true;
 }
 
 /** One request through the egress proxy (allowed or denied). */
@@ -223,6 +239,18 @@ export function checkSecretName(name: unknown): string {
   return name;
 }
 
+/** Validates header rules (hosts, header name, value) without storing anything. */
+export function checkHeaderRules(rules: unknown): HeaderRule[] {
+  if (!Array.isArray(rules) || rules.length > 32) throw new SpaceError('SECRET_INVALID', 'headers must be a list of at most 32 rules { hosts, header, value }', { details: { field: 'headers' } });
+  return rules.map((r: Partial<HeaderRule>, i) => {
+    if (typeof r !== 'object' || r === null || !Array.isArray(r.hosts) || r.hosts.length === 0 || r.hosts.length > 32) throw new SpaceError('SECRET_INVALID', `headers[${i}].hosts must list 1 to 32 hosts`, { details: { field: `headers[${i}].hosts` } });
+    const hosts = [...new Set(r.hosts.map((h, j) => checkDomainPattern(h, 'SECRET_INVALID', `headers[${i}].hosts[${j}]`)))];
+    if (typeof r.header !== 'string' || !HEADER_NAME.test(r.header) || RESERVED_HEADERS.has(r.header.toLowerCase())) throw new SpaceError('SECRET_INVALID', `headers[${i}].header: ${JSON.stringify(r.header)} is not a request header the proxy may set`, { details: { field: `headers[${i}].header` } });
+    if (typeof r.value !== 'string' || !r.value || Buffer.byteLength(r.value) > MAX_SECRET_BYTES || /[\r\n\0]/.test(r.value)) throw new SpaceError('SECRET_INVALID', `headers[${i}].value must be a non-empty string of at most ${MAX_SECRET_BYTES} bytes without CR, LF or NUL`, { details: { field: `headers[${i}].value` } });
+    return { hosts, header: r.header, value: r.value };
+  });
+}
+
 /**
  * Tenants' secrets and the audit log of their sandboxes' egress.
  *
@@ -236,7 +264,7 @@ export class SecretService {
   constructor(private readonly opts: { store: MetadataStore; keys: KeyService }) {}
 
   /** Creates or replaces a secret; the new value is used from the next request on. */
-  async set(tenantId: string, spec: SecretSpec): Promise<SecretInfo> {
+  async set(tenantId: string, spec: SecretSpec, ownerSandboxId?: string): Promise<SecretInfo> {
     if (typeof spec !== 'object' || spec === null) throw new SpaceError('SECRET_INVALID', 'Send { name, value, hosts }');
     const name = checkSecretName(spec.name);
     if (typeof spec.value !== 'string' || !spec.value || Buffer.byteLength(spec.value) > MAX_SECRET_BYTES || /[\r\n\0]/.test(spec.value)) {
@@ -260,6 +288,7 @@ export class SecretService {
       hosts,
       ...(spec.header ? { header: spec.header } : {}),
       ...(spec.header ? { format: spec.format ?? '{value}' } : {}),
+      ...(ownerSandboxId ? { sandboxId: ownerSandboxId } : {}),
       createdAt: prev?.createdAt ?? now,
       updatedAt: now,
       sealed: seal(dataKey, Buffer.from(spec.value, 'utf8'), aad(tenantId, name)),
@@ -317,6 +346,37 @@ export class SecretService {
     return out;
   }
 
+  /**
+   * Stores header rules as secrets owned by `sandboxId` (named `RULE_<sandbox>_<n>`) and
+   * returns their attachments. Replaces the sandbox's earlier rules.
+   */
+  async setRules(tenantId: string, sandboxId: string, rules: HeaderRule[]): Promise<SecretAttachment[]> {
+    if (!Array.isArray(rules) || rules.length > 32) throw new SpaceError('SECRET_INVALID', 'At most 32 header rules per sandbox', { details: { field: 'rules' } });
+    await this.removeOwned(tenantId, sandboxId);
+    const out: SecretAttachment[] = [];
+    for (const [i, r] of rules.entries()) {
+      const name = `RULE_${sandboxId}_${i}`;
+      await this.set(tenantId, { name, value: r.value, hosts: r.hosts, header: r.header }, sandboxId);
+      out.push({ name, placeholder: newPlaceholder(), rule: true });
+    }
+    return out;
+  }
+
+  /** Deletes the secrets `sandboxId` owns (its header rules). */
+  async removeOwned(tenantId: string, sandboxId: string): Promise<void> {
+    for (const r of await this.opts.store.listSecrets(tenantId)) if (r.sandboxId === sandboxId) await this.remove(tenantId, r.name);
+  }
+
+  /** Copies `from`'s header rules to a copy of it (a fork), as rules of its own. */
+  async copyRules(tenantId: string, from: SecretAttachment[], toSandboxId: string): Promise<SecretAttachment[]> {
+    const rules: HeaderRule[] = [];
+    for (const a of from.filter((x) => x.rule)) {
+      const s = await this.reveal(tenantId, a.name);
+      if (s?.header) rules.push({ hosts: s.hosts, header: s.header, value: s.value });
+    }
+    return [...from.filter((x) => !x.rule), ...(rules.length ? await this.setRules(tenantId, toSandboxId, rules) : [])];
+  }
+
   /** Records one egress request. */
   async audit(e: EgressLogEntry): Promise<void> {
     await this.opts.store.insertEgressLog(e);
@@ -334,5 +394,5 @@ export function newPlaceholder(): string {
 }
 
 function info(r: SecretRecord): SecretInfo {
-  return { name: r.name, hosts: r.hosts, ...(r.header ? { header: r.header, format: r.format ?? '{value}' } : {}), createdAt: r.createdAt, updatedAt: r.updatedAt };
+  return { name: r.name, hosts: r.hosts, ...(r.header ? { header: r.header, format: r.format ?? '{value}' } : {}), ...(r.sandboxId ? { sandboxId: r.sandboxId } : {}), createdAt: r.createdAt, updatedAt: r.updatedAt };
 }

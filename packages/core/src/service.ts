@@ -11,6 +11,7 @@ import { PROTOCOL_VERSION, type AgentRequest } from '@space/protocol';
 import { AgentChannel, type AgentCall } from './agent-channel.js';
 import { CHECKPOINT_COMPLETE, type DriverCreateSpec, type SandboxDriver } from './driver.js';
 import { Journal, type Intent } from './intents.js';
+import { UsageHistory, type UsageSample } from './usage-history.js';
 import { DriverRouter } from './driver-router.js';
 import { SpaceError } from './errors.js';
 import type { BlobStore } from './blobs.js';
@@ -20,7 +21,7 @@ import type { Progress, RootfsBuilder } from './rootfs.js';
 import { TemplateService, templateImageBlobKey, type TemplateImageStore } from './templates.js';
 import { packSnapshot, readSnapshot } from './snapshot-format.js';
 import { checkMap, range } from './validate.js';
-import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, type EgressPolicy, type SecretAttachment, type SecretService } from './egress.js';
+import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules, type EgressPolicy, type HeaderRule, type SecretAttachment, type SecretService } from './egress.js';
 import type { MetadataStore, SandboxPage } from './store.js';
 
 /** Structured logger (pino-compatible subset). */
@@ -82,6 +83,8 @@ export interface SandboxServiceOptions {
    * (`snapshot:checkpoint-fails`). Never set in production.
    */
   faults?: string[];
+  /** How often each running sandbox's usage is sampled for {@link SandboxService.usageSeries}, ms. @default 5000 */
+  usageSampleMs?: number;
 }
 
 /** What a client asks for when creating a sandbox. */
@@ -108,6 +111,8 @@ export interface CreateSandboxOpts {
   egress?: Partial<EgressPolicy>;
   /** Names of the tenant's secrets to attach: the sandbox gets placeholders in env vars of those names. */
   secrets?: string[];
+  /** Request headers the egress proxy sets on its requests to some hosts; the values never enter the sandbox. */
+  headers?: HeaderRule[];
 }
 
 /** What the service needs to give sandboxes their egress. */
@@ -195,6 +200,8 @@ export class SandboxService {
   private readonly faults: Set<string>;
   /** Intents of lifecycle operations under way, durable (see intents.ts). */
   private readonly journal: Journal;
+  /** The last hour of each running sandbox's usage. */
+  private readonly usageHistory: UsageHistory;
   private readonly egress: SandboxEgressOptions | undefined;
   private readonly maxMemoryMb: number;
   private readonly poolMinAvailableMb: number;
@@ -221,6 +228,10 @@ export class SandboxService {
     this.maxSnapshotBytes = opts.maxSnapshotBytes ?? 32 * 1024 ** 3;
     this.faults = new Set(opts.faults ?? []);
     this.journal = new Journal(this.store);
+    this.usageHistory = new UsageHistory(
+      { running: async () => (await this.store.sandboxesInStates(['running'])).map((s) => ({ id: s.id, cpu: s.cpu })), usage: (id) => this.driver.usage(id) },
+      opts.usageSampleMs ?? 5000,
+    );
     this.egress = opts.egress;
     this.maxConcurrentCreates = opts.maxConcurrentCreates ?? Math.max(2, availableParallelism());
     this.maxQueuedCreates = opts.maxQueuedCreates ?? 256;
@@ -399,6 +410,7 @@ export class SandboxService {
       }
     }
     for (const t of await this.templates.all()) if (t.poolSize > 0 || (t.tenantId === '' && t.name === 'minimal')) this.preparePool(t);
+    this.usageHistory.start();
   }
 
   /**
@@ -417,6 +429,7 @@ export class SandboxService {
   /** Stops accepting work and detaches from sandboxes; they keep running and are re-adopted on the next start. */
   async shutdown(): Promise<void> {
     this.stopping = true;
+    this.usageHistory.stop();
     // Pooled sandboxes and template captures belong to no one: remove them rather than leave
     // them to the next start (which may never come for this data directory).
     this.stopAc.abort(new SpaceError('DAEMON_SHUTTING_DOWN'));
@@ -450,9 +463,10 @@ export class SandboxService {
     if (!Number.isInteger(idleTimeoutMs) || (idleTimeoutMs !== 0 && (idleTimeoutMs < 1000 || idleTimeoutMs > LIMITS.timeoutMs.max))) {
       throw new SpaceError('INVALID_LIMITS', `idleTimeoutMs must be 0 (never) or between 1000 and ${LIMITS.timeoutMs.max}; got ${idleTimeoutMs}`, { details: { field: 'idleTimeoutMs' } });
     }
-    if ((opts.egress !== undefined || opts.secrets !== undefined) && !this.egress) throw new SpaceError('EGRESS_UNAVAILABLE', 'This daemon runs sandboxes without a network (--egress off): egress policies and secrets are not available');
+    if ((opts.egress !== undefined || opts.secrets !== undefined || opts.headers !== undefined) && !this.egress) throw new SpaceError('EGRESS_UNAVAILABLE', 'This daemon runs sandboxes without a network (--egress off): egress policies and secrets are not available');
     const egress = this.egress ? checkEgressPolicy(opts.egress ?? DEFAULT_EGRESS_POLICY) : undefined;
     const secrets = this.egress && opts.secrets !== undefined ? await this.egress.secrets.attach(tenantId, opts.secrets, []) : undefined;
+    const headerRules = opts.headers !== undefined ? checkHeaderRules(opts.headers) : [];
     const trust = this.egress ? await this.egress.trust(tenantId) : undefined;
     const t0 = performance.now();
     const fullEnv = this.envOf(t.env, env, secrets);
@@ -476,8 +490,11 @@ export class SandboxService {
     this.creating++;
     this.creatingMb += memoryMb;
     const now = new Date();
+    const id = pooled ?? newSandboxId();
+    const rules = headerRules.length ? await this.requireEgress().secrets.setRules(tenantId, id, headerRules) : [];
+    const attached = [...(secrets ?? []), ...rules];
     const sb: Sandbox = {
-      id: pooled ?? newSandboxId(),
+      id,
       tenantId,
       template: t.name,
       driver,
@@ -490,7 +507,7 @@ export class SandboxService {
       ...(opts.onTimeout === 'hibernate' ? { onTimeout: 'hibernate' as const } : {}),
       ...(idleTimeoutMs ? { idleTimeoutMs } : {}),
       ...(egress ? { egress } : {}),
-      ...(secrets?.length ? { secrets } : {}),
+      ...(attached.length ? { secrets: attached } : {}),
       createdAt: now.toISOString(),
       ...(timeoutMs ? { expiresAt: new Date(now.getTime() + timeoutMs).toISOString() } : {}),
     };
@@ -741,7 +758,7 @@ export class SandboxService {
 
   /** The environment of a sandbox's processes: template, request, proxy settings, placeholders. */
   private envOf(templateEnv: Record<string, string>, env: Record<string, string>, secrets: SecretAttachment[] | undefined): Record<string, string> {
-    return { ...templateEnv, ...env, ...(this.egress?.env ?? {}), ...Object.fromEntries((secrets ?? []).map((a) => [a.name, a.placeholder])) };
+    return { ...templateEnv, ...env, ...(this.egress?.env ?? {}), ...Object.fromEntries((secrets ?? []).filter((a) => !a.rule).map((a) => [a.name, a.placeholder])) };
   }
 
   private requireEgress(): SandboxEgressOptions {
@@ -789,6 +806,25 @@ export class SandboxService {
     });
   }
 
+  /**
+   * Replaces a sandbox's header rules (request headers the proxy sets for some hosts); an
+   * empty list removes them. Applied from the next request on.
+   *
+   * @example
+   * await svc.setHeaderRules('tenant1', id, [{ hosts: ['api.example.com'], header: 'Authorization', value: 'Bearer sk-…' }]);
+   */
+  setHeaderRules(tenantId: string, id: string, rules: unknown): Promise<Sandbox> {
+    const eg = this.requireEgress();
+    const checked = checkHeaderRules(rules);
+    return this.withLock(id, async () => {
+      const sb = await this.get(tenantId, id);
+      assertAllowed(sb, 'exec');
+      const kept = (sb.secrets ?? []).filter((a) => !a.rule);
+      const added = checked.length ? await eg.secrets.setRules(tenantId, id, checked) : (await eg.secrets.removeOwned(tenantId, id), []);
+      return this.store.updateSandbox(id, { secrets: [...kept, ...added] });
+    });
+  }
+
   /** Gives the agent the sandbox's current environment (for processes started afterwards). */
   private async pushEnv(sb: Sandbox): Promise<void> {
     const t = await this.templates.resolve(sb.tenantId, sb.template).catch(() => undefined);
@@ -815,6 +851,17 @@ export class SandboxService {
       this.schedule(updated);
       return updated;
     });
+  }
+
+  /**
+   * Every sandbox not ended, across tenants: id and tenant only. For credentials that name no
+   * sandbox and must be matched against each (the E2B API's signed file URLs).
+   *
+   * @example
+   * const owner = (await svc.unendedSandboxes()).find((s) => matches(s));
+   */
+  async unendedSandboxes(): Promise<{ id: string; tenantId: string }[]> {
+    return (await this.store.sandboxesInStates(['running', 'paused', 'hibernated'])).map((s) => ({ id: s.id, tenantId: s.tenantId }));
   }
 
   /** Gets a tenant's sandbox. */
@@ -922,6 +969,18 @@ export class SandboxService {
   async unary(tenantId: string, id: string, action: SandboxAction, req: AgentRequest, timeoutMs = 30_000): Promise<Record<string, unknown>> {
     const sb = await this.awake(tenantId, id, action);
     return this.withChannel(sb.id, (ch) => ch.unary(req, timeoutMs));
+  }
+
+  /**
+   * A running sandbox's usage over time: one sample every `usageSampleMs` (5 s) for the last
+   * hour, between `start` and `end` (ms since epoch) when given, oldest first.
+   *
+   * @example
+   * const lastMinute = await svc.usageSeries('tenant1', id, { start: Date.now() - 60_000 });
+   */
+  async usageSeries(tenantId: string, id: string, range: { start?: number; end?: number } = {}): Promise<UsageSample[]> {
+    const sb = await this.get(tenantId, id);
+    return this.usageHistory.series(sb.id, range);
   }
 
   /** Host resources of a sandbox. */
@@ -1138,8 +1197,11 @@ export class SandboxService {
       const out: ForkResult[] = [];
       for (let i = 0; i < count; i++) {
         const now = new Date();
+        const childId = newSandboxId();
+        // Placeholders stay valid for the copy (its processes hold the parent's); header rules become its own.
+        const childSecrets = parent.secrets && this.egress ? await this.egress.secrets.copyRules(tenantId, parent.secrets, childId) : parent.secrets;
         const child: Sandbox = {
-          id: newSandboxId(),
+          id: childId,
           tenantId,
           template: parent.template,
           driver: parent.driver,
@@ -1152,9 +1214,8 @@ export class SandboxService {
           createdAt: now.toISOString(),
           ...(parent.timeoutMs ? { expiresAt: new Date(now.getTime() + parent.timeoutMs).toISOString() } : {}),
           ...(parent.onTimeout ? { onTimeout: parent.onTimeout } : {}),
-          // The copy's processes hold the parent's placeholders: they stay valid for it.
           ...(parent.egress ? { egress: parent.egress } : {}),
-          ...(parent.secrets ? { secrets: parent.secrets } : {}),
+          ...(childSecrets?.length ? { secrets: childSecrets } : {}),
           parentId: parent.id,
           fromSnapshotId: snap.id,
         };
@@ -1792,8 +1853,11 @@ export class SandboxService {
     return sb;
   }
 
-  private end(id: string, state: 'killed' | 'dead', endReason: EndReason, endDetail: string): Promise<Sandbox> {
-    return this.store.updateSandbox(id, { state, endReason, endDetail, endedAt: new Date().toISOString() });
+  private async end(id: string, state: 'killed' | 'dead', endReason: EndReason, endDetail: string): Promise<Sandbox> {
+    const sb = await this.store.updateSandbox(id, { state, endReason, endDetail, endedAt: new Date().toISOString() });
+    // Its header rules' values go with it.
+    if (sb.secrets?.some((a) => a.rule)) await this.egress?.secrets.removeOwned(sb.tenantId, id).catch((err) => this.log.warn({ err, sandboxId: id }, 'deleting the header rules of an ended sandbox failed'));
+    return sb;
   }
 }
 

@@ -4,7 +4,7 @@
  * and the sandbox and is signed with a daemon secret (kept wrapped by the node key), so checking
  * it needs no lookup.
  */
-import { createHmac, timingSafeEqual } from 'node:crypto';
+import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 import { SpaceError } from '@space/core';
 
 /**
@@ -35,4 +35,43 @@ export class AccessTokens {
     if (want.length !== got.length || !timingSafeEqual(want, got)) throw new SpaceError('UNAUTHENTICATED', `The access token is not valid for sandbox ${sandboxId}`);
     return tenantId;
   }
+}
+
+/** What a signed file URL carries (E2B's `downloadUrl`/`uploadUrl` query). */
+export interface SignedFileQuery {
+  path?: string;
+  username?: string;
+  signature?: string;
+  signature_expiration?: string;
+}
+
+/** E2B's signature of a file operation: `v1_` + unpadded base64 SHA-256 of `path:op:user:token[:expiration]`. */
+export function fileSignature(path: string, operation: 'read' | 'write', user: string, token: string, expiration?: number): string {
+  const raw = [path, operation, user, token, ...(expiration !== undefined ? [String(expiration)] : [])].join(':');
+  return `v1_${createHash('sha256').update(raw).digest('base64').replace(/=+$/, '')}`;
+}
+
+/**
+ * The sandbox a signed file URL was made for. The URL the SDK builds from `E2B_SANDBOX_URL`
+ * names no sandbox, so each candidate's token is tried (one hash each). Errors carry E2B's
+ * messages: `missing signature query parameter`, `invalid signature`, `signature is already expired`.
+ *
+ * @example
+ * const { tenantId, sandboxId } = signedCaller(tokens, await svc.unendedSandboxes(), req.query, 'read');
+ */
+export function signedCaller(tokens: AccessTokens, candidates: { id: string; tenantId: string }[], q: SignedFileQuery, operation: 'read' | 'write', now = Date.now()): { tenantId: string; sandboxId: string } {
+  if (!q.signature) throw new SpaceError('UNAUTHENTICATED', 'missing signature query parameter');
+  let expiration: number | undefined;
+  if (q.signature_expiration !== undefined) {
+    expiration = Number(q.signature_expiration);
+    if (!Number.isInteger(expiration)) throw new SpaceError('UNAUTHENTICATED', 'invalid signature');
+  }
+  const got = Buffer.from(q.signature);
+  for (const c of candidates) {
+    const want = Buffer.from(fileSignature(q.path ?? '', operation, q.username ?? '', tokens.issue(c.tenantId, c.id), expiration));
+    if (want.length !== got.length || !timingSafeEqual(want, got)) continue;
+    if (expiration !== undefined && expiration < Math.floor(now / 1000)) throw new SpaceError('UNAUTHENTICATED', 'signature is already expired');
+    return { tenantId: c.tenantId, sandboxId: c.id };
+  }
+  throw new SpaceError('UNAUTHENTICATED', 'invalid signature');
 }

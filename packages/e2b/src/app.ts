@@ -8,7 +8,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRepl
 import multipart from '@fastify/multipart';
 import { fastifyConnectPlugin } from '@connectrpc/connect-fastify';
 import { SpaceError, type ApiKeys, type SandboxService } from '@space/core';
-import { AccessTokens } from './access.js';
+import { AccessTokens, signedCaller, type SignedFileQuery } from './access.js';
 import { registerControl } from './control.js';
 import { envdCaller, envdRoutes, readFile, writeFile } from './envd.js';
 
@@ -31,7 +31,8 @@ function sendE2bError(reply: FastifyReply, err: unknown): FastifyReply {
   let message: string;
   if (err instanceof SpaceError) {
     status = err.status;
-    message = `${err.code}: ${err.message}`;
+    // Signed URLs fail with envd's own messages, which clients match on.
+    message = (err as SpaceError & { e2bExact?: boolean }).e2bExact ? err.message : `${err.code}: ${err.message}`;
   } else if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) {
     status = fe.statusCode;
     message = fe.message ?? 'bad request';
@@ -70,14 +71,28 @@ export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {
     // 502 is how E2B says "not running" (the SDK's isRunning() reads it as false).
     return reply.code(sb.state === 'running' ? 204 : 502).send(sb.state === 'running' ? undefined : { code: 502, message: `sandbox ${sb.id} is ${sb.state}` });
   });
-  app.get<{ Querystring: { path?: string; username?: string } }>('/files', async (req, reply) => {
-    const c = caller(req.headers);
+  /**
+   * Who calls /files: the SDK's headers, or (a URL from downloadUrl/uploadUrl opened anywhere,
+   * e.g. a browser) a signature in the query. A bad signature gets envd's exact 401 body.
+   */
+  const fileCaller = async (req: { headers: Record<string, string | string[] | undefined>; query: SignedFileQuery }, operation: 'read' | 'write') => {
+    if (req.headers['x-access-token'] || req.headers['e2b-sandbox-id'] || req.query.signature === undefined) return caller(req.headers);
+    try {
+      return { ...signedCaller(deps.tokens, await deps.service.unendedSandboxes(), req.query, operation), user: req.query.username || undefined };
+    } catch (err) {
+      throw Object.assign(err as Error, { e2bExact: true });
+    }
+  };
+  app.get<{ Querystring: SignedFileQuery }>('/files', async (req, reply) => {
+    const c = await fileCaller(req, 'read');
     if (!req.query.path) return reply.code(400).send({ code: 400, message: 'path is required' });
     const stream = await readFile(deps.service, { ...c, user: req.query.username || c.user }, req.query.path);
     return reply.header('content-type', 'application/octet-stream').send(stream);
   });
-  app.post<{ Querystring: { path?: string; username?: string } }>('/files', async (req) => {
-    const c = { ...caller(req.headers), ...(req.query.username ? { user: req.query.username } : {}) };
+  app.post<{ Querystring: SignedFileQuery }>('/files', async (req) => {
+    const c = { ...(await fileCaller(req, 'write')), ...(req.query.username ? { user: req.query.username } : {}) };
+    // files.write(…, {metadata}) sends X-Metadata-* headers: refused, not dropped.
+    if (Object.keys(req.headers).some((h) => h.startsWith('x-metadata-'))) throw new SpaceError('BAD_REQUEST', 'File metadata (files.write with metadata) is not supported by SPACE\'s E2B-compatible API yet: keep it beside the file, e.g. in a .meta.json');
     if (req.isMultipart()) {
       const out = [];
       for await (const part of req.files()) {

@@ -7,7 +7,7 @@
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import net from 'node:net';
-import { SpaceError, parseCidr, type ApiKeys, type EgressPolicy, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
+import { SpaceError, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
 import type { AccessTokens } from './access.js';
 
 /** The envd version SPACE reports: new enough that the SDK enables every feature it speaks. */
@@ -35,6 +35,9 @@ function unsupported(what: string, why?: string): SpaceError {
   return new SpaceError('BAD_REQUEST', `${what} is not supported by SPACE's E2B-compatible API${why ? ` (${why})` : ''}`);
 }
 
+const KEEP_MEMORY_FALSE = 'Pausing without memory (keepMemory: false)';
+const KEEP_MEMORY_WHY = "SPACE's pause keeps memory, processes and files, and costs no more: pause with keepMemory left at true. A files-only pause needs sandbox disks, which SPACE does not have yet";
+
 /** E2B's selector for all traffic (its SDK exports it as ALL_TRAFFIC). */
 const ALL_TRAFFIC = new Set(['0.0.0.0/0', '::/0']);
 
@@ -49,7 +52,6 @@ const ALL_TRAFFIC = new Set(['0.0.0.0/0', '::/0']);
 export function networkPolicy(network: unknown, internet: boolean): Partial<EgressPolicy> {
   if (typeof network !== 'object' || network === null || Array.isArray(network)) throw new SpaceError('BAD_REQUEST', 'network must be an object with allowOut and denyOut');
   const n = network as Record<string, unknown>;
-  if (n.rules !== undefined && n.rules !== null) throw unsupported('Header transforms (network.rules)', 'attach a secret with a header instead, which the egress proxy injects for its hosts: `space secret set NAME --host HOST --header Authorization`, see docs/egress.md');
   if (n.egressProxy !== undefined && n.egressProxy !== null) throw unsupported('network.egressProxy', 'every SPACE sandbox already reaches the network only through SPACE\'s egress proxy');
   for (const k of Object.keys(n)) if (!['allowOut', 'denyOut', 'rules', 'egressProxy', 'maskRequestHost'].includes(k)) throw new SpaceError('BAD_REQUEST', `Unknown network option ${JSON.stringify(k)}`);
   if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) throw unsupported('network.maskRequestHost', 'the egress proxy forwards requests to the host they name');
@@ -75,6 +77,29 @@ export function networkPolicy(network: unknown, internet: boolean): Partial<Egre
     ...(open ? { publicInternet: true } : {}),
     ...(open && deny && (deny.domains.length || deny.cidrs.length) ? { deny: { domains: deny.domains, cidrs: deny.cidrs } } : {}),
   };
+}
+
+/**
+ * E2B's header transforms (`network.rules`: `{ "api.example.com": [{ transform: { headers:
+ * { Authorization: "Bearer …" } } }] }`) as SPACE header rules: the proxy sets those headers
+ * on requests to those hosts, the values stay outside the sandbox, and (as in E2B) a rule
+ * opens nothing: allowOut still decides where the sandbox may go. Undefined when not given.
+ */
+export function networkRules(network: unknown): HeaderRule[] | undefined {
+  if (typeof network !== 'object' || network === null) return undefined;
+  const rules = (network as Record<string, unknown>).rules;
+  if (rules === undefined || rules === null) return undefined;
+  if (typeof rules !== 'object' || Array.isArray(rules)) throw new SpaceError('BAD_REQUEST', 'network.rules must map host names to lists of rules');
+  const out: HeaderRule[] = [];
+  for (const [host, list] of Object.entries(rules as Record<string, unknown>)) {
+    if (host === '*') throw new SpaceError('BAD_REQUEST', 'network.rules: a bare "*" is not a host; use "*.example.com"');
+    if (!Array.isArray(list)) throw new SpaceError('BAD_REQUEST', `network.rules[${JSON.stringify(host)}] must be a list of rules`);
+    for (const rule of list as { transform?: { headers?: unknown } }[]) {
+      const headers = strMap(rule?.transform?.headers, `network.rules[${JSON.stringify(host)}] transform.headers`) ?? {};
+      for (const [header, value] of Object.entries(headers)) out.push({ hosts: [host], header, value });
+    }
+  }
+  return out;
 }
 
 /** E2B's `state`: running or paused (SPACE's paused and hibernated). */
@@ -138,7 +163,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     if (egress?.publicInternet && !internet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', `Internet access (network.allowOut with all traffic) is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): list the destinations instead, or ${egressHint}`);
     if (internet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', `Internet access (allowInternetAccess: true, which E2B SDKs before 2.51 send by default) is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): create with allowInternetAccess: false and ${egressHint}`);
     if (b.allow_internet_access !== undefined && b.allow_internet_access !== null && typeof b.allow_internet_access !== 'boolean') throw new SpaceError('BAD_REQUEST', 'allow_internet_access must be true or false');
-    if (b.autoPauseMemory === false) throw unsupported('Pausing without memory (autoPauseMemory: false)');
+    if (b.autoPauseMemory === false) throw unsupported(KEEP_MEMORY_FALSE, KEEP_MEMORY_WHY);
     if ((b.autoResume as { enabled?: boolean } | undefined)?.enabled) throw unsupported('Resuming on traffic (autoResume)');
     if (b.secure === false) throw unsupported('Sandboxes without an access token (secure: false)');
     const template = b.templateID === undefined ? DEFAULT_TEMPLATE : b.templateID;
@@ -147,14 +172,16 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const env = strMap(b.envVars, 'envVars');
     const metadata = strMap(b.metadata, 'metadata');
     // Sandbox.create(snapshotId): E2B snapshots are templates; SPACE forks the snapshot.
+    const headers = b.network !== undefined && b.network !== null ? networkRules(b.network) : undefined;
     if (/^sn[a-z0-9]{18}$/.test(template)) {
+      if (headers?.length) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot keeps the snapshot\'s network rules: create it without network.rules and set them with updateNetwork');
       if (env || metadata) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot has the snapshot\'s environment and labels: create it without envs and metadata');
       const snapshot = await svc.getSnapshot(tenantId, template);
       const [r] = await svc.fork(tenantId, snapshot.sandboxId, { count: 1, snapshotId: snapshot.id });
       if (!r || 'error' in r) throw new SpaceError((r?.error.code as never) ?? 'INTERNAL', r?.error.message ?? 'the fork returned nothing');
       return created(await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs));
     }
-    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(egress ? { egress } : {}) });
+    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(egress ? { egress } : {}), ...(headers?.length ? { headers } : {}) });
     return created(sb);
   };
   app.post('/sandboxes', async (req, reply) => reply.code(201).send(await create(req)));
@@ -166,7 +193,10 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const sb = await svc.get(tenantId, req.params.id);
     const policy = networkPolicy(req.body ?? {}, !!sb.egress?.publicInternet);
     if (policy.publicInternet && !sb.egress?.publicInternet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', 'Internet access is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): list the destinations instead');
+    const rules = networkRules(req.body ?? {}) ?? [];
     await svc.setEgress(tenantId, sb.id, { ...(sb.egress ?? {}), ...policy, ...(policy.publicInternet ? {} : { publicInternet: false }), ...(policy.deny ? {} : { deny: undefined }) });
+    // E2B: the update replaces the rules too; leaving them out clears them.
+    if (rules.length || sb.secrets?.some((a) => a.rule)) await svc.setHeaderRules(tenantId, sb.id, rules);
     return reply.code(204).send();
   });
 
@@ -203,6 +233,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
   app.post<{ Params: { id: string } }>('/sandboxes/:id/pause', async (req, reply) => {
     const tenantId = await tenantOf(req);
     const sb = await svc.get(tenantId, req.params.id);
+    if ((req.body as Body | undefined)?.memory === false) throw unsupported(KEEP_MEMORY_FALSE, KEEP_MEMORY_WHY);
     if (sb.state !== 'running') throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} is not running (${e2bState(sb)})`);
     await svc.hibernate(tenantId, sb.id);
     return reply.code(204).send();
@@ -230,26 +261,30 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     return detail(sb);
   });
 
-  app.get<{ Params: { id: string } }>('/sandboxes/:id/metrics', async (req) => {
+  /** E2B's metrics: a series of samples (one per 5 s) between `start` and `end` (unix seconds). */
+  app.get<{ Params: { id: string }; Querystring: { start?: string; end?: string } }>('/sandboxes/:id/metrics', async (req) => {
     const tenantId = await tenantOf(req);
     const sb = await svc.get(tenantId, req.params.id);
+    const seconds = (v: string | undefined, name: string) => {
+      if (v === undefined || v === '') return undefined;
+      const n = Number(v);
+      if (!Number.isInteger(n) || n < 0) throw new SpaceError('BAD_REQUEST', `${name} must be a time in unix seconds; got ${JSON.stringify(v)}`);
+      return n * 1000;
+    };
+    const start = seconds(req.query.start, 'start');
+    const end = seconds(req.query.end, 'end');
+    if (start !== undefined && end !== undefined && start > end) throw new SpaceError('BAD_REQUEST', 'start must not be after end');
     if (sb.state !== 'running' && sb.state !== 'paused') return [];
+    const cpuCount = Math.max(1, Math.round(sb.cpu));
+    const point = (at: number, cpuUsedPct: number, memUsed: number) => ({ timestamp: new Date(at).toISOString(), timestampUnix: Math.floor(at / 1000), cpuCount, cpuUsedPct, memUsed, memTotal: sb.memoryMb * 1048576, diskUsed: 0, diskTotal: 0 });
+    const series = await svc.usageSeries(tenantId, sb.id, { ...(start !== undefined ? { start } : {}), ...(end !== undefined ? { end: end + 999 } : {}) });
+    if (series.length) return series.map((x) => point(x.at, x.cpuPct, x.memBytes));
+    // Not sampled yet (it just started): one reading now, if now is in the range.
+    const now = Date.now();
+    if ((start !== undefined && now < start) || (end !== undefined && now > end + 999)) return [];
     const u = await svc.usage(tenantId, sb.id);
-    const now = new Date();
-    const elapsedNs = (now.getTime() - Date.parse(sb.startedAt ?? sb.createdAt)) * 1e6;
-    return [
-      {
-        timestamp: now.toISOString(),
-        timestampUnix: Math.floor(now.getTime() / 1000),
-        cpuCount: Math.max(1, Math.round(sb.cpu)),
-        // Average since the sandbox started (the runtime keeps a cumulative counter).
-        cpuUsedPct: u.cpuNs !== undefined && elapsedNs > 0 ? Math.round((u.cpuNs / elapsedNs / sb.cpu) * 10_000) / 100 : 0,
-        memUsed: u.cgroupBytes ?? u.rssBytes,
-        memTotal: sb.memoryMb * 1048576,
-        diskUsed: 0,
-        diskTotal: 0,
-      },
-    ];
+    const elapsedNs = (now - Date.parse(sb.startedAt ?? sb.createdAt)) * 1e6;
+    return [point(now, u.cpuNs !== undefined && elapsedNs > 0 ? Math.round((u.cpuNs / elapsedNs / sb.cpu) * 10_000) / 100 : 0, u.cgroupBytes ?? u.rssBytes)];
   });
 
   // ---- list: metadata filter arrives URL-encoded twice ("k%3Dv" pairs of encoded keys and values)

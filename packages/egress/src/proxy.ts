@@ -226,7 +226,8 @@ export class EgressProxy {
   /** Hosts of the attached secrets (reachable without a policy entry). */
   private async secretHosts(ctx: EgressContext): Promise<string[]> {
     const out: string[] = [];
-    for (const a of ctx.secrets) {
+    // A header rule (E2B's network rules) grants no access: only secrets open their hosts.
+    for (const a of ctx.secrets.filter((x) => !x.rule)) {
       const s = await this.opts.describe(ctx.tenantId, a.name).catch(() => undefined);
       if (s) out.push(...s.hosts);
     }
@@ -364,7 +365,7 @@ export class EgressProxy {
         const inPath = path.includes(a.placeholder);
         const info = await this.opts.describe(ctx.tenantId, a.name);
         if (!info) continue;
-        secretHosts.push(...info.hosts);
+        if (!a.rule) secretHosts.push(...info.hosts);
         const forHost = info.hosts.some((h) => hostMatches(h, host));
         if ((inHeaders || inPath) && !forHost) throw new Refusal(403, `The placeholder of secret ${a.name} was sent to ${host}, which is not one of its hosts (${info.hosts.join(', ')}); the request was not sent`);
         if (!forHost || (!inHeaders && !inPath && !info.header)) continue;

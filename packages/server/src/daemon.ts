@@ -29,6 +29,8 @@ export interface DaemonOptions {
   listen?: string;
   /** Template cache directory. @default `${dataDir}/templates` */
   templatesDir?: string;
+  /** How often running sandboxes' usage is sampled (metrics series), ms. @default 5000 */
+  usageSampleMs?: number;
   /** Most sandboxes alive at once. @default 64 */
   maxSandboxes?: number;
   /** Largest file upload, bytes. @default 4 GiB */
@@ -234,6 +236,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     ...(egress ? { egress: egress.sandbox } : {}),
     ...(pools ? { builtinPools: pools } : {}),
     ...(process.env.SPACE_FAULT_INJECT ? { faults: process.env.SPACE_FAULT_INJECT.split(',') } : {}),
+    ...(opts.usageSampleMs ? { usageSampleMs: opts.usageSampleMs } : {}),
   });
   const keys = new ApiKeys(store);
   /** The daemon's own ports, which the proxy never connects to. */

@@ -43,6 +43,7 @@ export const SecretSchema = Type.Object({
   hosts: Type.Array(Type.String()),
   header: Type.Optional(Type.String()),
   format: Type.Optional(Type.String()),
+  sandboxId: Type.Optional(Type.String({ description: 'Set for a header rule of one sandbox (E2B network rules): deleted when that sandbox ends' })),
   createdAt: Type.String(),
   updatedAt: Type.String(),
 });
