@@ -346,6 +346,10 @@ for i in range(3):
     await e.updateNetwork({ allowOut: ['e2b-allowed.example.test', '127.0.0.2'], rules: { 'e2b-allowed.example.test': [{ transform: { headers: { 'X-Api-Key': 'k2' } } }] } });
     assert.equal(await get('e2b-allowed.example.test', '/rule-4'), '200');
     assert.equal(e2bUp.seen.find((r) => r.url === '/rule-4').headers['x-api-key'], 'k2');
+    // A bad rule is refused before anything changes: the policy stays as it was.
+    const policyBefore = (await api(fx, 'GET', `/v1/sandboxes/${e.sandboxId}/egress`)).body;
+    await assert.rejects(e.updateNetwork({ allowOut: ['127.0.0.2'], rules: { 'e2b-allowed.example.test': [{ transform: { headers: { Host: 'x' } } }] } }), /not a request header the proxy may set/);
+    assert.deepEqual((await api(fx, 'GET', `/v1/sandboxes/${e.sandboxId}/egress`)).body, policyBefore, 'a bad rule changes nothing');
     // The rule's sealed value is a secret of the sandbox's own, and goes with it.
     const stored = (await api(fx, 'GET', '/v1/secrets')).body.secrets.filter((s) => s.name.startsWith(`RULE_${e.sandboxId}_`));
     assert.deepEqual(stored.map((s) => [s.header, s.hosts, s.sandboxId]), [['X-Api-Key', ['e2b-allowed.example.test'], e.sandboxId]]);

@@ -396,16 +396,16 @@ export class SandboxService {
         await this.end(sb.id, 'dead', st.reason ?? 'lost', st.detail ?? 'the sandbox was gone when the daemon started');
       }
     }
-    const hibernatedNow = new Set((await this.store.sandboxesInStates(['hibernated'])).map((s) => s.id));
-    const runningNow = new Set((await this.store.sandboxesInStates(['running', 'paused'])).map((s) => s.id));
+    // States as recovery left them (one read).
+    const stateNow = new Map((await this.store.sandboxesInStates(['running', 'paused', 'hibernated'])).map((s) => [s.id, s.state]));
     for (const id of await this.driver.list()) {
       if (!known.has(id)) {
         this.log.warn({ sandboxId: id }, 'removing orphaned runtime sandbox');
         await this.driver.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'orphan removal failed'));
-      } else if (hibernatedNow.has(id)) {
+      } else if (stateNow.get(id) === 'hibernated') {
         // A hibernated sandbox holds nothing on the host; a crash may have cut its release short.
         await this.driver.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'releasing a hibernated sandbox failed'));
-      } else if (runningNow.has(id)) {
+      } else if (stateNow.has(id)) {
         await this.driver.releaseStale(id).catch((err) => this.log.warn({ err, sandboxId: id }, 'releasing stale incarnations failed'));
       }
     }
@@ -1155,8 +1155,7 @@ export class SandboxService {
       } catch (err) {
         // A restore that fails now may have lost the old incarnation.
         const msg = err instanceof Error ? err.message : String(err);
-        const st = await this.driver.status(id).catch(() => ({ running: false }));
-        if (!st.running) await this.recover(sb, `rollback to ${snap.id} failed: ${msg}`);
+        if (!(await this.runtimeRuns(id))) await this.recover(sb, `rollback to ${snap.id} failed: ${msg}`);
         await this.journal.done(intent);
         throw new SpaceError('SNAPSHOT_FAILED', `Rollback of ${id} to ${snap.id} failed: ${msg}`, { cause: err });
       } finally {
@@ -1395,8 +1394,7 @@ export class SandboxService {
       this.fault('snapshot:after-checkpoint');
     } catch (err) {
       await fs.rm(imageDir, { recursive: true, force: true });
-      const st = await this.driver.status(sb.id).catch(() => ({ running: false }));
-      if (st.running) {
+      if (await this.runtimeRuns(sb.id)) {
         // The checkpoint did not happen and the sandbox still runs: let the agent back in.
         await this.driver.adopt(sb.id).catch(() => {});
         e.quiescing = false;
@@ -1563,6 +1561,11 @@ export class SandboxService {
 
   // ---------------------------------------------------------------- crash recovery
 
+  /** Whether the runtime still runs (or holds paused) the sandbox; an unanswered question counts as no. */
+  private async runtimeRuns(id: string): Promise<boolean> {
+    return (await this.driver.status(id).catch(() => ({ running: false }))).running;
+  }
+
   /**
    * Re-attaches to a sandbox whose runtime still runs, and makes the runtime's state match the
    * session's: a crash mid-checkpoint can leave a running session's runtime paused. False when
@@ -1610,7 +1613,7 @@ export class SandboxService {
   private async reconcileSnapshot(sb: Sandbox, intent: Intent, what: string): Promise<boolean> {
     const stored = intent.snapshotId ? await this.store.getSnapshot(intent.snapshotId) : undefined;
     const complete = !!stored || (!!intent.imageDir && existsSync(path.join(intent.imageDir, CHECKPOINT_COMPLETE)));
-    const running = (await this.driver.status(sb.id).catch(() => ({ running: false }))).running;
+    const running = await this.runtimeRuns(sb.id);
     if (intent.op === 'hibernate' && sb.state === 'hibernated') {
       // Only the journal's last word was missing.
       await this.driver.destroy(sb.id);
@@ -1652,7 +1655,7 @@ export class SandboxService {
 
   private async reconcileWake(sb: Sandbox, intent: Intent, what: string): Promise<boolean> {
     if (sb.state !== 'hibernated') return false;
-    const running = (await this.driver.status(sb.id).catch(() => ({ running: false }))).running;
+    const running = await this.runtimeRuns(sb.id);
     if (running && (await this.driver.adopt(sb.id).catch(() => false))) {
       await this.markWoken(sb);
       await this.event(sb.id, 'recovered', `${what}: rolled forward, the restore from snapshot ${intent.snapshotId} had completed; woken, nothing lost`);

@@ -7,7 +7,7 @@
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import net from 'node:net';
-import { SpaceError, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
+import { SpaceError, checkHeaderRules, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
 import type { AccessTokens } from './access.js';
 
 /** The envd version SPACE reports: new enough that the SDK enables every feature it speaks. */
@@ -193,7 +193,8 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const sb = await svc.get(tenantId, req.params.id);
     const policy = networkPolicy(req.body ?? {}, !!sb.egress?.publicInternet);
     if (policy.publicInternet && !sb.egress?.publicInternet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', 'Internet access is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): list the destinations instead');
-    const rules = networkRules(req.body ?? {}) ?? [];
+    // Checked before anything changes: a bad rule leaves the policy as it was.
+    const rules = checkHeaderRules(networkRules(req.body ?? {}) ?? []);
     await svc.setEgress(tenantId, sb.id, { ...(sb.egress ?? {}), ...policy, ...(policy.publicInternet ? {} : { publicInternet: false }), ...(policy.deny ? {} : { deny: undefined }) });
     // E2B: the update replaces the rules too; leaving them out clears them.
     if (rules.length || sb.secrets?.some((a) => a.rule)) await svc.setHeaderRules(tenantId, sb.id, rules);
