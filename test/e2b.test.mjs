@@ -431,16 +431,44 @@ describe('E2B-compatible API (e2b SDK)', () => {
     await sb.kill();
   });
 
+  it('file metadata: written with the file, read by getInfo and list, kept across rename, overwrite and fork', async () => {
+    const sb = await create();
+    const w = await sb.files.write('/home/user/doc.txt', 'x', { metadata: { Owner: 'agent-7', 'step.n': '3' } });
+    // Header names have no case: keys come back lowercased.
+    assert.deepEqual(w.metadata, { owner: 'agent-7', 'step.n': '3' }, 'the write returns it');
+    assert.deepEqual((await sb.files.getInfo('/home/user/doc.txt')).metadata, { owner: 'agent-7', 'step.n': '3' });
+    // Several files in one call, and a streamed (octet-stream) upload.
+    await sb.files.write([{ path: '/tmp/m/a.txt', data: 'a' }, { path: '/tmp/m/b.txt', data: 'b' }], { metadata: { batch: '1' } });
+    await sb.files.write('/tmp/m/c.txt', new Blob(['c']).stream(), { metadata: { streamed: 'yes' } });
+    await sb.files.write('/tmp/m/plain.txt', 'p');
+    const listed = Object.fromEntries((await sb.files.list('/tmp/m')).map((e) => [e.name, e.metadata]));
+    assert.deepEqual(listed, { 'a.txt': { batch: '1' }, 'b.txt': { batch: '1' }, 'c.txt': { streamed: 'yes' }, 'plain.txt': undefined });
+    // A rename keeps it (it lives on the file, not its name); an overwrite merges keys.
+    const moved = await sb.files.rename('/home/user/doc.txt', '/home/user/renamed.txt');
+    assert.deepEqual(moved.metadata, { owner: 'agent-7', 'step.n': '3' });
+    await sb.files.write('/home/user/renamed.txt', 'y', { metadata: { 'step.n': '4' } });
+    assert.deepEqual((await sb.files.getInfo('/home/user/renamed.txt')).metadata, { owner: 'agent-7', 'step.n': '4' });
+    assert.equal(await sb.files.read('/home/user/renamed.txt'), 'y');
+    // A bad key is refused by the SDK; one the SDK lets through but SPACE cannot store writes nothing.
+    await assert.rejects(sb.files.write('/tmp/bad.txt', 'x', { metadata: { 'a b': 'c' } }), /Invalid metadata key/);
+    await assert.rejects(sb.files.write('/tmp/long.txt', 'x', { metadata: { k: 'v'.repeat(5000) } }), /metadata value/);
+    assert.equal(await sb.files.exists('/tmp/long.txt'), false, 'nothing was written');
+    // In a snapshot's copy it is there too.
+    const [fork] = await sb.fork({ count: 1 });
+    assert.deepEqual((await fork.files.getInfo('/home/user/renamed.txt')).metadata, { owner: 'agent-7', 'step.n': '4' });
+    await fork.kill();
+    await sb.kill();
+  });
+
   it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {
     await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'], rules: { '*': [{ transform: { headers: { 'X-A': 'b' } } }] } } }), /bare "\*" is not a host/);
     await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['not a host!'] } }), /EGRESS_POLICY_INVALID|not a host|domain/i);
     await assert.rejects(Sandbox.create('no-such-template', opts), /TEMPLATE_NOT_FOUND/);
+    await assert.rejects(Sandbox.create('base', { ...opts, network: { maskRequestHost: 'localhost:${PORT}' } }), /maskRequestHost.*no ingress/);
     // A files-only pause is refused, never silently turned into a full one.
     await assert.rejects(Sandbox.create('base', { ...opts, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } }), /keepMemory: false.*keeps memory/);
     const sb = await create();
     await assert.rejects(sb.pause({ keepMemory: false }), /keepMemory: false/);
-    await assert.rejects(sb.files.write('/tmp/m.txt', 'x', { metadata: { owner: 'agent' } }), /File metadata/);
-    assert.equal(await sb.files.exists('/tmp/m.txt'), false, 'nothing was written');
     assert.equal((await sb.getInfo()).state, 'running');
     await sb.kill();
     const bad = await fetch(`${opts.apiUrl}/sandboxes`, { method: 'POST', headers: { 'X-API-KEY': 'e2b_0000000000000000000000000000000000000000', 'content-type': 'application/json' }, body: '{}' });

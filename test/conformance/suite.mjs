@@ -132,6 +132,19 @@ export function conformance(driver) {
       assert.deepEqual(Buffer.from(await sb.files.read('/home/user/bin.dat', { format: 'bytes' })), bin, 'relative paths are under the home directory; bytes survive');
     });
 
+    test('file metadata is stored with the file (extended attributes) and follows a rename', async () => {
+      await sb.files.write('/tmp/md.txt', 'x', { metadata: { Step: '3', 'run.id': 'r-1' } });
+      await sb.files.write('/home/user/md.txt', 'x', { metadata: { k: 'v' } });
+      assert.deepEqual((await sb.files.stat('/tmp/md.txt', { metadata: true })).metadata, { step: '3', 'run.id': 'r-1' });
+      assert.equal((await sb.files.stat('/tmp/md.txt')).metadata, undefined, 'read only when asked');
+      await sb.files.rename('/tmp/md.txt', '/tmp/md2.txt');
+      const ls = await sb.files.list('/tmp', { metadata: true });
+      assert.deepEqual(ls.find((e) => e.name === 'md2.txt')?.metadata, { step: '3', 'run.id': 'r-1' });
+      assert.deepEqual((await sb.files.stat('md.txt', { metadata: true })).metadata, { k: 'v' }, 'in the home directory too');
+      await assert.rejects(sb.files.write('/tmp/bad.txt', 'x', { metadata: { k: 'é' } }), (e) => e.code === 'BAD_REQUEST' || /header|ByteString|character/i.test(e.message));
+      assert.equal(await sb.files.exists('/tmp/bad.txt'), false, 'a refused write writes nothing');
+    });
+
     test('a 100 MB file round-trips intact (verified by hash), streamed both ways', async () => {
       const size = 100 * 1024 * 1024;
       const hash = createHash('sha256');

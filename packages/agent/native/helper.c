@@ -19,6 +19,12 @@
  *                                   watcher in the session that does it when the agent asks.
  *   space-helper sudod               the sudo broker (this runsc never honours set-id bits);
  *                                   the same binary named `sudo` is its client.
+ *   space-helper meta serve         file metadata (E2B's files.write(…, {metadata})), kept as
+ *                                   extended attributes `user.space.meta.KEY` (`trusted.…` where
+ *                                   the file system has no user attributes: the microVM's tmpfs).
+ *                                   Node has no call for extended attributes, and a process a
+ *                                   call costs ~25 ms in gVisor, so the agent keeps this one
+ *                                   running and sends it requests (see meta_serve).
  *   space-helper kernelfiles BOOT_ID|new  where /proc/sys/kernel/random is missing (this runsc),
  *                                   makes it: /proc/sys/kernel becomes a tmpfs holding copies
  *                                   of the original entries and random/boot_id, entropy_avail,
@@ -40,6 +46,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/xattr.h>
 #include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -658,6 +665,89 @@ static int sudo_main(int argc, char **argv) {
   return (int)status;
 }
 
+/* ---- meta: file metadata as extended attributes ---- */
+#define META_USER "user.space.meta."
+#define META_TRUSTED "trusted.space.meta."
+
+/* Prints `s` as a JSON string; the caller has checked it is printable ASCII. */
+static void json_string(const char *s, size_t n) {
+  putchar('"');
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] == '"' || s[i] == '\\') putchar('\\');
+    putchar(s[i]);
+  }
+  putchar('"');
+}
+
+static int printable(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++) if (s[i] < 0x20 || s[i] > 0x7e) return 0;
+  return 1;
+}
+
+static void meta_print(const char *path) {
+  char names[65536], value[65536];
+  ssize_t len = llistxattr(path, names, sizeof names);
+  int first = 1;
+  putchar('{');
+  for (ssize_t off = 0; len > 0 && off < len; off += (ssize_t)strlen(names + off) + 1) {
+    const char *name = names + off, *key;
+    if (strncmp(name, META_USER, strlen(META_USER)) == 0) key = name + strlen(META_USER);
+    else if (strncmp(name, META_TRUSTED, strlen(META_TRUSTED)) == 0) key = name + strlen(META_TRUSTED);
+    else continue;
+    ssize_t vlen = lgetxattr(path, name, value, sizeof value);
+    if (vlen < 0 || !*key || !printable(key, strlen(key)) || !printable(value, (size_t)vlen)) continue;
+    if (!first) putchar(',');
+    first = 0;
+    json_string(key, strlen(key));
+    putchar(':');
+    json_string(value, (size_t)vlen);
+  }
+  puts("}");
+}
+
+/* One NUL-terminated field of a request; NULL at the end of input. */
+static char *meta_field(char **buf, size_t *cap) {
+  ssize_t n = getdelim(buf, cap, '\0', stdin);
+  return n <= 0 ? NULL : *buf;
+}
+
+/* Requests on stdin, one reply line each on stdout, until stdin closes:
+ *   g\0PATH\0                      -> the metadata as one JSON object
+ *   s\0PATH\0N\0K1\0V1\0…KN\0VN\0  -> "ok", or "error: …" (keys set in order up to the failure) */
+static int meta_serve(void) {
+  char *op = NULL, *path = NULL, *key = NULL, *value = NULL, *count = NULL;
+  size_t opc = 0, pathc = 0, keyc = 0, valuec = 0, countc = 0;
+  for (;;) {
+    if (!meta_field(&op, &opc) || !meta_field(&path, &pathc)) return 0;
+    if (strcmp(op, "g") == 0) {
+      meta_print(path);
+    } else if (strcmp(op, "s") == 0) {
+      if (!meta_field(&count, &countc)) return 2;
+      long n = strtol(count, NULL, 10);
+      const char *failed = NULL;
+      int err = 0;
+      for (long i = 0; i < n; i++) {
+        if (!meta_field(&key, &keyc) || !meta_field(&value, &valuec)) return 2;
+        if (failed) continue;
+        char name[512];
+        if (snprintf(name, sizeof name, META_USER "%s", key) >= (int)sizeof name) { failed = "key too long"; continue; }
+        if (lsetxattr(path, name, value, strlen(value), 0) == 0) continue;
+        if (errno == ENOTSUP) {
+          snprintf(name, sizeof name, META_TRUSTED "%s", key);
+          if (lsetxattr(path, name, value, strlen(value), 0) == 0) continue;
+        }
+        err = errno;
+        failed = strerror(err);
+      }
+      if (failed) printf("error: %s\n", failed);
+      else puts("ok");
+    } else {
+      return 2;
+    }
+    if (fflush(stdout) != 0) return 1;
+  }
+}
+
 int main(int argc, char **argv) {
   const char *base = strrchr(argv[0], '/');
   if (strcmp(base ? base + 1 : argv[0], "sudo") == 0) return sudo_main(argc, argv);
@@ -700,6 +790,7 @@ int main(int argc, char **argv) {
   if (argc >= 4 && strcmp(argv[1], "init") == 0 && strcmp(argv[2], "--") == 0) return init_main(argv + 3);
   if (argc >= 3 && strcmp(argv[1], "ptyexec") == 0) return ptyexec(argv + 2);
   if (argc == 3 && strcmp(argv[1], "kernelfiles") == 0) return kernelfiles(argv[2]);
-  fprintf(stderr, "usage: space-helper sethostname NAME [BOOT_ID] | exec PROG [ARGS...] | reseed < ENTROPY | init -- PROG [ARGS...] | ptyexec PROG [ARGS...] | kernelfiles BOOT_ID | sudod\n");
+  if (argc == 3 && strcmp(argv[1], "meta") == 0 && strcmp(argv[2], "serve") == 0) return meta_serve();
+  fprintf(stderr, "usage: space-helper sethostname NAME [BOOT_ID] | exec PROG [ARGS...] | reseed < ENTROPY | init -- PROG [ARGS...] | ptyexec PROG [ARGS...] | kernelfiles BOOT_ID | sudod | meta serve\n");
   return 2;
 }

@@ -10,6 +10,7 @@ import { Channel, INITIAL_WINDOW, type EntryInfo, type EntryType } from '@space/
 import { AgentError } from './processes.js';
 import type { Stream } from './streams.js';
 import { DEFAULT_USER, idName, resolveUser, type User } from './users.js';
+import { readMetadata, writeMetadata, type Metadata } from './metadata.js';
 
 const MAX_LIST = 10_000;
 const READ_CHUNK = 64 * 1024;
@@ -50,8 +51,14 @@ function typeOf(st: import('node:fs').Stats): EntryType {
   return 'other';
 }
 
-/** Stat of one path (symlinks are not followed). */
-export async function stat(p: string): Promise<EntryInfo> {
+/** Stat of one path (symlinks are not followed); with `metadata`, its file metadata too. */
+export async function stat(p: string, metadata = false): Promise<EntryInfo> {
+  const info = await statOnly(p);
+  if (metadata) [info.metadata] = await readMetadata([p]);
+  return info;
+}
+
+async function statOnly(p: string): Promise<EntryInfo> {
   try {
     const st = await fs.lstat(p);
     const info: EntryInfo = { name: path.basename(p), path: p, type: typeOf(st), size: st.size, mode: st.mode & 0o7777, mtimeMs: Math.round(st.mtimeMs), owner: idName(st.uid), group: idName(st.gid, true) };
@@ -62,8 +69,8 @@ export async function stat(p: string): Promise<EntryInfo> {
   }
 }
 
-/** Lists a directory, descending `depth - 1` levels. */
-export async function list(dir: string, depth = 1): Promise<EntryInfo[]> {
+/** Lists a directory, descending `depth - 1` levels; with `metadata`, each entry's file metadata too. */
+export async function list(dir: string, depth = 1, metadata = false): Promise<EntryInfo[]> {
   const out: EntryInfo[] = [];
   const top = await stat(dir);
   if (top.type !== 'dir') throw new AgentError('NOT_A_DIRECTORY', `${dir} is not a directory`);
@@ -76,13 +83,17 @@ export async function list(dir: string, depth = 1): Promise<EntryInfo[]> {
     }
     for (const n of names) {
       if (out.length >= MAX_LIST) return;
-      const e = await stat(path.join(d, n)).catch(() => undefined);
+      const e = await statOnly(path.join(d, n)).catch(() => undefined);
       if (!e) continue;
       out.push(e);
       if (e.type === 'dir' && level < depth) await walk(e.path, level + 1);
     }
   };
   await walk(dir, 1);
+  if (metadata) {
+    const mds = await readMetadata(out.map((e) => e.path));
+    out.forEach((e, i) => (e.metadata = mds[i]));
+  }
   return out;
 }
 
@@ -158,9 +169,11 @@ export async function readTo(p: string, stream: Stream): Promise<void> {
 
 /**
  * Receives a file from the daemon: DATA frames are written in order, credit is granted as
- * writes complete, End renames the temporary file into place.
+ * writes complete, End renames the temporary file into place. `metadata` is set on the
+ * temporary file before the rename, so the file never appears without it; a file replaced
+ * keeps the old one's metadata under keys the new write does not set.
  */
-export async function writeFrom(p: string, stream: Stream, mode: number | undefined, who?: string): Promise<void> {
+export async function writeFrom(p: string, stream: Stream, mode: number | undefined, who?: string, metadata?: Metadata): Promise<void> {
   const u = userOf(who);
   const tmp = path.join(path.dirname(p), `.${path.basename(p)}.space-${randomBytes(6).toString('hex')}`);
   let fh: fs.FileHandle;
@@ -191,6 +204,10 @@ export async function writeFrom(p: string, stream: Stream, mode: number | undefi
         try {
           await fh.close();
           if (failed) throw failed;
+          if (metadata && Object.keys(metadata).length > 0) {
+            const [old] = await readMetadata([p]);
+            await writeMetadata(tmp, { ...old, ...metadata });
+          }
           await fs.rename(tmp, p);
           resolve();
         } catch (err) {

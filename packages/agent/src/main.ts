@@ -27,6 +27,7 @@ import { hostname } from 'node:os';
 import { execFileSync } from 'node:child_process';
 import { SerialPort, type SerialConnection } from './serial.js';
 import * as files from './files.js';
+import { checkMetadata } from './metadata.js';
 import { snapshotBlockers } from './snapshot.js';
 import { AgentError, ProcessTable, kernelFiles, setHostname, startSudoBroker, type Proc } from './processes.js';
 import { Stream, type FrameSink } from './streams.js';
@@ -275,10 +276,10 @@ async function handle(req: Record<string, unknown>, s: Stream): Promise<void> {
       s.end({ processes: procs.list() });
       return;
     case 'stat':
-      s.end({ entry: await files.stat(files.resolvePath(req.path)) });
+      s.end({ entry: await files.stat(files.resolvePath(req.path), req.metadata === true) });
       return;
     case 'list':
-      s.end({ entries: await files.list(files.resolvePath(req.path), req.depth === undefined ? 1 : num(req.depth, 'depth', 1, 32)) });
+      s.end({ entries: await files.list(files.resolvePath(req.path), req.depth === undefined ? 1 : num(req.depth, 'depth', 1, 32), req.metadata === true) });
       return;
     case 'mkdir':
       await files.mkdirp(files.resolvePath(req.path), req.user as string | undefined);
@@ -299,7 +300,7 @@ async function handle(req: Record<string, unknown>, s: Stream): Promise<void> {
       await files.watchTo(files.resolvePath(req.path), req.recursive === true, s);
       return;
     case 'write':
-      await files.writeFrom(files.resolvePath(req.path), s, typeof req.mode === 'number' ? req.mode & 0o7777 : undefined, req.user as string | undefined);
+      await files.writeFrom(files.resolvePath(req.path), s, typeof req.mode === 'number' ? req.mode & 0o7777 : undefined, req.user as string | undefined, req.metadata === undefined ? undefined : checkMetadata(req.metadata));
       return;
     default:
       throw new AgentError('BAD_REQUEST', `Unknown op ${JSON.stringify(req.op)}`);

@@ -22,7 +22,7 @@ export { Journal } from './intents.js';
 export { UsageHistory } from './usage-history.js';
 export type { UsageSample, UsageSource } from './usage-history.js';
 export type { Intent, IntentOp, IntentStep, IntentStore } from './intents.js';
-export { checkPath } from './validate.js';
+export { checkPath, fileMetadataFromHeaders, FILE_METADATA_HEADER } from './validate.js';
 export { TemplateService, templateImageBlobKey } from './templates.js';
 export type { TemplateBuildRequest, TemplateImageStore, TemplateServiceOptions, TemplateUpload } from './templates.js';
 export { WarmPool } from './pool.js';

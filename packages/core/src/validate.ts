@@ -38,3 +38,21 @@ export function checkPath(p: unknown, field = 'path'): string {
   return p;
 }
 
+
+/** Prefix of the headers that carry file metadata on an upload (E2B's convention, and SPACE's). */
+export const FILE_METADATA_HEADER = 'x-metadata-';
+
+/**
+ * File metadata from an upload's `X-Metadata-KEY: value` headers; undefined when none. Keys
+ * are lowercased: HTTP header names have no case (fetch sends them lowercased, other clients
+ * may not), so one key must never become two. The agent checks keys and values.
+ * @example fileMetadataFromHeaders({ 'x-metadata-owner': 'agent-7' }) // { owner: 'agent-7' }
+ */
+export function fileMetadataFromHeaders(headers: Record<string, string | string[] | undefined>): Record<string, string> | undefined {
+  let out: Record<string, string> | undefined;
+  for (const [name, value] of Object.entries(headers)) {
+    const key = name.toLowerCase();
+    if (key.length > FILE_METADATA_HEADER.length && key.startsWith(FILE_METADATA_HEADER) && value !== undefined) (out ??= {})[key.slice(FILE_METADATA_HEADER.length)] = Array.isArray(value) ? value.join(', ') : value;
+  }
+  return out;
+}

@@ -7,7 +7,7 @@
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply } from 'fastify';
 import multipart from '@fastify/multipart';
 import { fastifyConnectPlugin } from '@connectrpc/connect-fastify';
-import { SpaceError, type ApiKeys, type SandboxService } from '@space/core';
+import { SpaceError, fileMetadataFromHeaders, type ApiKeys, type SandboxService } from '@space/core';
 import { AccessTokens, signedCaller, type SignedFileQuery } from './access.js';
 import { registerControl } from './control.js';
 import { envdCaller, envdRoutes, readFile, writeFile } from './envd.js';
@@ -91,14 +91,13 @@ export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {
   });
   app.post<{ Querystring: SignedFileQuery }>('/files', async (req) => {
     const c = { ...(await fileCaller(req, 'write')), ...(req.query.username ? { user: req.query.username } : {}) };
-    // files.write(…, {metadata}) sends X-Metadata-* headers: refused, not dropped.
-    if (Object.keys(req.headers).some((h) => h.startsWith('x-metadata-'))) throw new SpaceError('BAD_REQUEST', 'File metadata (files.write with metadata) is not supported by SPACE\'s E2B-compatible API yet: keep it beside the file, e.g. in a .meta.json');
+    const metadata = fileMetadataFromHeaders(req.headers);
     if (req.isMultipart()) {
       const out = [];
       for await (const part of req.files()) {
         const target = req.query.path ?? part.filename;
         if (!target) throw new SpaceError('BAD_REQUEST', 'Each file needs a path (the path query or the part\'s filename)');
-        out.push(await writeFile(deps.service, c, target, part.file));
+        out.push(await writeFile(deps.service, c, target, part.file, metadata));
       }
       return out;
     }
@@ -106,9 +105,9 @@ export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {
     if (req.headers['content-encoding'] && req.headers['content-encoding'] !== 'identity') {
       const { createGunzip } = await import('node:zlib');
       if (req.headers['content-encoding'] !== 'gzip') throw new SpaceError('BAD_REQUEST', `Content-Encoding ${req.headers['content-encoding']} is not supported (gzip is)`);
-      return [await writeFile(deps.service, c, req.query.path, (req.body as NodeJS.ReadableStream).pipe(createGunzip()))];
+      return [await writeFile(deps.service, c, req.query.path, (req.body as NodeJS.ReadableStream).pipe(createGunzip()), metadata)];
     }
-    return [await writeFile(deps.service, c, req.query.path, req.body as AsyncIterable<Buffer>)];
+    return [await writeFile(deps.service, c, req.query.path, req.body as AsyncIterable<Buffer>, metadata)];
   });
 
   // ---- envd Connect RPC (process.Process, filesystem.Filesystem)

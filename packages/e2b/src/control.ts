@@ -54,7 +54,7 @@ export function networkPolicy(network: unknown, internet: boolean): Partial<Egre
   const n = network as Record<string, unknown>;
   if (n.egressProxy !== undefined && n.egressProxy !== null) throw unsupported('network.egressProxy', 'every SPACE sandbox already reaches the network only through SPACE\'s egress proxy');
   for (const k of Object.keys(n)) if (!['allowOut', 'denyOut', 'rules', 'egressProxy', 'maskRequestHost'].includes(k)) throw new SpaceError('BAD_REQUEST', `Unknown network option ${JSON.stringify(k)}`);
-  if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) throw unsupported('network.maskRequestHost', 'the egress proxy forwards requests to the host they name');
+  if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) throw unsupported('network.maskRequestHost', 'it sets the Host header of requests coming into the sandbox through E2B\'s public URLs; SPACE has no ingress yet, so there is no such traffic to mask. Reach a port with `space exec` or `space shell` until ingress lands');
   const split = (v: unknown, field: string) => {
     if (v === undefined || v === null) return undefined;
     if (!Array.isArray(v) || v.length > 256 || v.some((x) => typeof x !== 'string')) throw new SpaceError('BAD_REQUEST', `network.${field} must be a list of at most 256 addresses, CIDRs or host names`);

@@ -12,7 +12,7 @@ import { Code, ConnectError, type ConnectRouter, type HandlerContext } from '@co
 import { timestampFromMs } from '@bufbuild/protobuf/wkt';
 import type { MessageInitShape } from '@bufbuild/protobuf';
 import { AsyncQueue, SpaceError, toSpaceError, type AgentCall, type SandboxService } from '@space/core';
-import { Channel, type ExecRequest } from '@space/protocol';
+import { Channel, type EntryInfo as AgentEntry, type ExecRequest } from '@space/protocol';
 import type { AccessTokens } from './access.js';
 import { Process, Signal, type ProcessSelector, type StartResponseSchema } from './gen/process/process_pb.js';
 import { EventType, Filesystem, FileType, type EntryInfoSchema, type FilesystemEventSchema, type WatchDirResponseSchema } from './gen/filesystem/filesystem_pb.js';
@@ -88,17 +88,6 @@ function guard<A extends unknown[], R>(fn: (...a: A) => Promise<R>): (...a: A) =
   };
 }
 
-interface AgentEntry {
-  name: string;
-  path: string;
-  type: 'file' | 'dir' | 'symlink' | 'other';
-  size: number;
-  mode: number;
-  mtimeMs: number;
-  symlinkTarget?: string;
-  owner?: string;
-  group?: string;
-}
 
 const TYPE: Record<AgentEntry['type'], FileType> = { file: FileType.FILE, dir: FileType.DIRECTORY, symlink: FileType.SYMLINK, other: FileType.UNSPECIFIED };
 
@@ -123,6 +112,7 @@ function entry(e: AgentEntry): MessageInitShape<typeof EntryInfoSchema> {
     modifiedTime: timestampFromMs(e.mtimeMs),
     // E2B gives a link's target as an absolute path (SPACE's own API gives readlink's text).
     ...(e.symlinkTarget !== undefined ? { symlinkTarget: path.posix.resolve(path.posix.dirname(e.path), e.symlinkTarget) } : {}),
+    ...(e.metadata ? { metadata: e.metadata } : {}),
   };
 }
 
@@ -338,12 +328,12 @@ export function envdRoutes(deps: EnvdDeps): (router: ConnectRouter) => void {
     router.service(Filesystem, {
       stat: guard(async (req, ctx) => {
         const c = who(ctx);
-        const r = await unary(c, { op: 'stat', path: resolvePath(req.path, c.user) });
+        const r = await unary(c, { op: 'stat', path: resolvePath(req.path, c.user), metadata: true });
         return { entry: entry(r.entry as AgentEntry) };
       }),
       listDir: guard(async (req, ctx) => {
         const c = who(ctx);
-        const r = await unary(c, { op: 'list', path: resolvePath(req.path, c.user), depth: req.depth || 1 });
+        const r = await unary(c, { op: 'list', path: resolvePath(req.path, c.user), depth: req.depth || 1, metadata: true });
         return { entries: (r.entries as AgentEntry[]).map(entry) };
       }),
       makeDir: guard(async (req, ctx) => {
@@ -362,7 +352,7 @@ export function envdRoutes(deps: EnvdDeps): (router: ConnectRouter) => void {
         const c = who(ctx);
         const to = resolvePath(req.destination, c.user);
         await unary(c, { op: 'rename', from: resolvePath(req.source, c.user), to });
-        const r = await unary(c, { op: 'stat', path: to });
+        const r = await unary(c, { op: 'stat', path: to, metadata: true });
         return { entry: entry(r.entry as AgentEntry) };
       }),
       remove: guard(async (req, ctx) => {
@@ -433,12 +423,15 @@ export async function readFile(svc: SandboxService, c: EnvdCaller, p: string): P
   return Readable.from(body(), { objectMode: false });
 }
 
-/** Writes a stream into a file of the sandbox (POST /files); resolves to its entry. */
-export async function writeFile(svc: SandboxService, c: EnvdCaller, p: string, data: AsyncIterable<Buffer>): Promise<{ name: string; type: 'file'; path: string }> {
+/**
+ * Writes a stream into a file of the sandbox (POST /files), with `metadata` (the SDK's
+ * `X-Metadata-*` headers) set on it; resolves to its entry.
+ */
+export async function writeFile(svc: SandboxService, c: EnvdCaller, p: string, data: AsyncIterable<Buffer>, metadata?: Record<string, string>): Promise<{ name: string; type: 'file'; path: string; metadata?: Record<string, string> }> {
   const target = resolvePath(p, c.user);
   const parent = path.posix.dirname(target);
   await svc.unary(c.tenantId, c.sandboxId, 'files', { op: 'mkdir', path: parent, ...(c.user ? { user: c.user } : {}) });
-  const call = await svc.call(c.tenantId, c.sandboxId, 'files', { op: 'write', path: target, ...(c.user ? { user: c.user } : {}) });
+  const call = await svc.call(c.tenantId, c.sandboxId, 'files', { op: 'write', path: target, ...(c.user ? { user: c.user } : {}), ...(metadata ? { metadata } : {}) });
   await call.reply;
   try {
     for await (const chunk of data) await call.write(Channel.File, chunk);
@@ -449,5 +442,5 @@ export async function writeFile(svc: SandboxService, c: EnvdCaller, p: string, d
   }
   call.end({});
   await call.done;
-  return { name: path.posix.basename(target), type: 'file', path: target };
+  return { name: path.posix.basename(target), type: 'file', path: target, ...(metadata ? { metadata } : {}) };
 }

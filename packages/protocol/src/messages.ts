@@ -156,17 +156,23 @@ export interface EntryInfo {
   owner?: string;
   /** The group's name (the numeric gid when /etc/group has none). */
   group?: string;
+  /** File metadata (extended attributes `user.space.meta.*`), when the request asked for it. */
+  metadata?: Record<string, string>;
 }
 
 export interface StatRequest {
   op: 'stat';
   path: string;
+  /** Also read the entry's file metadata (one helper process in the sandbox). */
+  metadata?: boolean;
 }
 export interface ListRequest {
   op: 'list';
   path: string;
   /** 1 lists the directory itself; more descends. */
   depth?: number;
+  /** Also read each entry's file metadata (one helper process for the whole list). */
+  metadata?: boolean;
 }
 export interface MkdirRequest {
   op: 'mkdir';
@@ -204,6 +210,8 @@ export interface WriteFileRequest {
   path: string;
   mode?: number;
   user?: string;
+  /** File metadata to set (keys: HTTP tokens; values: printable ASCII); other keys stay. */
+  metadata?: Record<string, string>;
 }
 export interface PingRequest {
   op: 'ping';

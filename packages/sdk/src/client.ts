@@ -55,7 +55,7 @@ export class ApiClient {
   }
 
   /** A raw request; rejects with a {@link SpaceError} unless the status is 2xx. `timeoutMs: 0` = no timeout. */
-  async request(method: string, path: string, opts: { json?: unknown; body?: BodyInit | NodeJS.ReadableStream; contentType?: string; signal?: AbortSignal; timeoutMs?: number; query?: Record<string, string | number | boolean | string[] | undefined> } = {}): Promise<Response> {
+  async request(method: string, path: string, opts: { json?: unknown; body?: BodyInit | NodeJS.ReadableStream; contentType?: string; headers?: Record<string, string>; signal?: AbortSignal; timeoutMs?: number; query?: Record<string, string | number | boolean | string[] | undefined> } = {}): Promise<Response> {
     const u = new URL(this.url + path);
     for (const [k, v] of Object.entries(opts.query ?? {})) {
       if (v === undefined) continue;
@@ -65,7 +65,7 @@ export class ApiClient {
     const signals = [opts.signal, timeout > 0 ? AbortSignal.timeout(timeout) : undefined].filter((s): s is AbortSignal => !!s);
     const init: RequestInit & { duplex?: 'half' } = {
       method,
-      headers: this.headers(opts.json !== undefined ? { 'content-type': 'application/json' } : opts.contentType ? { 'content-type': opts.contentType } : {}),
+      headers: this.headers({ ...opts.headers, ...(opts.json !== undefined ? { 'content-type': 'application/json' } : opts.contentType ? { 'content-type': opts.contentType } : {}) }),
       ...(signals.length ? { signal: signals.length === 1 ? signals[0]! : AbortSignal.any(signals) } : {}),
     };
     if (opts.json !== undefined) init.body = JSON.stringify(opts.json);

@@ -39,8 +39,14 @@ export class Files {
     return opts.format === 'bytes' ? buf : new TextDecoder().decode(buf);
   }
 
-  /** Writes a file atomically (the old content stays if the upload fails). Returns its size. */
-  async write(path: string, data: WriteData, opts: { mode?: number; user?: string; signal?: AbortSignal } = {}): Promise<{ path: string; size: number }> {
+  /**
+   * Writes a file atomically (the old content stays if the upload fails). Returns its size.
+   * `metadata` (keys: letters, digits and `!#$%&'*+-.^_\`|~`, lowercased; values: printable
+   * ASCII) is stored with the file and follows it through renames, snapshots and forks;
+   * keys an overwrite does not set stay.
+   * @example await sb.files.write('/home/user/out.csv', csv, { metadata: { step: '3' } });
+   */
+  async write(path: string, data: WriteData, opts: { mode?: number; user?: string; metadata?: Record<string, string>; signal?: AbortSignal } = {}): Promise<{ path: string; size: number }> {
     let body: BodyInit | NodeJS.ReadableStream;
     if (typeof data === 'string') body = Buffer.from(data);
     else if (data instanceof Uint8Array) body = data as unknown as BodyInit;
@@ -52,19 +58,23 @@ export class Files {
       query: { path, mode: opts.mode, user: opts.user },
       body,
       contentType: 'application/octet-stream',
+      ...(opts.metadata ? { headers: Object.fromEntries(Object.entries(opts.metadata).map(([k, v]) => [`x-metadata-${k}`, v])) } : {}),
       timeoutMs: 0,
       ...(opts.signal ? { signal: opts.signal } : {}),
     });
   }
 
-  /** Lists a directory; `depth` > 1 descends. */
-  async list(path: string, opts: { depth?: number } = {}): Promise<EntryInfo[]> {
-    return (await this.api.json<{ entries: EntryInfo[] }>('GET', this.p(), { query: { path, depth: opts.depth } })).entries;
+  /** Lists a directory; `depth` > 1 descends; `metadata` adds each entry's file metadata. */
+  async list(path: string, opts: { depth?: number; metadata?: boolean } = {}): Promise<EntryInfo[]> {
+    return (await this.api.json<{ entries: EntryInfo[] }>('GET', this.p(), { query: { path, depth: opts.depth, metadata: opts.metadata || undefined } })).entries;
   }
 
-  /** Stat of a path (symlinks not followed). */
-  async stat(path: string): Promise<EntryInfo> {
-    return this.api.json('GET', this.p('/stat'), { query: { path } });
+  /**
+   * Stat of a path (symlinks not followed); `metadata` adds its file metadata.
+   * @example (await sb.files.stat('out.csv', { metadata: true })).metadata // { step: '3' }
+   */
+  async stat(path: string, opts: { metadata?: boolean } = {}): Promise<EntryInfo> {
+    return this.api.json('GET', this.p('/stat'), { query: { path, metadata: opts.metadata || undefined } });
   }
 
   /** Whether a path exists. */

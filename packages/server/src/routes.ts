@@ -6,7 +6,7 @@
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { AsyncQueue, type AgentCall, type Progress, type Sandbox, type Template, SpaceError, checkPath, toSpaceError } from '@space/core';
+import { AsyncQueue, type AgentCall, type Progress, type Sandbox, type Template, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AppDeps } from './app.js';
 import { Type } from 'typebox';
@@ -183,11 +183,11 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
 
   // ---- files
   app.get('/v1/sandboxes/:id/files', { schema: { tags: ['files'], params: S.IdParams, querystring: S.ListFilesQuery } }, async (req) => {
-    const r = await svc.unary(req.principal.tenantId, req.params.id, 'files', { op: 'list', path: checkPath(req.query.path), ...(req.query.depth ? { depth: req.query.depth } : {}) });
+    const r = await svc.unary(req.principal.tenantId, req.params.id, 'files', { op: 'list', path: checkPath(req.query.path), ...(req.query.depth ? { depth: req.query.depth } : {}), ...(req.query.metadata ? { metadata: true } : {}) });
     return { entries: r.entries };
   });
-  app.get('/v1/sandboxes/:id/files/stat', { schema: { tags: ['files'], params: S.IdParams, querystring: S.PathQuery } }, async (req) => {
-    const r = await svc.unary(req.principal.tenantId, req.params.id, 'files', { op: 'stat', path: checkPath(req.query.path) });
+  app.get('/v1/sandboxes/:id/files/stat', { schema: { tags: ['files'], params: S.IdParams, querystring: S.StatQuery } }, async (req) => {
+    const r = await svc.unary(req.principal.tenantId, req.params.id, 'files', { op: 'stat', path: checkPath(req.query.path), ...(req.query.metadata ? { metadata: true } : {}) });
     return r.entry;
   });
   app.post('/v1/sandboxes/:id/files/mkdir', { schema: { tags: ['files'], params: S.IdParams, body: S.MkdirBody } }, async (req) => {
@@ -224,11 +224,13 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     if (declared > deps.maxUploadBytes) throw new SpaceError('PAYLOAD_TOO_LARGE', `Upload of ${declared} bytes exceeds the limit of ${deps.maxUploadBytes} bytes`);
     const body = req.body as Readable | Buffer | undefined;
     if (!body || !(body instanceof Readable)) throw new SpaceError('BAD_REQUEST', 'Send the file as the request body with Content-Type: application/octet-stream');
+    const metadata = fileMetadataFromHeaders(req.headers);
     const call = await svc.call(req.principal.tenantId, req.params.id, 'files', {
       op: 'write',
       path: checkPath(req.query.path),
       ...(req.query.mode !== undefined ? { mode: req.query.mode } : {}),
       ...(req.query.user ? { user: req.query.user } : {}),
+      ...(metadata ? { metadata } : {}),
     });
     await call.reply;
     let size = 0;

@@ -174,7 +174,9 @@ export const SignalBody = Type.Object({ signal: Type.String({ maxLength: 16 }) }
 export const ResizeBody = Type.Object({ cols: Type.Integer({ minimum: 1, maximum: 1000 }), rows: Type.Integer({ minimum: 1, maximum: 1000 }) }, { additionalProperties: false });
 
 export const PathQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }) });
-export const ListFilesQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), depth: Type.Optional(Type.Integer({ minimum: 1, maximum: 32 })) });
+/** Stat of a path; `metadata=true` adds its file metadata. */
+export const StatQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), metadata: Type.Optional(Type.Boolean()) });
+export const ListFilesQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), depth: Type.Optional(Type.Integer({ minimum: 1, maximum: 32 })), metadata: Type.Optional(Type.Boolean()) });
 export const RemoveQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), recursive: Type.Optional(Type.Boolean()) });
 export const UploadQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), mode: Type.Optional(Type.Integer({ minimum: 0, maximum: 0o7777 })), user: Type.Optional(Type.String({ maxLength: 64 })) });
 export const MkdirBody = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), user: Type.Optional(Type.String({ maxLength: 64 })) }, { additionalProperties: false });

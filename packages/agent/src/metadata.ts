@@ -1,0 +1,118 @@
+/**
+ * File metadata: short string pairs attached to a file (E2B's `files.write(…, {metadata})`),
+ * kept in the file's extended attributes so they follow it through renames and into snapshots
+ * and forks. Node has no call for extended attributes, so the static helper does the system
+ * calls (`space-helper meta serve`, native/helper.c). Starting a process costs ~25 ms in
+ * gVisor (measured: a stat went from 6 to 30 ms with one a call), so one helper is started on
+ * first use and kept: requests go down its stdin, one reply line each comes back in order. It
+ * is part of the sandbox's process tree, so it is in snapshots too; if it dies, the next
+ * request starts another.
+ */
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { AGENT_RUNTIME_DIR } from '@space/protocol';
+import { AgentError } from './processes.js';
+
+const HELPER = `${AGENT_RUNTIME_DIR}/space-helper`;
+/** Runtimes older than the helper have none: their files have no metadata to read. */
+const hasHelper = existsSync(HELPER);
+const TIMEOUT_MS = 30_000;
+/** What a key may hold: an HTTP token (it travels as an `X-Metadata-KEY` header). */
+const KEY = /^[A-Za-z0-9!#$%&'*+\-.^_`|~]{1,200}$/;
+/** What a value may hold: printable ASCII (an HTTP header value). */
+const VALUE = /^[\x20-\x7e]{0,4096}$/;
+const MAX_KEYS = 64;
+
+/** File metadata: keys are HTTP tokens, values printable ASCII. */
+export type Metadata = Record<string, string>;
+
+interface Waiter {
+  resolve: (line: string) => void;
+  reject: (err: Error) => void;
+}
+
+/** The running helper and the replies it owes, oldest first. */
+let server: { child: ChildProcessWithoutNullStreams; waiting: Waiter[]; buffered: string } | undefined;
+
+function start(): NonNullable<typeof server> {
+  const child = spawn(HELPER, ['meta', 'serve'], { stdio: ['pipe', 'pipe', 'pipe'] });
+  const s = { child, waiting: [] as Waiter[], buffered: '' };
+  let stderr = '';
+  child.stdout.setEncoding('utf8');
+  child.stdout.on('data', (chunk: string) => {
+    s.buffered += chunk;
+    for (let nl = s.buffered.indexOf('\n'); nl >= 0; nl = s.buffered.indexOf('\n')) {
+      const line = s.buffered.slice(0, nl);
+      s.buffered = s.buffered.slice(nl + 1);
+      s.waiting.shift()?.resolve(line);
+    }
+  });
+  child.stderr.on('data', (c: Buffer) => (stderr = (stderr + c.toString()).slice(-2000)));
+  child.stdin.on('error', () => {});
+  const gone = (why: string) => {
+    if (server === s) server = undefined;
+    for (const w of s.waiting.splice(0)) w.reject(new AgentError('INTERNAL', `file metadata helper ${why}${stderr ? `: ${stderr.trim()}` : ''}`));
+  };
+  child.on('error', (err) => gone(`failed: ${err.message}`));
+  child.on('exit', (code, signal) => gone(`exited (${signal ?? code})`));
+  // It must never keep the agent's event loop alive on its own.
+  child.unref();
+  (child.stdout as unknown as { unref?: () => void }).unref?.();
+  return s;
+}
+
+/** Sends one request (NUL-terminated fields) and resolves to its reply line. */
+function request(fields: string[]): Promise<string> {
+  const s = (server ??= start());
+  return new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      // A helper that stops answering is replaced; its replies would come out of order.
+      s.child.kill('SIGKILL');
+      reject(new AgentError('TIMEOUT', `file metadata helper did not answer in ${TIMEOUT_MS} ms`));
+    }, TIMEOUT_MS);
+    s.waiting.push({
+      resolve: (line) => (clearTimeout(timer), resolve(line)),
+      reject: (err) => (clearTimeout(timer), reject(err)),
+    });
+    s.child.stdin.write(fields.map((f) => `${f}\0`).join(''));
+  });
+}
+
+/**
+ * Checks metadata a client sent; throws BAD_REQUEST naming the bad key or value.
+ * @example checkMetadata({ owner: 'agent-7' }) // returns it
+ */
+export function checkMetadata(md: unknown): Metadata {
+  if (typeof md !== 'object' || md === null || Array.isArray(md)) throw new AgentError('BAD_REQUEST', 'metadata must be an object of string values');
+  const entries = Object.entries(md);
+  if (entries.length > MAX_KEYS) throw new AgentError('BAD_REQUEST', `metadata has ${entries.length} keys; at most ${MAX_KEYS}`);
+  for (const [k, v] of entries) {
+    if (!KEY.test(k)) throw new AgentError('BAD_REQUEST', `metadata key ${JSON.stringify(k)}: use 1-200 letters, digits and !#$%&'*+-.^_\`|~`);
+    if (typeof v !== 'string' || !VALUE.test(v)) throw new AgentError('BAD_REQUEST', `metadata value of ${JSON.stringify(k)}: use up to 4096 printable ASCII characters`);
+  }
+  return md as Metadata;
+}
+
+/** The metadata of each path (an empty object where there is none, or the path is gone). */
+export async function readMetadata(paths: string[]): Promise<Metadata[]> {
+  if (!hasHelper) return paths.map(() => ({}));
+  return Promise.all(
+    paths.map(async (p) => {
+      try {
+        return JSON.parse(await request(['g', p])) as Metadata;
+      } catch (err) {
+        if (err instanceof SyntaxError) return {};
+        throw err;
+      }
+    }),
+  );
+}
+
+/** Sets `md`'s keys on `p` (other keys stay). */
+export async function writeMetadata(p: string, md: Metadata): Promise<void> {
+  const pairs = Object.entries(md);
+  if (pairs.length === 0) return;
+  if (!hasHelper) throw new AgentError('BAD_REQUEST', 'This sandbox\'s runtime has no file metadata support (it predates it): write the file without metadata');
+  const reply = await request(['s', p, String(pairs.length), ...pairs.flat()]);
+  if (reply !== 'ok') throw new AgentError('INTERNAL', `setting file metadata on ${p}: ${reply.replace(/^error: /, '')}`);
+}
