@@ -2,6 +2,7 @@
 // kill, down — through the real binary, its config file and a background daemon.
 import assert from 'node:assert/strict';
 import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { execFile } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
 import { TEMPLATES_DIR, cliRunner, leftovers } from './helpers.mjs';
 
@@ -59,16 +60,61 @@ describe('space CLI', () => {
     assert.equal(statSync(`${dataDir}/admin.key`).mode & 0o077, 0);
   });
 
-  it('up is idempotent and a second daemon on another data dir runs side by side', async () => {
+  it('up puts `space` on the PATH; is idempotent; a second daemon gets a context of its own and does not take the CLI over', async () => {
     const again = await space('up', '--data-dir', dataDir);
     assert.equal(again.code, 0);
+    assert.match(again.stdout, /context:\s+spc-\S+ \(current\)/);
+    const link = `${home}/bin/space`;
+    assert.match(again.stdout, new RegExp(`command:\\s+${link}`));
+    const version = await new Promise((r) => execFile(link, ['--version'], (err, stdout) => r(err ? err.message : stdout)));
+    assert.match(version, /^\d+\.\d+\.\d+\n$/, 'the installed command runs');
+
     const other = mkdtempSync('/tmp/spc2-');
-    const up2 = await space('up', '--data-dir', other, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR);
+    const up2 = await space('up', '--data-dir', other, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--context', 'second');
     assert.equal(up2.code, 0, up2.stderr);
-    assert.notEqual(/url:\s+(\S+)/.exec(up2.stdout)[1], /url:\s+(\S+)/.exec(again.stdout)[1]);
-    assert.equal((await space('down', '--data-dir', other)).code, 0);
+    assert.match(up2.stdout, /context:\s+second \(not current: use it with `space --context second …`/);
+    const url2 = /url:\s+(\S+)/.exec(up2.stdout)[1];
+    assert.notEqual(url2, /url:\s+(\S+)/.exec(again.stdout)[1]);
+    const ctx = await space('context', 'ls');
+    assert.match(ctx.stdout, /^\*\s+spc-\S+\s+http:\S+\s+\S+\s+running$/m, 'the first daemon is still current');
+    assert.match(ctx.stdout, new RegExp(`^\\s+second\\s+${url2}\\s+${other}\\s+running$`, 'm'));
+    // A sandbox made through --context lives on the second daemon only.
+    const made = await space('--context', 'second', 'create');
+    assert.equal(made.code, 0, made.stderr);
+    const sid = made.stdout.trim();
+    assert.match((await space('--context', 'second', 'ls')).stdout, new RegExp(sid));
+    assert.doesNotMatch((await space('ls')).stdout, new RegExp(sid));
+    assert.equal((await space('--context', 'second', 'kill', sid)).code, 0);
+    assert.match((await space('--context', 'nope', 'ls')).stderr, /no context "nope" \(known: .*second/);
+    // Stopping the second daemon leaves the CLI on the first; stopping the current one says so.
+    const down2 = await space('down', '--data-dir', other);
+    assert.equal(down2.code, 0);
+    assert.doesNotMatch(down2.stdout, /current context/);
+    assert.equal((await space('ls')).code, 0, 'the default configuration still reaches the first daemon');
+    assert.equal((await space('context', 'use', 'second')).code, 0);
+    const unreachable = await space('ls');
+    assert.match(unreachable.stderr, /DAEMON_UNREACHABLE[\s\S]*context "second"[\s\S]*space up --data-dir/);
+    assert.equal((await space('context', 'use', /context:\s+(\S+)/.exec(again.stdout)[1])).code, 0);
+    assert.equal((await space('context', 'rm', 'second')).code, 0);
     rmSync(other, { recursive: true, force: true });
-    assert.equal((await space('up', '--data-dir', dataDir)).code, 0, 'the config points back at the first daemon');
+  });
+
+  it('up asks the daemon, not its pid: after a SIGKILL it starts a new one', async () => {
+    const dir = mkdtempSync('/tmp/spc3-');
+    const up = await space('up', '--data-dir', dir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--context', 'crash');
+    assert.equal(up.code, 0, up.stderr);
+    const pid = Number(/pid:\s+(\d+)/.exec(up.stdout)[1]);
+    process.kill(pid, 'SIGKILL');
+    // Until reaped it may be a zombie that kill(pid, 0) still finds: up must not be fooled.
+    const again = await space('up', '--data-dir', dir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--context', 'crash');
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stderr, new RegExp(`spaced \\(pid ${pid}\\) is gone without stopping`));
+    const pid2 = Number(/pid:\s+(\d+)/.exec(again.stdout)[1]);
+    assert.notEqual(pid2, pid);
+    assert.equal((await space('--context', 'crash', 'ls')).code, 0, 'the new daemon answers');
+    assert.equal((await space('down', '--data-dir', dir)).code, 0);
+    assert.equal((await space('context', 'rm', 'crash')).code, 0);
+    rmSync(dir, { recursive: true, force: true });
   });
 
   it('create, exec (exit code passes through), cp both ways, ls, inspect, kill', async () => {

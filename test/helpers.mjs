@@ -132,14 +132,17 @@ export async function eventually(fn, { tries = 200, everyMs = 100 } = {}) {
   throw new Error(`condition not met after ${tries} tries (last: ${JSON.stringify(last)})`);
 }
 
-const CLI = new URL('../packages/cli/dist/main.js', import.meta.url).pathname;
+/** The CLI as users run it: the bundle `space` on the PATH points at. */
+const CLI = new URL('../packages/cli/dist/space.mjs', import.meta.url).pathname;
 
 /**
  * A `space` CLI runner with its own config home (SPACE_URL/SPACE_API_KEY cleared), like a new user.
  * @returns {(...args: string[]) => Promise<{ code: number, stdout: string, stderr: string }>} and `.env`
  */
 export function cliRunner(home, extraEnv = {}) {
-  const env = { ...process.env, XDG_CONFIG_HOME: home, ...extraEnv };
+  // `space up` installs `space` on the PATH: into the test's own directory, never /usr/local/bin.
+  const env = { ...process.env, XDG_CONFIG_HOME: home, SPACE_BIN_DIR: path.join(home, 'bin'), ...extraEnv };
+  delete env.SPACE_CONTEXT;
   if (!('SPACE_URL' in extraEnv)) delete env.SPACE_URL;
   if (!('SPACE_API_KEY' in extraEnv)) delete env.SPACE_API_KEY;
   return (...args) =>

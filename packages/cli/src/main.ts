@@ -10,11 +10,20 @@ import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
 import { ApiClient, Sandbox, Secrets, SpaceError, Templates, type BuildProgress, type EgressPolicy, type SandboxInfo, type TemplateInfo } from '@space/sdk';
-import { defaultDataDir, readState } from '@space/server/state';
-import { connection, e2bKeys, parseDuration, parsePairs, writeConfig } from './config.js';
+import { defaultDataDir } from '@space/server/state';
+import { checkContextName, connection, e2bKeys, parseDuration, parsePairs, readConfig, selectedContext, writeConfig } from './config.js';
+import { answers, daemonStatus, installOnPath } from './daemon.js';
 
 const collectList = (v: string, prev: string[] = []) => [...prev, v];
-const program = new Command('space').description('SPACE: stateful sandboxes for AI agents').showHelpAfterError();
+const program = new Command('space')
+  .description('SPACE: stateful sandboxes for AI agents')
+  .option('--context <name>', 'the daemon to talk to, by context name (default: the current one; see `space context ls`)')
+  .showHelpAfterError()
+  // Commands read the context through connection(): hand the flag on as SPACE_CONTEXT.
+  .hook('preAction', (cmd) => {
+    const name = cmd.opts<{ context?: string }>().context;
+    if (name) process.env.SPACE_CONTEXT = checkContextName(name);
+  });
 
 function table(rows: string[][]): string {
   const w = rows[0]!.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length)));
@@ -111,12 +120,32 @@ async function ensureNodeKey(dataDir: string): Promise<void> {
   process.stderr.write(`created the node's encryption key ${file}: back it up — snapshots cannot be read without it\n`);
 }
 
-daemonCommand('up', 'start the daemon in the background and print how to reach it')
+/** This CLI's bundle: what a `space` on the PATH points at. */
+const bundlePath = () => fileURLToPath(new URL('./space.mjs', import.meta.url));
+
+/** The context a data directory gets when `up` is not told one: `default` for the default directory. */
+function contextFor(dataDir: string): string {
+  if (dataDir === path.resolve(defaultDataDir())) return 'default';
+  const base = path.basename(dataDir).replace(/[^A-Za-z0-9_.-]/g, '-').replace(/^[^A-Za-z0-9]+/, '');
+  return base ? base.slice(0, 63) : 'local';
+}
+
+daemonCommand('up', 'start the daemon in the background (or find it running), record it as a CLI context and print how to reach it')
   .option('--timeout <duration>', 'how long to wait for the daemon', '120s')
+  .addHelpText('after', '\nThe daemon is recorded as the CLI context named by --context (default: "default" for the default data dir, else the directory\'s name).\nIt becomes the current context only if there is none: a second, private daemon does not take the CLI away from the first.')
   .action(async (o: DaemonFlags & { timeout: string }) => {
     const dataDir = path.resolve(o.dataDir);
-    let st = readState(dataDir);
+    const deadline = Date.now() + parseDuration(o.timeout);
+    let status = await daemonStatus(dataDir);
+    // A daemon whose process runs but does not answer may be starting: give it the timeout.
+    while (status.state === 'silent' && Date.now() < deadline) {
+      await sleep(250);
+      status = await daemonStatus(dataDir);
+    }
+    if (status.state === 'silent') throw new Error(`spaced (pid ${status.st.pid}) runs but does not answer at ${status.st.url}; see ${path.join(dataDir, 'spaced.log')}, or stop it (kill ${status.st.pid}) and run \`space up\` again`);
+    let st = status.state === 'running' ? status.st : undefined;
     if (!st) {
+      if (status.st) process.stderr.write(`spaced (pid ${status.st.pid}) is gone without stopping (crashed or killed); starting it again\n`);
       await fs.mkdir(dataDir, { recursive: true, mode: 0o700 });
       await ensureNodeKey(dataDir);
       const logFile = path.join(dataDir, 'spaced.log');
@@ -126,8 +155,12 @@ daemonCommand('up', 'start the daemon in the background and print how to reach i
       let exited: number | null | undefined;
       child.on('exit', (code) => (exited = code));
       child.unref();
-      const deadline = Date.now() + parseDuration(o.timeout);
-      while (!(st = readState(dataDir)) || st.pid !== child.pid) {
+      for (;;) {
+        const s2 = await daemonStatus(dataDir);
+        if (s2.state === 'running' && s2.st.pid === child.pid) {
+          st = s2.st;
+          break;
+        }
         if (exited !== undefined) {
           const tail = readFileSync(logFile, 'utf8').trim().split('\n').slice(-5).join('\n');
           throw new Error(`spaced exited with code ${exited}:\n${tail}`);
@@ -136,27 +169,81 @@ daemonCommand('up', 'start the daemon in the background and print how to reach i
         await sleep(100);
       }
     }
-    writeConfig({ url: st.url, keyFile: st.keyFile, dataDir });
-    process.stdout.write(`SPACE is running\n  url:      ${st.url}\n  data dir: ${dataDir}\n  API key:  ${st.keyFile}\n  pid:      ${st.pid}\n${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}The CLI is configured; try: space create\n`);
+    // Record the daemon as a context; it becomes the current one only if there is none (a
+    // second, private daemon must not take the CLI away from the first).
+    const name = checkContextName(program.opts<{ context?: string }>().context ?? contextFor(dataDir));
+    const cfg = readConfig();
+    cfg.contexts[name] = { url: st.url, keyFile: st.keyFile, dataDir };
+    const current = !cfg.current || !cfg.contexts[cfg.current] || cfg.current === name;
+    if (current) cfg.current = name;
+    writeConfig(cfg);
+    const onPath = installOnPath(bundlePath());
+    process.stdout.write(
+      `SPACE is running\n  url:      ${st.url}\n  data dir: ${dataDir}\n  API key:  ${st.keyFile}\n  pid:      ${st.pid}\n${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}` +
+        `  context:  ${name}${current ? ' (current)' : ` (not current: use it with \`space --context ${name} …\` or \`space context use ${name}\`)`}\n` +
+        ('error' in onPath ? `  command:  not installed (${onPath.error})\n` : `  command:  ${onPath.path}${onPath.installed ? ' (installed now)' : ''}\n`) +
+        `${current ? 'The CLI is configured; try: space create\n' : ''}`,
+    );
   });
 
 program
   .command('down')
-  .description('stop the daemon of a data directory (sandboxes keep running and are re-adopted by the next `space up`)')
-  .option('--data-dir <dir>', 'data directory', defaultDataDir())
-  .action(async (o: { dataDir: string }) => {
-    const st = readState(path.resolve(o.dataDir));
-    if (!st) return void process.stdout.write(`no daemon running for ${o.dataDir}\n`);
-    process.kill(st.pid, 'SIGTERM');
+  .description('stop a daemon: the current context\'s, or that of --data-dir (sandboxes keep running and are re-adopted by the next `space up`)')
+  .option('--data-dir <dir>', 'data directory (default: the current context\'s)')
+  .action(async (o: { dataDir?: string }) => {
+    const dataDir = path.resolve(o.dataDir ?? selectedContext()?.ctx.dataDir ?? defaultDataDir());
+    const status = await daemonStatus(dataDir);
+    if (status.state === 'stopped') return void process.stdout.write(`no daemon running for ${dataDir}\n${nextContext(dataDir)}`);
+    const { pid } = status.st;
+    process.kill(pid, 'SIGTERM');
     for (let i = 0; i < 300; i++) {
-      try {
-        process.kill(st.pid, 0);
-      } catch {
-        return void process.stdout.write(`stopped spaced (pid ${st.pid})\n`);
-      }
+      if ((await daemonStatus(dataDir)).state === 'stopped') return void process.stdout.write(`stopped spaced (pid ${pid})\n${nextContext(dataDir)}`);
       await sleep(100);
     }
-    throw new Error(`spaced (pid ${st.pid}) did not stop within 30 s`);
+    throw new Error(`spaced (pid ${pid}) did not stop within 30 s`);
+  });
+
+/** After `down`: what the CLI's current context now reaches, and the running alternatives. */
+function nextContext(stoppedDir: string): string {
+  const cfg = readConfig();
+  const cur = cfg.current ? cfg.contexts[cfg.current] : undefined;
+  if (!cur || path.resolve(cur.dataDir) !== stoppedDir) return '';
+  return `the CLI's current context "${cfg.current}" has no daemon now: \`space up${cfg.current === 'default' ? '' : ` --data-dir ${cur.dataDir} --context ${cfg.current}`}\` starts it again${Object.keys(cfg.contexts).length > 1 ? `, \`space context use NAME\` switches (\`space context ls\`)` : ''}\n`;
+}
+
+const context = program.command('context').description('the daemons the CLI knows (contexts), and which one commands use');
+context
+  .command('ls')
+  .description('list contexts: * marks the current one; whether each daemon answers')
+  .action(async () => {
+    const cfg = readConfig();
+    const rows = [['', 'NAME', 'URL', 'DATA DIR', 'DAEMON']];
+    for (const [name, c] of Object.entries(cfg.contexts)) {
+      const up = await answers({ pid: 0, url: c.url, dataDir: c.dataDir, keyFile: c.keyFile, startedAt: '' }, 1000);
+      rows.push([name === cfg.current ? '*' : '', name, c.url, c.dataDir, up ? 'running' : 'stopped']);
+    }
+    process.stdout.write(rows.length > 1 ? `${table(rows)}\n` : 'no contexts yet: `space up` makes one\n');
+  });
+context
+  .command('use <name>')
+  .description('make a context the current one')
+  .action((name: string) => {
+    const cfg = readConfig();
+    if (!cfg.contexts[checkContextName(name)]) throw new Error(`no context ${JSON.stringify(name)} (known: ${Object.keys(cfg.contexts).join(', ') || 'none'}); \`space up --context ${name}\` makes it`);
+    cfg.current = name;
+    writeConfig(cfg);
+    process.stdout.write(`current context: ${name} (${cfg.contexts[name]!.url})\n`);
+  });
+context
+  .command('rm <name>')
+  .description('forget a context (its daemon keeps running)')
+  .action((name: string) => {
+    const cfg = readConfig();
+    if (!cfg.contexts[name]) throw new Error(`no context ${JSON.stringify(name)}`);
+    delete cfg.contexts[name];
+    if (cfg.current === name) delete cfg.current;
+    writeConfig(cfg);
+    process.stdout.write(`removed context ${name}${cfg.current ? '' : '; no current context now: `space context use NAME`'}\n`);
   });
 
 daemonCommand('daemon', 'run the daemon in the foreground').action(async (o: DaemonFlags) => {
@@ -726,9 +813,19 @@ try {
   await program.parseAsync(process.argv);
 } catch (err) {
   if (err instanceof SpaceError) {
-    process.stderr.write(`space: ${err.code}: ${err.message}\n${err.hint ? `  hint: ${err.hint}\n` : ''}`);
+    let hint = err.hint;
+    if (err.code === 'DAEMON_UNREACHABLE' && !process.env.SPACE_URL) {
+      const sel = (() => { try { return selectedContext(); } catch { return undefined; } })();
+      if (sel) hint = `This is context "${sel.name}" (data dir ${sel.ctx.dataDir}): start its daemon with \`space up${sel.name === 'default' ? '' : ` --data-dir ${sel.ctx.dataDir} --context ${sel.name}`}\`, or pick another with \`space context ls\` / \`space context use NAME\`.`;
+    }
+    process.stderr.write(`space: ${err.code}: ${err.message}\n${hint ? `  hint: ${hint}\n` : ''}`);
   } else {
     process.stderr.write(`space: ${err instanceof Error ? err.message : String(err)}\n`);
   }
   process.exitCode = 1;
 }
+// Done: exit once stdout and stderr are flushed, instead of waiting for fetch's idle keep-alive
+// connection to the daemon to time out (~180 ms of nothing after every command). Commands that
+// serve (`daemon`, `mcp`) or hand over a terminal (`shell`) resolve only when they are finished.
+await Promise.all([process.stdout, process.stderr].map((s) => new Promise<void>((r) => (s.writableLength === 0 ? r() : s.write('', () => r())))));
+process.exit();

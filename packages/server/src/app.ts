@@ -33,6 +33,8 @@ export interface AppDeps {
   logger: false | FastifyBaseLogger;
   /** URL of the E2B-compatible listener, if it runs. */
   e2bUrl?: string;
+  /** This run's id, answered by `GET /v1/health` (see DaemonState.instance). */
+  instance?: string;
   /** Tenants' secrets and the egress log (absent when sandbox networking is off). */
   secrets?: SecretService;
 }

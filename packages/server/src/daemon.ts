@@ -3,7 +3,7 @@
  * HTTP listener, state file, graceful shutdown. Several daemons run side by side when each
  * has its own data directory and port.
  */
-import { createHash } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import pino from 'pino';
@@ -290,13 +290,14 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   gcLater();
   const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
-  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, drivers: [driver, ...extra], maxUploadBytes, logger, ...(e2bUrl ? { e2bUrl } : {}), ...(egress ? { secrets: egress.secrets } : {}) });
+  const instance = randomUUID();
+  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(egress ? { secrets: egress.secrets } : {}) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
   daemonPorts.add(actualPort);
   const url = hostUrl(host, actualPort);
-  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), ...(e2bUrl ? { e2bUrl } : {}) };
+  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), instance, ...(e2bUrl ? { e2bUrl } : {}) };
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await fs.rename(`${stateFile}.tmp`, stateFile);

@@ -57,7 +57,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   const { service: svc, keys } = deps;
   const err = { 400: S.ErrorSchema, 401: S.ErrorSchema, 404: S.ErrorSchema, 409: S.ErrorSchema };
 
-  app.get('/v1/health', { schema: { tags: ['system'], security: [] } }, async () => ({ status: 'ok' }));
+  app.get('/v1/health', { schema: { tags: ['system'], security: [], description: 'Liveness, and which run of the daemon answers (`instance`, as in its state file spaced.json).' } }, async () => ({ status: 'ok', ...(deps.instance ? { instance: deps.instance } : {}) }));
   app.get('/v1/version', { schema: { tags: ['system'], security: [] } }, async () => ({ version: VERSION, api: 'v1', drivers: deps.drivers.map((d) => d.name) }));
   app.get('/v1/e2b', { schema: { tags: ['system'], description: 'Where the E2B-compatible API listens (null when it is off): set E2B_API_URL and E2B_SANDBOX_URL to it.' } }, async () => ({ url: deps.e2bUrl ?? null }));
   app.get('/v1/doctor', { schema: { tags: ['system'] } }, async () => ({ drivers: await Promise.all(deps.drivers.map((d) => d.doctor())) }));

@@ -1,0 +1,82 @@
+/**
+ * How the CLI tells whether a daemon runs — by asking it, never by a pid alone — and puts
+ * `space` on the PATH.
+ */
+import http from 'node:http';
+import { existsSync, lstatSync, mkdirSync, readlinkSync, symlinkSync, unlinkSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { processRuns, readStateFile, type DaemonState } from '@space/server/state';
+
+/** What asking a data directory's daemon found. */
+export type DaemonStatus =
+  | { state: 'running'; st: DaemonState }
+  /** Its process runs but does not answer (starting, stuck, or its address taken by another). */
+  | { state: 'silent'; st: DaemonState }
+  /** No state file, or its process is gone (stopped, crashed, killed). */
+  | { state: 'stopped'; st?: DaemonState };
+
+/**
+ * GET /v1/health at `st.url`: whether the daemon that wrote `st` answers (its `instance` must
+ * match, so another daemon on a reused port does not count). node:http, not fetch: this runs
+ * on every `space up` and costs a few ms instead of loading fetch.
+ */
+export function answers(st: DaemonState, timeoutMs = 2000): Promise<boolean> {
+  return new Promise((resolve) => {
+    const req = http.get(new URL('/v1/health', st.url), { timeout: timeoutMs }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (body += c));
+      res.on('end', () => {
+        try {
+          const h = JSON.parse(body) as { status?: string; instance?: string };
+          resolve(res.statusCode === 200 && h.status === 'ok' && (!st.instance || h.instance === st.instance));
+        } catch {
+          resolve(false);
+        }
+      });
+    });
+    req.on('timeout', () => req.destroy());
+    req.on('error', () => resolve(false));
+  });
+}
+
+/** Asks the daemon of `dataDir` whether it runs. */
+export async function daemonStatus(dataDir: string): Promise<DaemonStatus> {
+  const st = readStateFile(dataDir);
+  if (!st) return { state: 'stopped' };
+  if (await answers(st)) return { state: 'running', st };
+  return processRuns(st.pid) ? { state: 'silent', st } : { state: 'stopped', st };
+}
+
+/**
+ * Puts a `space` command on the PATH: a symlink to this bundle in SPACE_BIN_DIR, else
+ * /usr/local/bin (root) or ~/.local/bin. Leaves a `space` that is not ours alone. Returns
+ * where it is, or why not.
+ */
+export function installOnPath(bundle: string): { path: string; installed: boolean } | { error: string } {
+  const dir = process.env.SPACE_BIN_DIR || (process.getuid?.() === 0 ? '/usr/local/bin' : path.join(os.homedir(), '.local', 'bin'));
+  const link = path.join(dir, 'space');
+  try {
+    if (existsSync(link) || isSymlink(link)) {
+      if (!isSymlink(link)) return { error: `${link} exists and is not SPACE's; run SPACE as ${bundle}` };
+      const target = path.resolve(dir, readlinkSync(link));
+      if (target === bundle) return { path: link, installed: false };
+      if (!target.endsWith(path.join('cli', 'dist', 'space.mjs'))) return { error: `${link} points at ${target}, not SPACE; run SPACE as ${bundle}` };
+      unlinkSync(link);
+    }
+    mkdirSync(dir, { recursive: true });
+    symlinkSync(bundle, link);
+    return { path: link, installed: true };
+  } catch (err) {
+    return { error: `cannot install ${link}: ${(err as Error).message}` };
+  }
+}
+
+function isSymlink(p: string): boolean {
+  try {
+    return lstatSync(p).isSymbolicLink();
+  } catch {
+    return false;
+  }
+}
