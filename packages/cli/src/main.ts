@@ -9,7 +9,7 @@ import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
-import { ApiClient, Sandbox, Secrets, SpaceError, Templates, type BuildProgress, type EgressPolicy, type SandboxInfo, type TemplateInfo } from '@space/sdk';
+import { ApiClient, Commands, Sandbox, Secrets, SpaceError, Templates, type BuildProgress, type EgressPolicy, type SandboxInfo, type TemplateInfo } from '@space/sdk';
 import { defaultDataDir } from '@space/server/state';
 import { checkContextName, connection, e2bKeys, parseDuration, parsePairs, readConfig, selectedContext, writeConfig } from './config.js';
 import { answers, daemonStatus, installOnPath } from './daemon.js';
@@ -367,9 +367,11 @@ program
   .option('-u, --user <user>', 'user name or uid')
   .option('--timeout <duration>', 'kill the command after this long')
   .action(async (id: string, cmd: string[], o: { cwd?: string; env?: string[]; user?: string; timeout?: string }) => {
-    const sb = await Sandbox.connect(id, connection());
+    // No Sandbox.connect: its GET is a round trip the command's own call makes redundant (an
+    // unknown id fails there with SANDBOX_NOT_FOUND all the same).
+    const commands = new Commands(new ApiClient(connection()), id);
     const env = parsePairs(o.env, 'env');
-    const r = await sb.commands.run(cmd.length === 1 ? ['/bin/sh', '-c', cmd[0]!] : cmd, {
+    const r = await commands.run(cmd.length === 1 ? ['/bin/sh', '-c', cmd[0]!] : cmd, {
       onStdout: (d) => process.stdout.write(d),
       onStderr: (d) => process.stderr.write(d),
       ...(o.cwd ? { cwd: o.cwd } : {}),

@@ -3,6 +3,9 @@
  * daemon's stable error codes.
  */
 import { SpaceError, isErrorCode, type ErrorBody } from '@space/core/errors';
+import { send, type HttpResponse, type RequestBody } from './http.js';
+
+export { HttpResponse, type RequestBody } from './http.js';
 
 /** How to reach the daemon. Every field falls back to the environment. */
 export interface ConnectionOpts {
@@ -26,7 +29,7 @@ export interface ConnectionOpts {
 export { SpaceError };
 
 /** Builds the error for a failed response. */
-export async function errorFromResponse(res: Response): Promise<SpaceError> {
+export async function errorFromResponse(res: HttpResponse): Promise<SpaceError> {
   let body: Partial<ErrorBody> | undefined;
   try {
     body = (await res.json()) as Partial<ErrorBody>;
@@ -55,7 +58,7 @@ export class ApiClient {
   }
 
   /** A raw request; rejects with a {@link SpaceError} unless the status is 2xx. `timeoutMs: 0` = no timeout. */
-  async request(method: string, path: string, opts: { json?: unknown; body?: BodyInit | NodeJS.ReadableStream; contentType?: string; headers?: Record<string, string>; signal?: AbortSignal; timeoutMs?: number; query?: Record<string, string | number | boolean | string[] | undefined> } = {}): Promise<Response> {
+  async request(method: string, path: string, opts: { json?: unknown; body?: RequestBody; contentType?: string; headers?: Record<string, string>; signal?: AbortSignal; timeoutMs?: number; query?: Record<string, string | number | boolean | string[] | undefined> } = {}): Promise<HttpResponse> {
     const u = new URL(this.url + path);
     for (const [k, v] of Object.entries(opts.query ?? {})) {
       if (v === undefined) continue;
@@ -63,19 +66,15 @@ export class ApiClient {
     }
     const timeout = opts.timeoutMs ?? this.timeoutMs;
     const signals = [opts.signal, timeout > 0 ? AbortSignal.timeout(timeout) : undefined].filter((s): s is AbortSignal => !!s);
-    const init: RequestInit & { duplex?: 'half' } = {
-      method,
-      headers: this.headers({ ...opts.headers, ...(opts.json !== undefined ? { 'content-type': 'application/json' } : opts.contentType ? { 'content-type': opts.contentType } : {}) }),
-      ...(signals.length ? { signal: signals.length === 1 ? signals[0]! : AbortSignal.any(signals) } : {}),
-    };
-    if (opts.json !== undefined) init.body = JSON.stringify(opts.json);
-    else if (opts.body !== undefined) {
-      init.body = opts.body as BodyInit;
-      init.duplex = 'half';
-    }
-    let res: Response;
+    const signal = signals.length > 1 ? AbortSignal.any(signals) : signals[0];
+    let res: HttpResponse;
     try {
-      res = await fetch(u, init);
+      res = await send(u, {
+        method,
+        headers: this.headers({ ...opts.headers, ...(opts.json !== undefined ? { 'content-type': 'application/json' } : opts.contentType ? { 'content-type': opts.contentType } : {}) }),
+        ...(opts.json !== undefined ? { body: JSON.stringify(opts.json) } : opts.body !== undefined ? { body: opts.body } : {}),
+        ...(signal ? { signal } : {}),
+      });
     } catch (err) {
       if ((err as Error).name === 'TimeoutError') throw new SpaceError('TIMEOUT', `${method} ${path} timed out after ${timeout} ms`, { cause: err });
       if ((err as Error).name === 'AbortError') throw err;
@@ -93,11 +92,10 @@ export class ApiClient {
 }
 
 /** Splits a streamed NDJSON body into parsed events. */
-export async function* ndjson(res: Response): AsyncGenerator<Record<string, unknown>> {
-  if (!res.body) return;
+export async function* ndjson(res: HttpResponse): AsyncGenerator<Record<string, unknown>> {
   const decoder = new TextDecoder();
   let buf = '';
-  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+  for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
     buf += decoder.decode(chunk, { stream: true });
     let i: number;
     while ((i = buf.indexOf('\n')) >= 0) {

@@ -1,6 +1,6 @@
 /** `sandbox.commands`: run processes in a sandbox, stream their output, drive background ones. */
 import { SpaceError } from '@space/core/errors';
-import { ndjson, type ApiClient } from './client.js';
+import { ndjson, type ApiClient, type HttpResponse } from './client.js';
 
 /** Options of {@link Commands.run}. */
 export interface CommandRunOpts {
@@ -43,7 +43,7 @@ import type { ProcessInfo } from '@space/protocol';
 export type OutputEvent = { type: 'start'; pid: number } | { type: 'stdout' | 'stderr' | 'pty'; data: Uint8Array } | { type: 'exit'; exitCode: number | null; signal: string | null; timedOut?: boolean } | { type: 'error'; code: string; message: string };
 
 /** Parses a command stream's NDJSON into {@link OutputEvent}s. */
-export async function* outputEvents(res: Response): AsyncGenerator<OutputEvent> {
+export async function* outputEvents(res: HttpResponse): AsyncGenerator<OutputEvent> {
   for await (const ev of ndjson(res)) {
     if (ev.type === 'stdout' || ev.type === 'stderr' || ev.type === 'pty') yield { type: ev.type, data: Buffer.from(String(ev.data), 'base64') };
     else yield ev as OutputEvent;

@@ -34,8 +34,8 @@ export class Files {
   read(path: string, opts: { format: 'stream'; signal?: AbortSignal }): Promise<Readable>;
   async read(path: string, opts: { format?: 'text' | 'bytes' | 'stream'; signal?: AbortSignal } = {}): Promise<string | Uint8Array | Readable> {
     const res = await this.api.request('GET', this.p('/content'), { query: { path }, timeoutMs: 0, ...(opts.signal ? { signal: opts.signal } : {}) });
-    if (opts.format === 'stream') return Readable.fromWeb(res.body as import('node:stream/web').ReadableStream<Uint8Array>);
-    const buf = new Uint8Array(await res.arrayBuffer());
+    if (opts.format === 'stream') return res.body;
+    const buf = new Uint8Array(await res.bytes());
     return opts.format === 'bytes' ? buf : new TextDecoder().decode(buf);
   }
 
@@ -47,16 +47,9 @@ export class Files {
    * @example await sb.files.write('/home/user/out.csv', csv, { metadata: { step: '3' } });
    */
   async write(path: string, data: WriteData, opts: { mode?: number; user?: string; metadata?: Record<string, string>; signal?: AbortSignal } = {}): Promise<{ path: string; size: number }> {
-    let body: BodyInit | NodeJS.ReadableStream;
-    if (typeof data === 'string') body = Buffer.from(data);
-    else if (data instanceof Uint8Array) body = data as unknown as BodyInit;
-    else if (data instanceof ArrayBuffer) body = new Uint8Array(data);
-    else if (data instanceof Readable) body = Readable.toWeb(data) as unknown as BodyInit;
-    else if (typeof (data as ReadableStream).getReader === 'function') body = data as ReadableStream<Uint8Array>;
-    else body = Readable.toWeb(Readable.from(data as AsyncIterable<Uint8Array>)) as unknown as BodyInit;
     return this.api.json('PUT', this.p('/content'), {
       query: { path, mode: opts.mode, user: opts.user },
-      body,
+      body: data,
       contentType: 'application/octet-stream',
       ...(opts.metadata ? { headers: Object.fromEntries(Object.entries(opts.metadata).map(([k, v]) => [`x-metadata-${k}`, v])) } : {}),
       timeoutMs: 0,

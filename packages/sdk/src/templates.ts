@@ -4,9 +4,8 @@
  */
 import { createReadStream, promises as fs } from 'node:fs';
 import { Readable } from 'node:stream';
-import * as tar from 'tar';
 import { isErrorCode } from '@space/core/errors';
-import { ApiClient, SpaceError, ndjson, type ConnectionOpts } from './client.js';
+import { ApiClient, SpaceError, ndjson, type ConnectionOpts, type HttpResponse } from './client.js';
 
 /** A template as the API returns it. */
 export interface TemplateInfo {
@@ -47,7 +46,7 @@ export interface TemplateBuildOpts extends ConnectionOpts {
 }
 
 /** Reads a build's NDJSON stream: progress to `onProgress`, the template at the end. */
-async function buildResult(res: Response, onProgress?: BuildProgress): Promise<TemplateInfo> {
+async function buildResult(res: HttpResponse, onProgress?: BuildProgress): Promise<TemplateInfo> {
   for await (const ev of ndjson(res)) {
     if (ev.type === 'progress') onProgress?.(Number(ev.percent), String(ev.step));
     else if (ev.type === 'done') return ev.result as TemplateInfo;
@@ -103,17 +102,19 @@ export class Templates {
 
   /** Uploads an image tarball (or a directory, tarred on the fly) for {@link Templates.build}. */
   static async upload(what: { image: string | Uint8Array | Readable } | { dir: string }, opts: ConnectionOpts = {}): Promise<{ uploadId: string; sizeBytes: number; sha256: string }> {
-    let body: Readable | Uint8Array;
+    let body: Readable | Uint8Array | AsyncIterable<Uint8Array>;
     if ('dir' in what) {
       const st = await fs.stat(what.dir).catch(() => undefined);
       if (!st?.isDirectory()) throw new SpaceError('BAD_REQUEST', `${what.dir} is not a directory`);
-      body = tar.c({ cwd: what.dir, portable: false }, ['.']) as unknown as Readable;
+      // Loaded here: only this call needs it, and loading it costs every CLI command otherwise.
+      const tar = await import('tar');
+      body = tar.c({ cwd: what.dir, portable: false }, ['.']) as unknown as AsyncIterable<Uint8Array>;
     } else if (typeof what.image === 'string') {
       const st = await fs.stat(what.image).catch(() => undefined);
       if (!st?.isFile()) throw new SpaceError('BAD_REQUEST', `${what.image} is not a file`);
       body = createReadStream(what.image);
     } else body = what.image;
-    return new ApiClient(opts).json('POST', '/v1/template-uploads', { body: body instanceof Readable ? (Readable.toWeb(body) as unknown as BodyInit) : (body as BodyInit), contentType: 'application/octet-stream', timeoutMs: 0 });
+    return new ApiClient(opts).json('POST', '/v1/template-uploads', { body, contentType: 'application/octet-stream', timeoutMs: 0 });
   }
 
   /** Removes a template of the caller's tenant (refused while sandboxes use it). */
