@@ -4,7 +4,7 @@
  * when its outcome is recorded. A daemon that starts with records left over knows exactly
  * which operations a crash interrupted, and how far each got (see `SandboxService.start`).
  */
-import { randomString } from './model.js';
+import { randomString } from './ids.js';
 import type { SnapshotTrigger } from './model.js';
 
 /**

@@ -9,8 +9,11 @@ import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SpaceError } from './errors.js';
-import { randomString } from './model.js';
-import type { Logger } from './service.js';
+import { randomString } from './ids.js';
+import type { Logger } from './logger.js';
+import type { DataKeyRecord, TenantKey } from './records.js';
+
+export type { DataKeyRecord, TenantKey } from './records.js';
 import type { MetadataStore } from './store.js';
 
 /**
@@ -111,32 +114,7 @@ export class LocalKeyProvider implements KeyProvider {
   }
 }
 
-/** A tenant's key: a provider and a reference, never the key itself. */
-export interface TenantKey {
-  id: string;
-  tenantId: string;
-  provider: string;
-  ref: string;
-  /**
-   * `active`: wraps new data keys (one per tenant). `rotating`: being replaced, its data keys
-   * are being re-wrapped. `retired`: wraps nothing any more. `revoked`: nothing it wraps can be
-   * read. `destroyed`: forgotten; what it wrapped is unreadable for good.
-   */
-  state: 'active' | 'rotating' | 'retired' | 'revoked' | 'destroyed';
-  /** The state before a revocation (what `enable` goes back to). */
-  revokedFrom?: 'active' | 'rotating' | 'retired';
-  description: string;
-  createdAt: string;
-}
 
-/** A data key, wrapped, and which tenant key wraps it. */
-export interface DataKeyRecord {
-  /** The object it encrypts (a blob key). */
-  objectKey: string;
-  tenantId: string;
-  keyId: string;
-  wrapped: Buffer;
-}
 
 /** The tenant whose data everyone without a key of their own uses: the node's own key. */
 export const NODE_TENANT = '';

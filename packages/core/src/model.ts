@@ -3,9 +3,11 @@
  * allow it; {@link assertAllowed} rejects the rest with `SANDBOX_INVALID_STATE` (or
  * `SANDBOX_NOT_RUNNING` for a sandbox that has ended).
  */
-import { randomBytes } from 'node:crypto';
-import type { EgressPolicy, SecretAttachment } from './egress.js';
 import { SpaceError } from './errors.js';
+import { randomString } from './ids.js';
+import type { EgressPolicy, SecretAttachment } from './records.js';
+
+export { randomString } from './ids.js';
 
 /**
  * Lifecycle states.
@@ -219,7 +221,6 @@ export function assertAllowed(sb: Pick<Sandbox, 'id' | 'state' | 'endReason'>, a
   });
 }
 
-const ALPHABET = 'abcdefghijklmnopqrstuvwxyz0123456789';
 
 /**
  * A new sandbox id: `sb` + 18 lowercase letters/digits (matches `^[a-z0-9]+$`, usable as hostname).
@@ -236,13 +237,6 @@ export function newSnapshotId(): string {
   return 'sn' + randomString(18);
 }
 
-/** A random string over [a-z0-9]. */
-export function randomString(n: number): string {
-  const bytes = randomBytes(n);
-  let s = '';
-  for (const b of bytes) s += ALPHABET[b % 36];
-  return s;
-}
 
 /** Pattern every sandbox id matches. */
 export const SANDBOX_ID_RE = /^sb[a-z0-9]{18}$/;

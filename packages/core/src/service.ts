@@ -25,12 +25,9 @@ import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules, type Egress
 import type { MetadataStore, SandboxPage } from './store.js';
 
 /** Structured logger (pino-compatible subset). */
-export interface Logger {
-  info(obj: object, msg?: string): void;
-  warn(obj: object, msg?: string): void;
-  error(obj: object, msg?: string): void;
-  debug(obj: object, msg?: string): void;
-}
+import type { Logger } from './logger.js';
+
+export type { Logger } from './logger.js';
 
 /** Options of {@link SandboxService}. */
 export interface SandboxServiceOptions {

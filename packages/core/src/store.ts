@@ -2,8 +2,7 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
-import type { EgressLogEntry, EgressLogPage, SecretRecord } from './egress.js';
-import type { DataKeyRecord, TenantKey } from './keys.js';
+import type { DataKeyRecord, EgressLogEntry, EgressLogPage, SecretRecord, TenantKey } from './records.js';
 import type { IntentStore } from './intents.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from './model.js';
 

@@ -8,7 +8,10 @@ import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiKeys, SpaceError, type KeyService, type Principal, type SandboxService, type SecretService } from '@space/core';
 import type { SandboxDriver } from '@space/core';
+import type { AppDeps } from './deps.js';
 import { registerRoutes } from './routes.js';
+
+export type { AppDeps } from './deps.js';
 import { VERSION } from './version.js';
 
 declare module 'fastify' {
@@ -17,27 +20,6 @@ declare module 'fastify' {
   }
 }
 
-/** What the app needs. */
-export interface AppDeps {
-  service: SandboxService;
-  keys: ApiKeys;
-  /** Tenants' encryption keys. */
-  encryptionKeys: KeyService;
-  /** Collects snapshot chunks nothing references; resolves to how many went. */
-  gc?: () => Promise<number>;
-  /** The enabled drivers, the default first (for /v1/version and /v1/doctor). */
-  drivers: SandboxDriver[];
-  /** Largest file upload, bytes. */
-  maxUploadBytes: number;
-  /** A pino logger instance, or false for none. */
-  logger: false | FastifyBaseLogger;
-  /** URL of the E2B-compatible listener, if it runs. */
-  e2bUrl?: string;
-  /** This run's id, answered by `GET /v1/health` (see DaemonState.instance). */
-  instance?: string;
-  /** Tenants' secrets and the egress log (absent when sandbox networking is off). */
-  secrets?: SecretService;
-}
 
 const PUBLIC = new Set(['/v1/health', '/v1/version', '/openapi.json']);
 

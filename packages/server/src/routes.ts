@@ -8,7 +8,7 @@ import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { AsyncQueue, type AgentCall, type Progress, type Sandbox, type Template, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
-import type { AppDeps } from './app.js';
+import type { AppDeps } from './deps.js';
 import { Type } from 'typebox';
 import * as S from './schemas.js';
 import { VERSION } from './version.js';

@@ -1,0 +1,25 @@
+/** What the HTTP API is built from (its own module, so that app.ts and routes.ts need not import each other). */
+import type { FastifyBaseLogger } from 'fastify';
+import type { ApiKeys, KeyService, SandboxDriver, SandboxService, SecretService } from '@space/core';
+
+/** What the app needs. */
+export interface AppDeps {
+  service: SandboxService;
+  keys: ApiKeys;
+  /** Tenants' encryption keys. */
+  encryptionKeys: KeyService;
+  /** Collects snapshot chunks nothing references; resolves to how many went. */
+  gc?: () => Promise<number>;
+  /** The enabled drivers, the default first (for /v1/version and /v1/doctor). */
+  drivers: SandboxDriver[];
+  /** Largest file upload, bytes. */
+  maxUploadBytes: number;
+  /** A pino logger instance, or false for none. */
+  logger: false | FastifyBaseLogger;
+  /** URL of the E2B-compatible listener, if it runs. */
+  e2bUrl?: string;
+  /** This run's id, answered by `GET /v1/health` (see DaemonState.instance). */
+  instance?: string;
+  /** Tenants' secrets and the egress log (absent when sandbox networking is off). */
+  secrets?: SecretService;
+}
