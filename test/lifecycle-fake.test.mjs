@@ -1,0 +1,228 @@
+// The fast lane: core's lifecycle — state machine, admission, pools, snapshots bookkeeping,
+// timers, recovery after a restart — on the in-memory fake driver (@space/driver-fake), with the
+// real SandboxService, real SQLite, real blob store and the real wire protocol. Seconds, no
+// runsc, no QEMU; the same behaviour on the real drivers is tested by the conformance and
+// session suites.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { Channel } from '../packages/protocol/dist/index.js';
+import { SandboxService } from '../packages/core/dist/index.js';
+import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
+import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
+import { FakeDriver, FakeRootfs } from '../packages/driver-fake/dist/index.js';
+
+const T = 'tenant-a';
+const quiet = { info() {}, warn() {}, error() {}, debug() {} };
+
+/** Polls `fn` until it returns a truthy value (or gives up after 20 s: a failure, not a timing assumption). */
+async function until(fn, what) {
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`gave up waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+describe('lifecycle on the fake driver (fast lane)', () => {
+  const dir = mkdtempSync('/tmp/space-fake-');
+  const driver = new FakeDriver();
+  let store;
+  let svc;
+
+  /** A SandboxService as the daemon makes it, on the fake driver and this test's directory. */
+  function service(opts = {}) {
+    return new SandboxService({
+      store,
+      driver,
+      logger: quiet,
+      blobs: new LocalBlobStore(path.join(dir, 'blobs')),
+      rootfs: new FakeRootfs(path.join(dir, 'rootfs')),
+      imagesDir: path.join(dir, 'images'),
+      uploadsDir: path.join(dir, 'uploads'),
+      workDir: path.join(dir, 'work'),
+      usageSampleMs: 60_000,
+      ...opts,
+    });
+  }
+
+  /** Runs a fake command line; resolves to { exitCode, stdout, stderr }. */
+  async function run(id, line) {
+    const call = await svc.call(T, id, 'exec', { op: 'exec', argv: line.split(' ') });
+    await call.reply;
+    let stdout = '';
+    let stderr = '';
+    for await (const c of call.output()) (c.channel === Channel.Stderr ? (stderr += c.data) : (stdout += c.data));
+    const end = await call.done;
+    return { exitCode: end.exitCode, stdout, stderr };
+  }
+  const out = async (id, line) => (await run(id, line)).stdout;
+
+  before(async () => {
+    store = SqliteStore.open(path.join(dir, 'space.db'));
+    svc = service();
+    await svc.start();
+  });
+  after(async () => {
+    await svc.shutdown();
+    for (const sb of (await svc.list(T, { limit: 200 })).items) if (!['killed', 'dead'].includes(sb.state)) await svc.kill(T, sb.id);
+    assert.deepEqual(await driver.list(), [], 'every fake sandbox is gone');
+    store.close?.();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('create runs a sandbox whose agent answers with its identity and env; kill ends it', async () => {
+    const sb = await svc.create(T, { env: { GREETING: 'hello' } });
+    assert.equal(sb.state, 'running');
+    assert.equal(await out(sb.id, 'hostname'), `${sb.id}\n`, 'a template restore takes the new identity');
+    assert.equal(await out(sb.id, 'printenv GREETING'), 'hello\n');
+    assert.deepEqual(await run(sb.id, 'exit 7'), { exitCode: 7, stdout: '', stderr: '' });
+    const killed = await svc.kill(T, sb.id);
+    assert.equal(killed.state, 'killed');
+    await assert.rejects(run(sb.id, 'true'), (e) => e.code === 'SANDBOX_NOT_RUNNING');
+    assert.equal(driver.machine(sb.id), undefined, 'the runtime is destroyed');
+  });
+
+  it('pause refuses calls until resume; the machine is untouched', async () => {
+    const sb = await svc.create(T, {});
+    assert.equal(await out(sb.id, 'tick'), '1\n');
+    assert.equal((await svc.pause(T, sb.id)).state, 'paused');
+    await assert.rejects(run(sb.id, 'tick'), (e) => e.code === 'SANDBOX_INVALID_STATE' && /is paused/.test(e.message));
+    assert.equal((await svc.resume(T, sb.id)).state, 'running');
+    assert.equal(await out(sb.id, 'tick'), '2\n');
+    await svc.kill(T, sb.id);
+  });
+
+  it('snapshot, then rollback restores files and memory of that moment; bad ids change nothing', async () => {
+    const sb = await svc.create(T, {});
+    await run(sb.id, 'write /tmp/a.txt first');
+    await out(sb.id, 'tick');
+    const snap = await svc.snapshot(T, sb.id, { name: 'one' });
+    assert.equal(snap.sandboxId, sb.id);
+    assert.equal(await out(sb.id, 'tick'), '2\n', 'the sandbox runs on after its snapshot');
+    await run(sb.id, 'write /tmp/b.txt later');
+    await assert.rejects(svc.rollback(T, sb.id, 'snnope00000000000000'), (e) => e.code === 'SNAPSHOT_NOT_FOUND');
+    assert.equal(await out(sb.id, 'cat /tmp/b.txt'), 'later\n', 'a refused rollback changed nothing');
+    const back = await svc.rollback(T, sb.id, snap.id);
+    assert.equal(back.state, 'running');
+    assert.equal(await out(sb.id, 'cat /tmp/a.txt'), 'first\n');
+    assert.equal((await run(sb.id, 'cat /tmp/b.txt')).exitCode, 1, 'files written after the snapshot are gone');
+    assert.equal(await out(sb.id, 'tick'), '2\n', 'memory is that of the snapshot (the counter was 1)');
+    assert.deepEqual((await svc.snapshots(T, sb.id)).map((s) => s.name), ['one']);
+    await svc.kill(T, sb.id);
+    assert.deepEqual(await svc.snapshots(T, sb.id).catch(() => []), [], 'killing deletes its snapshots');
+  });
+
+  it('hibernate frees the runtime; wake restores memory and files', async () => {
+    const sb = await svc.create(T, {});
+    await out(sb.id, 'tick');
+    await run(sb.id, 'write /tmp/h.txt kept');
+    assert.equal((await svc.hibernate(T, sb.id)).state, 'hibernated');
+    assert.equal((await driver.status(sb.id)).running, false, 'no runtime while hibernated');
+    assert.equal((await svc.wake(T, sb.id)).state, 'running');
+    assert.equal(await out(sb.id, 'tick'), '2\n');
+    assert.equal(await out(sb.id, 'cat /tmp/h.txt'), 'kept\n');
+    await svc.kill(T, sb.id);
+  });
+
+  it('fork copies a sandbox into N that diverge; each gets its own identity; the parent runs on', async () => {
+    const sb = await svc.create(T, {});
+    await out(sb.id, 'tick');
+    const forks = await svc.fork(T, sb.id, { count: 2 });
+    assert.equal(forks.length, 2);
+    const [a, b] = forks.map((f) => f.sandbox);
+    assert.ok(a && b, JSON.stringify(forks));
+    assert.equal(await out(a.id, 'hostname'), `${a.id}\n`);
+    assert.equal(await out(a.id, 'tick'), '2\n');
+    assert.equal(await out(a.id, 'tick'), '3\n');
+    assert.equal(await out(b.id, 'tick'), '2\n', 'forks diverge');
+    assert.equal(await out(sb.id, 'tick'), '2\n', 'the parent is unaffected');
+    for (const id of [sb.id, a.id, b.id]) await svc.kill(T, id);
+  });
+
+  it('a timeout kills; an idle timeout hibernates and the next call wakes it', async () => {
+    const short = await svc.create(T, { timeoutMs: 1000 });
+    const ended = await until(async () => {
+      const s = await svc.get(T, short.id);
+      return s.state === 'killed' ? s : undefined;
+    }, 'the timeout');
+    assert.equal(ended.endReason, 'timeout');
+    const idle = await svc.create(T, { idleTimeoutMs: 1000 });
+    await out(idle.id, 'tick');
+    await until(async () => (await svc.get(T, idle.id)).state === 'hibernated', 'idle hibernation');
+    assert.equal(await out(idle.id, 'tick'), '2\n', 'a call wakes it, memory intact');
+    await svc.kill(T, idle.id);
+  });
+
+  it('a sandbox that dies of OOM ends dead with reason oom; a crash with a snapshot recovers from it', async () => {
+    const oom = await svc.create(T, {});
+    await run(oom.id, 'die oom').catch(() => {});
+    const dead = await until(async () => {
+      const s = await svc.get(T, oom.id);
+      return s.state === 'dead' ? s : undefined;
+    }, 'the OOM end');
+    assert.equal(dead.endReason, 'oom');
+    const crash = await svc.create(T, {});
+    await out(crash.id, 'tick');
+    await svc.snapshot(T, crash.id, {});
+    await out(crash.id, 'tick');
+    await run(crash.id, 'die crash').catch(() => {});
+    await until(async () => (await svc.events(T, crash.id)).some((e) => e.type === 'recovered'), 'the recovery');
+    assert.equal((await svc.get(T, crash.id)).state, 'running');
+    assert.equal(await out(crash.id, 'tick'), '2\n', 'back at the snapshot (counter 1)');
+    await svc.kill(T, crash.id);
+  });
+
+  it('admission: beyond maxSandboxes a create gets CAPACITY_EXHAUSTED and leaves nothing', async () => {
+    const small = service({ maxSandboxes: 1 });
+    await svc.shutdown();
+    await small.start();
+    try {
+      const alive = await store.sandboxesInStates(['starting', 'running', 'paused']);
+      assert.deepEqual(alive.map((x) => `${x.id} ${x.state}`), [], 'nothing else runs');
+      const one = await small.create(T, {});
+      const before = (await driver.list()).length;
+      await assert.rejects(small.create(T, {}), (e) => e.code === 'CAPACITY_EXHAUSTED');
+      assert.equal((await driver.list()).length, before, 'no half-made sandbox');
+      await small.kill(T, one.id);
+    } finally {
+      await small.shutdown();
+      svc = service();
+      await svc.start();
+    }
+  });
+
+  it('a restarted service adopts running sandboxes with their state, and hibernated ones stay hibernated', async () => {
+    const runningSb = await svc.create(T, {});
+    await out(runningSb.id, 'tick');
+    const sleeping = await svc.create(T, {});
+    await out(sleeping.id, 'tick');
+    await svc.hibernate(T, sleeping.id);
+    await svc.shutdown();
+    await driver.close();
+    svc = service();
+    await svc.start();
+    assert.equal((await svc.get(T, runningSb.id)).state, 'running');
+    assert.equal(await out(runningSb.id, 'tick'), '2\n', 'the same machine, adopted');
+    assert.equal((await svc.get(T, sleeping.id)).state, 'hibernated');
+    assert.equal(await out(sleeping.id, 'tick'), '2\n', 'and wakes on a call');
+    for (const id of [runningSb.id, sleeping.id]) await svc.kill(T, id);
+  });
+
+  it('a warm pool serves creates from booted sandboxes', async () => {
+    await svc.shutdown();
+    svc = service({ builtinPools: { minimal: 1 } });
+    await svc.start();
+    await until(async () => (await driver.list()).length >= 1, 'the pool to fill');
+    const sb = await svc.create(T, {});
+    assert.equal(await out(sb.id, 'hostname'), `${sb.id}\n`, 'a pooled sandbox takes the new identity');
+    assert.equal(sb.createTimings?.source, 'pool', JSON.stringify(sb.createTimings));
+    await svc.kill(T, sb.id);
+    await svc.shutdown();
+    svc = service();
+    await svc.start();
+  });
+});
