@@ -5,7 +5,7 @@
  */
 export { ERRORS, SpaceError, isErrorCode, toSpaceError } from './errors.js';
 export type { ErrorBody, ErrorCode, ErrorSpec, SpaceErrorOptions } from './errors.js';
-export { ALLOWED, LIMITS, SANDBOX_ID_RE, TERMINAL_STATES, assertAllowed, newSandboxId, randomString } from './model.js';
+export { ALLOWED, LIMITS, SANDBOX_ID_RE, SANDBOX_STATES, TERMINAL_STATES, assertAllowed, newSandboxId, randomString } from './model.js';
 export type { CreateTimings, EndReason, Sandbox, SandboxAction, SandboxEvent, SandboxState, Snapshot, SnapshotPolicy, SnapshotTrigger, Template, TemplateImage, TemplateSource, TemplateStart } from './model.js';
 export { TEMPLATE_NAME_RE } from './model.js';
 export type { Progress, RootfsBuild, RootfsBuilder, RootfsSource } from './rootfs.js';

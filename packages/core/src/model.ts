@@ -18,7 +18,10 @@ export { randomString } from './ids.js';
  * - `killed`: ended on request or by its timeout (terminal).
  * - `dead`: ended by itself — out of memory, crashed, or gone while the daemon was down (terminal).
  */
-export type SandboxState = 'starting' | 'running' | 'paused' | 'hibernated' | 'killed' | 'dead';
+export const SANDBOX_STATES = ['starting', 'running', 'paused', 'hibernated', 'killed', 'dead'] as const;
+
+/** One of {@link SANDBOX_STATES}. */
+export type SandboxState = (typeof SANDBOX_STATES)[number];
 
 /** Why a sandbox ended. */
 export type EndReason = 'killed' | 'timeout' | 'oom' | 'crashed' | 'lost' | 'start-failed' | 'shutdown';
@@ -40,10 +43,16 @@ export const ALLOWED: Record<SandboxAction, readonly SandboxState[]> = {
   rollback: ['running', 'paused', 'hibernated'],
   fork: ['running', 'paused', 'hibernated'],
   setPolicy: ['starting', 'running', 'paused', 'hibernated'],
+  // Settings the proxy or the daemon applies: any sandbox not ended.
+  setEgress: ['starting', 'running', 'paused', 'hibernated'],
+  setTimeout: ['starting', 'running', 'paused', 'hibernated'],
+  // Secrets become env vars through the agent (only a running one takes them; see attachSecrets).
+  attachSecrets: ['starting', 'running', 'paused', 'hibernated'],
+  setHeaderRules: ['running', 'hibernated'],
 };
 
 /** Actions checked by {@link assertAllowed}. */
-export type SandboxAction = 'exec' | 'files' | 'kill' | 'pause' | 'resume' | 'hibernate' | 'wake' | 'snapshot' | 'rollback' | 'fork' | 'setPolicy';
+export type SandboxAction = 'exec' | 'files' | 'kill' | 'pause' | 'resume' | 'hibernate' | 'wake' | 'snapshot' | 'rollback' | 'fork' | 'setPolicy' | 'setEgress' | 'setTimeout' | 'attachSecrets' | 'setHeaderRules';
 
 /** Rolling snapshots: one every `intervalMs`, the newest `keep` scheduled ones kept. */
 export interface SnapshotPolicy {

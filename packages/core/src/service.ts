@@ -769,7 +769,7 @@ export class SandboxService {
     const egress = checkEgressPolicy(policy);
     return this.withLock(id, async () => {
       const sb = await this.get(tenantId, id);
-      if (TERMINAL_STATES.includes(sb.state)) assertAllowed(sb, 'exec');
+      assertAllowed(sb, 'setEgress');
       return this.store.updateSandbox(id, { egress });
     });
   }
@@ -782,7 +782,7 @@ export class SandboxService {
     const eg = this.requireEgress();
     return this.withLock(id, async () => {
       const sb = await this.get(tenantId, id);
-      assertAllowed(sb, 'exec');
+      assertAllowed(sb, 'attachSecrets');
       if (sb.state !== 'running') throw new SpaceError('SANDBOX_INVALID_STATE', `Secrets are attached to running sandboxes; ${id} is ${sb.state}: resume or wake it first`);
       const secrets = await eg.secrets.attach(tenantId, names, sb.secrets ?? []);
       const updated = await this.store.updateSandbox(id, { secrets });
@@ -815,7 +815,7 @@ export class SandboxService {
     const checked = checkHeaderRules(rules);
     return this.withLock(id, async () => {
       const sb = await this.get(tenantId, id);
-      assertAllowed(sb, 'exec');
+      assertAllowed(sb, 'setHeaderRules');
       const kept = (sb.secrets ?? []).filter((a) => !a.rule);
       const added = checked.length ? await eg.secrets.setRules(tenantId, id, checked) : (await eg.secrets.removeOwned(tenantId, id), []);
       return this.store.updateSandbox(id, { secrets: [...kept, ...added] });
@@ -843,7 +843,7 @@ export class SandboxService {
     const ms = range('timeoutMs', timeoutMs);
     return this.withLock(id, async () => {
       const sb = await this.get(tenantId, id);
-      if (TERMINAL_STATES.includes(sb.state)) assertAllowed(sb, 'exec');
+      assertAllowed(sb, 'setTimeout');
       const updated = await this.store.updateSandbox(id, { timeoutMs: ms, expiresAt: ms ? new Date(Date.now() + ms).toISOString() : undefined });
       this.schedule(updated);
       return updated;

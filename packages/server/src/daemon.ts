@@ -7,7 +7,7 @@ import { createHash, randomUUID } from 'node:crypto';
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import pino from 'pino';
-import { ApiKeys, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
+import { ApiKeys, DedupBlobStore, SANDBOX_STATES, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
@@ -120,7 +120,7 @@ const EGRESS_LOG_DAYS = 30;
 /** The blob keys of every stored snapshot and template image (what garbage collection must keep). */
 async function snapshotKeys(store: MetadataStore): Promise<string[]> {
   const out: string[] = [];
-  for (const sb of await store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated', 'killed', 'dead'])) for (const sn of await store.listSnapshots(sb.id)) out.push(sn.blobKey);
+  for (const sb of await store.sandboxesInStates([...SANDBOX_STATES])) for (const sn of await store.listSnapshots(sb.id)) out.push(sn.blobKey);
   for (const t of await store.listTemplates()) if (t.image) out.push(templateImageBlobKey(t.tenantId, t.image.key));
   return out;
 }

@@ -6,7 +6,7 @@
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { AsyncQueue, type AgentCall, type Progress, type Sandbox, type Template, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError } from '@space/core';
+import { AsyncQueue, SANDBOX_STATES, type AgentCall, type Progress, type Sandbox, type Template, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AppDeps } from './deps.js';
 import { Type } from 'typebox';
@@ -50,7 +50,7 @@ function labelsOf(label: string | string[] | undefined): Record<string, string> 
   return out;
 }
 
-const STATES = new Set(['starting', 'running', 'paused', 'hibernated', 'killed', 'dead']);
+const STATES = new Set<string>(SANDBOX_STATES);
 
 /** Registers every v1 route. */
 export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {

@@ -1,5 +1,6 @@
 /** JSON schemas of the API (TypeBox); they validate requests and generate /openapi.json. */
 import { Type } from 'typebox';
+import { SANDBOX_STATES, type SandboxState } from '@space/core';
 
 const StrMap = Type.Record(Type.String(), Type.String());
 
@@ -72,7 +73,7 @@ export const SandboxSchema = Type.Object({
   tenantId: Type.String(),
   template: Type.String(),
   driver: Type.String(),
-  state: Type.Union([Type.Literal('starting'), Type.Literal('running'), Type.Literal('paused'), Type.Literal('hibernated'), Type.Literal('killed'), Type.Literal('dead')]),
+  state: Type.Unsafe<SandboxState>({ type: 'string', enum: [...SANDBOX_STATES] }),
   endReason: Type.Optional(Type.String()),
   endDetail: Type.Optional(Type.String()),
   cpu: Type.Number(),
