@@ -17,6 +17,10 @@ import { SpaceError } from './errors.js';
 import type { BlobStore } from './blobs.js';
 import { LIMITS, TERMINAL_STATES, assertAllowed, newSandboxId, newSnapshotId, type CreateTimings, type EndReason, type Sandbox, type SandboxAction, type SandboxEvent, type Snapshot, type SnapshotPolicy, type SnapshotTrigger, type Template, type TemplateImage, type TemplateStart } from './model.js';
 import { POOL_MEMORY_MB, WarmPool } from './pool.js';
+import { Admission } from './sandboxes/admission.js';
+import { LiveTable, type LiveSandbox } from './sandboxes/live.js';
+import { newSandboxRecord } from './sandboxes/record.js';
+import { sendIdentity } from './sandboxes/identity.js';
 import type { Progress, RootfsBuilder } from './rootfs.js';
 import { TemplateService, templateImageBlobKey, type TemplateImageStore } from './templates.js';
 import { packSnapshot, readSnapshot } from './snapshot-format.js';
@@ -137,29 +141,6 @@ export interface ListSandboxesOpts {
   cursor?: string;
 }
 
-interface Live {
-  channel?: AgentChannel;
-  waiters: ((ch: AgentChannel | undefined) => void)[];
-  timer?: NodeJS.Timeout;
-  policyTimer?: NodeJS.Timeout;
-  idleTimer?: NodeJS.Timeout;
-  /** Last API call for this sandbox (ms since epoch). */
-  lastActive?: number;
-  killing?: boolean;
-  /** Set while the agent is deliberately disconnected for a checkpoint or restore. */
-  quiescing?: boolean;
-  /** While restoring a snapshot of another sandbox (fork, template): that sandbox's id, which the agent still reports. */
-  restoringFrom?: string;
-  /** The identity the agent of a restored copy is given when it connects. */
-  identity?: { hostname: string; env?: Record<string, string>; trust?: string };
-  /** How long giving it that identity took, ms. */
-  identityMs?: number;
-  /** Serialises lifecycle actions on this sandbox. */
-  lock: Promise<unknown>;
-  /** Set while a checkpoint is under way: new calls wait for it (see withChannel). */
-  gate?: Promise<void>;
-}
-
 /** How long a restarted daemon waits for a checkpoint or restore its predecessor left running. */
 const SETTLE_TIMEOUT_MS = 300_000;
 
@@ -176,20 +157,14 @@ export type ForkResult = { sandbox: Sandbox } | { error: { code: string; message
  * const call = await svc.call('tenant1', sb.id, 'exec', { op: 'exec', argv: ['true'] });
  */
 export class SandboxService {
-  private readonly live = new Map<string, Live>();
+  private readonly live = new LiveTable();
   private readonly store: MetadataStore;
   private readonly driver: DriverRouter;
   private readonly log: Logger;
-  private readonly maxSandboxes: number;
   private readonly startTimeoutMs: number;
   private readonly reconnectWaitMs: number;
-  private creating = 0;
-  private creatingMb = 0;
-  private readonly creatingIds = new Set<string>();
-  private readonly createQueue: (() => void)[] = [];
-  private createsRunning = 0;
-  private readonly maxConcurrentCreates: number;
-  private readonly maxQueuedCreates: number;
+  /** Whether more sandboxes fit, reservations of creates under way, boot slots. */
+  private readonly admission: Admission;
   private stopping = false;
   private readonly blobs: BlobStore;
   private readonly workDir: string;
@@ -200,8 +175,6 @@ export class SandboxService {
   /** The last hour of each running sandbox's usage. */
   private readonly usageHistory: UsageHistory;
   private readonly egress: SandboxEgressOptions | undefined;
-  private readonly maxMemoryMb: number;
-  private readonly poolMinAvailableMb: number;
   /** Clean-ups running in the background (awaited by {@link shutdown}). */
   private readonly background = new Set<Promise<unknown>>();
   /** Template captures and pool refills in flight: they own sandboxes nobody else knows of. */
@@ -217,7 +190,6 @@ export class SandboxService {
     this.store = opts.store;
     this.driver = new DriverRouter(opts.driver, opts.drivers ?? []);
     this.log = opts.logger;
-    this.maxSandboxes = opts.maxSandboxes ?? 64;
     this.startTimeoutMs = opts.startTimeoutMs ?? 30_000;
     this.reconnectWaitMs = opts.reconnectWaitMs ?? 10_000;
     this.blobs = opts.blobs;
@@ -230,11 +202,14 @@ export class SandboxService {
       opts.usageSampleMs ?? 5000,
     );
     this.egress = opts.egress;
-    this.maxConcurrentCreates = opts.maxConcurrentCreates ?? Math.max(2, availableParallelism());
-    this.maxQueuedCreates = opts.maxQueuedCreates ?? 256;
     const totalMb = Math.floor(totalmem() / 1048576);
-    this.maxMemoryMb = opts.maxMemoryMb ?? totalMb * 2;
-    this.poolMinAvailableMb = opts.poolMinAvailableMb ?? Math.floor(totalMb / 10);
+    this.admission = new Admission(this.store, () => this.pool, {
+      maxSandboxes: opts.maxSandboxes ?? 64,
+      maxMemoryMb: opts.maxMemoryMb ?? totalMb * 2,
+      poolMinAvailableMb: opts.poolMinAvailableMb ?? Math.floor(totalMb / 10),
+      maxConcurrentCreates: opts.maxConcurrentCreates ?? Math.max(2, availableParallelism()),
+      maxQueuedCreates: opts.maxQueuedCreates ?? 256,
+    });
     this.templates = new TemplateService({
       store: this.store,
       rootfs: opts.rootfs,
@@ -255,9 +230,9 @@ export class SandboxService {
           this.inBackground(p);
           return p;
         },
-        hasRoom: (mb) => this.hasRoom(1, mb),
-        underPressure: () => this.underPressure(),
-        alive: (id) => !!this.live.get(id)?.channel && !this.live.get(id)!.channel!.closed,
+        hasRoom: (mb) => this.admission.hasRoom(1, mb),
+        underPressure: () => this.admission.underPressure(),
+        alive: (id) => !!this.live.get(id)?.openChannel,
       },
       this.log,
     );
@@ -274,56 +249,6 @@ export class SandboxService {
   private inBackground(p: Promise<unknown>): void {
     const q = p.catch((err) => this.log.warn({ err }, 'background clean-up failed')).finally(() => this.background.delete(q));
     this.background.add(q);
-  }
-
-  /** Sandboxes counted against the node's limits: alive in the store, being created, pooled. */
-  private async load(): Promise<{ count: number; memoryMb: number }> {
-    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).filter((x) => !this.creatingIds.has(x.id));
-    return { count: alive.length + this.creating + this.pool.count() + this.pool.pending(), memoryMb: alive.reduce((n, x) => n + x.memoryMb, 0) + this.creatingMb + this.pool.memoryMb() };
-  }
-
-  private async hasRoom(count: number, memoryMb: number): Promise<boolean> {
-    const l = await this.load();
-    return l.count + count <= this.maxSandboxes && l.memoryMb + memoryMb <= this.maxMemoryMb;
-  }
-
-  /**
-   * Admission: `count` more sandboxes of `memoryMb` each fit the node, after evicting pooled
-   * sandboxes if need be; otherwise `CAPACITY_EXHAUSTED`. Callers reserve synchronously after it.
-   */
-  private async admit(count: number, memoryMb: number): Promise<void> {
-    const l = await this.load();
-    let over = l.count + count - this.maxSandboxes;
-    let overMb = l.memoryMb + count * memoryMb - this.maxMemoryMb;
-    while ((over > 0 || overMb > 0) && this.pool.evictOne()) {
-      over--;
-      overMb -= POOL_MEMORY_MB;
-    }
-    if (over > 0) throw new SpaceError('CAPACITY_EXHAUSTED', `This node runs its maximum of ${this.maxSandboxes} sandboxes`, { details: { retryAfterS: 5, maxSandboxes: this.maxSandboxes } });
-    if (overMb > 0) throw new SpaceError('CAPACITY_EXHAUSTED', `The node's sandboxes already reserve ${l.memoryMb} of ${this.maxMemoryMb} MiB`, { details: { retryAfterS: 5, maxMemoryMb: this.maxMemoryMb } });
-    if (this.createQueue.length >= this.maxQueuedCreates) {
-      throw new SpaceError('CAPACITY_EXHAUSTED', `${this.createQueue.length} creates are already waiting on this node`, { details: { retryAfterS: 2, queued: this.createQueue.length } });
-    }
-  }
-
-  private async underPressure(): Promise<boolean> {
-    const info = await fs.readFile('/proc/meminfo', 'utf8').catch(() => '');
-    const m = /MemAvailable:\s+(\d+) kB/.exec(info);
-    return !!m && Number(m[1]) / 1024 < this.poolMinAvailableMb;
-  }
-
-  /** Waits for one of the `maxConcurrentCreates` boot slots; returns its release. */
-  private async createSlot(): Promise<() => void> {
-    if (this.createsRunning >= this.maxConcurrentCreates) await new Promise<void>((r) => this.createQueue.push(r));
-    else this.createsRunning++;
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      const next = this.createQueue.shift();
-      if (next) next();
-      else this.createsRunning--;
-    };
   }
 
   private fault(point: string): void {
@@ -433,9 +358,7 @@ export class SandboxService {
     await this.pool.stop();
     await Promise.allSettled([...this.transient]);
     for (const e of this.live.values()) {
-      clearTimeout(e.timer);
-      clearTimeout(e.policyTimer);
-      clearTimeout(e.idleTimer);
+      e.clearTimers();
       e.channel?.destroy();
     }
     await Promise.all([...this.background]);
@@ -474,7 +397,7 @@ export class SandboxService {
     if (pooled && (Object.keys(env).length || trust)) {
       const tI = performance.now();
       try {
-        await this.live.get(pooled)!.channel!.unary({ op: 'identity', sandboxId: pooled, env: fullEnv, ...(trust ? { trust } : {}) }, 10_000);
+        await sendIdentity(this.live.get(pooled)!.channel!, pooled, { env: fullEnv, ...(trust ? { trust } : {}) });
         identityMs = Math.round(performance.now() - tI);
       } catch (err) {
         this.log.warn({ err, sandboxId: pooled }, 'pooled sandbox refused its identity; restoring instead');
@@ -482,33 +405,27 @@ export class SandboxService {
         pooled = undefined;
       }
     }
-    if (!pooled) await this.admit(1, memoryMb);
+    if (!pooled) await this.admission.admit(1, memoryMb);
     // Reserve in the same synchronous step as the check, so concurrent creates cannot all pass it.
-    this.creating++;
-    this.creatingMb += memoryMb;
-    const now = new Date();
+    const reservation = this.admission.reserve(1, memoryMb);
     const id = pooled ?? newSandboxId();
     const rules = headerRules.length ? await this.requireEgress().secrets.setRules(tenantId, id, headerRules) : [];
-    const attached = [...(secrets ?? []), ...rules];
-    const sb: Sandbox = {
+    const sb = newSandboxRecord({
       id,
       tenantId,
       template: t.name,
       driver,
-      state: 'starting',
       cpu,
       memoryMb,
       timeoutMs,
       env,
       metadata,
       ...(opts.onTimeout === 'hibernate' ? { onTimeout: 'hibernate' as const } : {}),
-      ...(idleTimeoutMs ? { idleTimeoutMs } : {}),
+      idleTimeoutMs,
       ...(egress ? { egress } : {}),
-      ...(attached.length ? { secrets: attached } : {}),
-      createdAt: now.toISOString(),
-      ...(timeoutMs ? { expiresAt: new Date(now.getTime() + timeoutMs).toISOString() } : {}),
-    };
-    this.creatingIds.add(sb.id);
+      secrets: [...(secrets ?? []), ...rules],
+    });
+    reservation.track(sb.id);
     let release: (() => void) | undefined;
     try {
       // Stored as `starting`: the record is the create's intent (a restart finishes the create).
@@ -519,7 +436,7 @@ export class SandboxService {
         timings = { source: 'pool', queueMs: 0, agentMs: 0, identityMs, totalMs: Math.round(performance.now() - t0) };
       } else {
         // Starts run at most `maxConcurrentCreates` at a time; the rest wait their turn here.
-        release = await this.createSlot();
+        release = await this.admission.slot();
         const queueMs = Math.round(performance.now() - t0);
         try {
           timings = { queueMs, ...(await this.during('create:during-start', this.startSandbox(t, sb, fullEnv, trust, signal))), totalMs: 0 };
@@ -539,9 +456,7 @@ export class SandboxService {
       return running;
     } finally {
       release?.();
-      this.creating--;
-      this.creatingMb -= memoryMb;
-      this.creatingIds.delete(sb.id);
+      reservation.release();
     }
   }
 
@@ -577,7 +492,7 @@ export class SandboxService {
     const agentMs = Math.round(performance.now() - tB);
     if (!trust) return { source: 'boot', bootMs: Math.round(tB - tA), agentMs, identityMs: 0 };
     const tI = performance.now();
-    await ch.unary({ op: 'identity', sandboxId: sb.id, trust }, 10_000);
+    await sendIdentity(ch, sb.id, { trust });
     return { source: 'boot', bootMs: Math.round(tB - tA), agentMs, identityMs: Math.round(performance.now() - tI) };
   }
 
@@ -611,7 +526,7 @@ export class SandboxService {
     if (this.stopping) throw new SpaceError('DAEMON_SHUTTING_DOWN');
     const cur = (await this.templates.usableImage(t)) ? t : await this.templates.captureImage(t);
     const id = newSandboxId();
-    const release = await this.createSlot();
+    const release = await this.admission.slot();
     try {
       await this.restoreTemplate(cur.image!, { id, template: t.name, rootfs: await this.templates.rootfsOf(t), cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env }, undefined, this.stopAc.signal);
       this.stopAc.signal.throwIfAborted();
@@ -677,7 +592,7 @@ export class SandboxService {
     const dir = this.templates.imageDir({ key } as TemplateImage);
     const tmp = `${dir}.tmp-${id}`;
     const t0 = performance.now();
-    const release = await this.createSlot();
+    const release = await this.admission.slot();
     try {
       progress(0, 'booting the template');
       const connected = this.waitAgent(id, this.bootTimeout(undefined));
@@ -825,7 +740,7 @@ export class SandboxService {
   /** Gives the agent the sandbox's current environment (for processes started afterwards). */
   private async pushEnv(sb: Sandbox): Promise<void> {
     const t = await this.templates.resolve(sb.tenantId, sb.template).catch(() => undefined);
-    await this.withChannel(sb.id, (ch) => ch.unary({ op: 'identity', sandboxId: sb.id, env: this.envOf(t?.env ?? {}, sb.env, sb.secrets) }, 10_000));
+    await this.withChannel(sb.id, (ch) => sendIdentity(ch, sb.id, { env: this.envOf(t?.env ?? {}, sb.env, sb.secrets) }));
   }
 
   /** What the egress proxy needs of a live sandbox (undefined once it has ended). */
@@ -924,18 +839,6 @@ export class SandboxService {
     }
   }
 
-  /** Holds new calls to a sandbox until the returned release is called (during a checkpoint). */
-  private closeGate(id: string): () => void {
-    const e = this.entry(id);
-    if (e.gate) return () => {};
-    let open!: () => void;
-    e.gate = new Promise<void>((r) => (open = r));
-    return () => {
-      e.gate = undefined;
-      open();
-    };
-  }
-
   /** Checks the action against the state; a hibernated sandbox is woken first (on demand). */
   private async awake(tenantId: string, id: string, action: SandboxAction): Promise<Sandbox> {
     const sb = await this.get(tenantId, id);
@@ -992,10 +895,7 @@ export class SandboxService {
 
   /** Runs `fn` after every earlier lifecycle action on the same sandbox has finished. */
   private withLock<T>(id: string, fn: () => Promise<T>): Promise<T> {
-    const e = this.entry(id);
-    const next = e.lock.then(fn, fn);
-    e.lock = next.catch(() => {});
-    return next;
+    return this.entry(id).withLock(fn);
   }
 
   private async event(sandboxId: string, type: string, message: string): Promise<void> {
@@ -1177,7 +1077,7 @@ export class SandboxService {
     if (!Number.isInteger(count) || count < 1 || count > 32) throw new SpaceError('BAD_REQUEST', 'count must be an integer from 1 to 32');
     const parent = await this.get(tenantId, id);
     assertAllowed(parent, 'fork');
-    await this.admit(count, parent.memoryMb);
+    await this.admission.admit(count, parent.memoryMb);
     let snap: Snapshot;
     let imageDir: string;
     if (opts.snapshotId) {
@@ -1187,34 +1087,30 @@ export class SandboxService {
       if (parent.state === 'hibernated') throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${id} is hibernated: fork one of its snapshots (snapshotId) or wake it first`);
       ({ snapshot: snap, imageDir } = await this.withLock(id, async () => this.takeSnapshot(await this.get(tenantId, id), 'fork', undefined, true)));
     }
-    this.creating += count;
-    this.creatingMb += count * parent.memoryMb;
+    const reservation = this.admission.reserve(count, parent.memoryMb);
     try {
       const out: ForkResult[] = [];
       for (let i = 0; i < count; i++) {
-        const now = new Date();
         const childId = newSandboxId();
         // Placeholders stay valid for the copy (its processes hold the parent's); header rules become its own.
         const childSecrets = parent.secrets && this.egress ? await this.egress.secrets.copyRules(tenantId, parent.secrets, childId) : parent.secrets;
-        const child: Sandbox = {
+        const child = newSandboxRecord({
           id: childId,
           tenantId,
           template: parent.template,
           driver: parent.driver,
-          state: 'starting',
           cpu: parent.cpu,
           memoryMb: parent.memoryMb,
           timeoutMs: parent.timeoutMs,
           env: parent.env,
           metadata: parent.metadata,
-          createdAt: now.toISOString(),
-          ...(parent.timeoutMs ? { expiresAt: new Date(now.getTime() + parent.timeoutMs).toISOString() } : {}),
           ...(parent.onTimeout ? { onTimeout: parent.onTimeout } : {}),
           ...(parent.egress ? { egress: parent.egress } : {}),
-          ...(childSecrets?.length ? { secrets: childSecrets } : {}),
+          ...(childSecrets ? { secrets: childSecrets } : {}),
           parentId: parent.id,
           fromSnapshotId: snap.id,
-        };
+        });
+        reservation.track(child.id);
         await this.store.insertSandbox(child);
         this.fault('fork:after-record');
         try {
@@ -1233,8 +1129,7 @@ export class SandboxService {
       await this.event(parent.id, 'fork', `forked into ${out.filter((r) => 'sandbox' in r).length} of ${count} copies from snapshot ${snap.id}`);
       return out;
     } finally {
-      this.creating -= count;
-      this.creatingMb -= count * parent.memoryMb;
+      reservation.release();
       await fs.rm(imageDir, { recursive: true, force: true });
     }
   }
@@ -1273,7 +1168,7 @@ export class SandboxService {
         await this.event(id, 'snapshot-deferred', `scheduled snapshot deferred: ${open} call(s) open; retrying in ${sb.snapshotPolicy.intervalMs} ms`);
         return;
       }
-      const release = this.closeGate(id);
+      const release = this.entry(id).closeGate();
       try {
         const { imageDir } = await this.takeSnapshot(sb, 'schedule', undefined, true);
         await fs.rm(imageDir, { recursive: true, force: true });
@@ -1364,7 +1259,7 @@ export class SandboxService {
       throw err;
     });
     const ch = await this.channel(sb.id);
-    const release = this.closeGate(sb.id);
+    const release = this.entry(sb.id).closeGate();
     try {
       return await this.takeSnapshotGated(sb, ch, trigger, name, keepRunning, wasPaused);
     } finally {
@@ -1697,7 +1592,7 @@ export class SandboxService {
       } else {
         const t = await this.templates.resolve(sb.tenantId, sb.template);
         const trust = this.egress ? await this.egress.trust(sb.tenantId) : undefined;
-        const release = await this.createSlot();
+        const release = await this.admission.slot();
         try {
           await this.startSandbox(t, sb, this.envOf(t.env, sb.env, sb.secrets), trust);
         } finally {
@@ -1716,16 +1611,14 @@ export class SandboxService {
     }
   }
 
-  private entry(id: string): Live {
-    let e = this.live.get(id);
-    if (!e) this.live.set(id, (e = { waiters: [], lock: Promise.resolve() }));
-    return e;
+  private entry(id: string): LiveSandbox {
+    return this.live.entry(id);
   }
 
   private async channel(id: string): Promise<AgentChannel> {
     const e = this.entry(id);
-    if (e.channel && !e.channel.closed) return e.channel;
-    const ch = await this.waitAgent(id, this.reconnectWaitMs);
+    if (e.openChannel) return e.openChannel;
+    const ch = await e.waitAgent(this.reconnectWaitMs);
     if (!ch) {
       const sb = await this.store.getSandbox(id);
       if (sb && TERMINAL_STATES.includes(sb.state)) assertAllowed(sb, 'exec');
@@ -1735,19 +1628,7 @@ export class SandboxService {
   }
 
   private waitAgent(id: string, ms: number): Promise<AgentChannel | undefined> {
-    const e = this.entry(id);
-    if (e.channel && !e.channel.closed) return Promise.resolve(e.channel);
-    return new Promise((resolve) => {
-      const t = setTimeout(() => {
-        e.waiters = e.waiters.filter((w) => w !== done);
-        resolve(undefined);
-      }, ms);
-      const done = (ch: AgentChannel | undefined) => {
-        clearTimeout(t);
-        resolve(ch);
-      };
-      e.waiters.push(done);
-    });
+    return this.entry(id).waitAgent(ms);
   }
 
   private onAgent(id: string, stream: Duplex): void {
@@ -1764,16 +1645,14 @@ export class SandboxService {
         return;
       }
       const accept = () => {
-        e.channel?.destroy();
-        e.channel = ch;
+        e.accept(ch);
         this.log.debug({ sandboxId: id }, 'agent connected');
-        for (const w of e.waiters.splice(0)) w(ch);
         ch.on('close', () => void this.onAgentClose(id, ch));
       };
       if (ev.sandboxId === id) return accept();
       const t0 = performance.now();
       const ident = e.identity;
-      ch.unary({ op: 'identity', sandboxId: id, ...(ident?.hostname ? { hostname: ident.hostname } : {}), ...(ident?.env ? { env: ident.env } : {}), ...(ident?.trust ? { trust: ident.trust } : {}) }, 10_000).then(() => {
+      sendIdentity(ch, id, ident).then(() => {
         e.identityMs = Math.round(performance.now() - t0);
         accept();
       }, (err) => {
@@ -1828,9 +1707,7 @@ export class SandboxService {
   private async terminate(id: string, state: 'killed' | 'dead', reason: EndReason, detail: string): Promise<Sandbox> {
     const e = this.entry(id);
     e.killing = true;
-    clearTimeout(e.timer);
-    clearTimeout(e.policyTimer);
-    clearTimeout(e.idleTimer);
+    e.clearTimers();
     // Read the end reason before the runtime forgets it (e.g. OOM counters live in the cgroup).
     let finalReason = reason;
     let finalDetail = detail;
@@ -1847,7 +1724,7 @@ export class SandboxService {
     const sb = await this.end(id, state, finalReason, finalDetail);
     // An ended sandbox's snapshots are deleted with it (they hold its whole memory).
     for (const sn of await this.store.listSnapshots(id)) await this.deleteSnapshot(sn);
-    for (const w of e.waiters.splice(0)) w(undefined);
+    e.abandon();
     this.live.delete(id);
     this.log.info({ sandboxId: id, state, reason: finalReason }, 'sandbox ended');
     return sb;
