@@ -1,0 +1,255 @@
+/**
+ * Checkpoints and restores: a snapshot taken (journalled, the agent quiesced, the image packed
+ * into the blob store), and a sandbox booted from one.
+ */
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
+import type { AgentChannel } from '../agent-channel.js';
+import type { DriverCreateSpec } from '../driver.js';
+import { SpaceError } from '../errors.js';
+import type { Intent } from '../intents.js';
+import { newSnapshotId, type Sandbox, type Snapshot, type SnapshotTrigger } from '../model.js';
+import { packSnapshot, readSnapshot } from '../snapshot-format.js';
+import type { CheckpointHooks, SandboxContext } from './context.js';
+
+/** Checkpoints and restores. Built by the facade (SandboxService), which wires it into the hooks. */
+export class Checkpoints implements CheckpointHooks {
+  constructor(private readonly c: SandboxContext) {}
+
+  async spec(sb: Sandbox): Promise<DriverCreateSpec> {
+    const t = await this.c.templates.resolve(sb.tenantId, sb.template);
+    return { id: sb.id, template: sb.template, rootfs: await this.c.templates.rootfsOf(t), cpu: sb.cpu, memoryMb: sb.memoryMb, env: { ...t.env, ...sb.env }, driver: sb.driver };
+  }
+
+  /** Refuses (SNAPSHOT_UNSUPPORTED_STATE, naming the process) what this runtime cannot checkpoint; changes nothing. */
+  async assertSnapshottable(ch: AgentChannel, id: string, what: string): Promise<void> {
+    if (this.c.driver.checkpointsAnyStateOf(id)) return;
+    const check = await ch.unary({ op: 'snapshot-check' }, 30_000);
+    const blockers = (Array.isArray(check.blockers) ? check.blockers : []).slice(0, 20) as { pid?: unknown; command?: unknown; socket?: unknown; reason?: unknown }[];
+    if (!blockers.length) return;
+    const b = blockers[0]!;
+    throw new SpaceError('SNAPSHOT_UNSUPPORTED_STATE', `Cannot snapshot ${what}: process ${String(b.pid)} (${String(b.command).slice(0, 100)}) holds a ${String(b.socket).slice(0, 100)}: ${String(b.reason).slice(0, 200)}. The sandbox keeps running.`, {
+      details: { blockers: blockers.map((x) => ({ pid: Number(x.pid), command: String(x.command).slice(0, 200), socket: String(x.socket).slice(0, 200), reason: String(x.reason).slice(0, 200) })) },
+    });
+  }
+
+  /**
+   * Disconnects the agent for good (a unix socket to the host cannot be checkpointed) and
+   * checkpoints the sandbox into `imageDir`. Leaves `quiescing` set: the caller restores or retires.
+   */
+  async quiesceAndCheckpoint(id: string, ch: AgentChannel, imageDir: string, injectFaults = true): Promise<void> {
+    const e = this.c.live.entry(id);
+    e.quiescing = true;
+    await this.c.driver.detachAgent(id);
+    const closed = new Promise<void>((r) => (ch.closed ? r() : ch.once('close', () => r())));
+    await ch.unary({ op: 'quiesce' }, 10_000);
+    await Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))]);
+    ch.destroy();
+    e.channel = undefined;
+    if (injectFaults) this.c.faults.fault('snapshot:after-quiesce');
+    if (injectFaults && this.c.faults.has('snapshot:checkpoint-fails')) {
+      // What a failed checkpoint does in this runsc: the container is gone.
+      await this.c.driver.destroy(id);
+      throw new Error('injected checkpoint failure');
+    }
+    await this.c.faults.during(injectFaults ? 'snapshot:during-checkpoint' : '', this.c.driver.checkpoint(id, imageDir));
+  }
+
+  /**
+   * Checks the sandbox can be checkpointed, quiesces its agent, checkpoints it, and (when
+   * `keepRunning`) restores it at once. The snapshot is stored and listed only when complete.
+   * If the checkpoint fails and kills the sandbox, it is restored from its last good snapshot.
+   *
+   * The operation is journalled: with `keepRunning` its intent is done when this returns;
+   * without (hibernate), the caller finishes the returned intent once the sandbox is retired.
+   */
+  async takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
+    const wasPaused = sb.state === 'paused';
+    if (wasPaused) await this.c.driver.resume(sb.id);
+    // Refuse before stopping anything if the snapshot could not be stored (e.g. a revoked key).
+    await this.c.blobs.assertWritable?.(`snapshots/${sb.tenantId}/check`).catch(async (err) => {
+      if (wasPaused) await this.c.driver.pause(sb.id);
+      throw err;
+    });
+    const ch = await this.c.hooks.agents.channel(sb.id);
+    const release = this.c.live.entry(sb.id).closeGate();
+    try {
+      return await this.takeSnapshotGated(sb, ch, trigger, name, keepRunning, wasPaused);
+    } finally {
+      release();
+    }
+  }
+
+  private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
+    try {
+      await this.assertSnapshottable(ch, sb.id, `sandbox ${sb.id}`);
+    } catch (err) {
+      if (wasPaused) await this.c.driver.pause(sb.id);
+      throw err;
+    }
+    const id = newSnapshotId();
+    const imageDir = path.join(this.c.workDir, id);
+    const e = this.c.live.entry(sb.id);
+    const intent = await this.c.journal.begin(sb.id, keepRunning ? 'snapshot' : 'hibernate', { step: 'checkpoint', snapshotId: id, imageDir, trigger, ...(name ? { name } : {}), keepRunning, wasPaused });
+    this.c.faults.fault('snapshot:after-intent');
+    const t0 = performance.now();
+    try {
+      await this.quiesceAndCheckpoint(sb.id, ch, imageDir);
+      this.c.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'checkpointed');
+      this.c.faults.fault('snapshot:after-checkpoint');
+    } catch (err) {
+      await fs.rm(imageDir, { recursive: true, force: true });
+      if (await this.c.hooks.recovery.runtimeRuns(sb.id)) {
+        // The checkpoint did not happen and the sandbox still runs: let the agent back in.
+        await this.c.driver.adopt(sb.id).catch(() => {});
+        e.quiescing = false;
+      } else {
+        e.quiescing = false;
+        await this.c.hooks.recovery.recover(sb, `checkpoint failed: ${err instanceof Error ? err.message : String(err)}`);
+      }
+      await this.c.journal.done(intent);
+      throw new SpaceError('SNAPSHOT_FAILED', `Snapshot of ${sb.id} failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
+    await this.c.journal.step(intent, 'checkpointed');
+    let downtimeMs = Math.round(performance.now() - t0);
+    if (keepRunning) {
+      try {
+        await this.c.faults.during('snapshot:during-restore', this.bootFromImage(sb, imageDir));
+        this.c.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'restored');
+        if (wasPaused) await this.c.driver.pause(sb.id);
+      } finally {
+        e.quiescing = false;
+      }
+      downtimeMs = Math.round(performance.now() - t0);
+      this.c.faults.fault('snapshot:after-restore');
+    }
+    let snapshot: Snapshot;
+    try {
+      snapshot = await this.storeImage(sb, intent, imageDir, downtimeMs);
+    } catch (err) {
+      // The failure changes nothing of the sandbox: it runs on, or (hibernating) goes on from its image.
+      if (!keepRunning) await this.continueFromImage(sb, imageDir, err);
+      await fs.rm(imageDir, { recursive: true, force: true });
+      await this.c.journal.done(intent);
+      throw err;
+    }
+    if (keepRunning) await this.c.journal.done(intent);
+    else await this.c.journal.step(intent, 'stored');
+    return { snapshot, imageDir, intent };
+  }
+
+  /** A hibernate whose snapshot could not be stored: the sandbox goes on from its checkpoint image. */
+  private async continueFromImage(sb: Sandbox, imageDir: string, cause: unknown): Promise<void> {
+    this.c.log.warn({ err: cause, sandboxId: sb.id }, 'the hibernate snapshot could not be stored; the sandbox goes on from its checkpoint');
+    const e = this.c.live.entry(sb.id);
+    try {
+      await this.bootFromImage(sb, imageDir);
+    } catch (err) {
+      e.quiescing = false;
+      await this.c.hooks.recovery.recover(sb, `storing the hibernate snapshot failed (${cause instanceof Error ? cause.message : String(cause)}) and so did going on from its checkpoint (${err instanceof Error ? err.message : String(err)})`);
+      return;
+    }
+    e.quiescing = false;
+  }
+
+  /**
+   * Packs a complete checkpoint image into the blob store as the snapshot `intent` names,
+   * records it and makes it the sandbox's newest. Idempotent: a snapshot already recorded is
+   * returned as it is (recovery may call it twice).
+   */
+  async storeImage(sb: Sandbox, intent: Intent, imageDir: string, downtimeMs: number): Promise<Snapshot> {
+    const id = intent.snapshotId!;
+    const existing = await this.c.store.getSnapshot(id);
+    if (existing) {
+      if (sb.lastSnapshotId !== id) await this.c.store.updateSandbox(sb.id, { lastSnapshotId: id });
+      return existing;
+    }
+    const createdAt = new Date().toISOString();
+    const { stream, meta } = await packSnapshot(imageDir, {
+      id,
+      sandboxId: sb.id,
+      tenantId: sb.tenantId,
+      template: sb.template,
+      driver: sb.driver,
+      driverVersion: await this.c.driver.versionOf(sb.driver),
+      ...(sb.fromSnapshotId ? { parentSnapshotId: sb.fromSnapshotId } : {}),
+      createdAt,
+    }, this.c.driver.codecOf(sb.driver));
+    const blobKey = `snapshots/${sb.tenantId}/${id}`;
+    const sizeBytes = await this.c.blobs.put(blobKey, stream);
+    this.c.faults.fault('snapshot:after-blob');
+    const trigger = intent.trigger ?? 'manual';
+    const snapshot: Snapshot = {
+      id,
+      sandboxId: sb.id,
+      tenantId: sb.tenantId,
+      ...(intent.name ? { name: intent.name } : {}),
+      trigger,
+      createdAt,
+      sizeBytes,
+      ...(meta.parentSnapshotId ? { parentSnapshotId: meta.parentSnapshotId } : {}),
+      downtimeMs,
+      template: sb.template,
+      driver: sb.driver,
+      blobKey,
+    };
+    await this.c.store.insertSnapshot(snapshot);
+    this.c.faults.fault('snapshot:after-record');
+    await this.c.store.updateSandbox(sb.id, { lastSnapshotId: id });
+    await this.c.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime`);
+    return snapshot;
+  }
+
+  /** Restores `target` from an image directory and waits for its agent. */
+  async bootFromImage(target: Sandbox, imageDir: string): Promise<void> {
+    const connected = this.c.live.entry(target.id).waitAgent(this.c.bootTimeout(target.driver));
+    await this.c.driver.restore(await this.spec(target), imageDir);
+    if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${target.id} did not reconnect within ${this.c.bootTimeout(target.driver)} ms after the restore`);
+  }
+
+  /** Fetches a snapshot and unpacks it into a scratch directory, verifying it (SNAPSHOT_CORRUPT). */
+  async unpack(snap: Snapshot): Promise<string> {
+    const dir = path.join(this.c.workDir, `r-${snap.id}-${Math.random().toString(36).slice(2, 8)}`);
+    try {
+      await readSnapshot(snap.id, await this.c.blobs.get(snap.blobKey), dir, this.c.maxSnapshotBytes, (name) => this.c.driver.codecNamed(name));
+      return dir;
+    } catch (err) {
+      await fs.rm(dir, { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  /** Verifies `snap`, then replaces whatever runs as `target` with it. */
+  async restoreFrom(snap: Snapshot, target: Sandbox, imageDir?: string): Promise<void> {
+    const dir = imageDir ?? (await this.unpack(snap));
+    const e = this.c.live.entry(target.id);
+    e.quiescing = true;
+    if (snap.sandboxId !== target.id) {
+      e.restoringFrom = snap.sandboxId;
+      e.identity = { hostname: target.id };
+    }
+    try {
+      e.channel?.destroy();
+      e.channel = undefined;
+      await this.bootFromImage(target, dir);
+    } finally {
+      e.quiescing = false;
+      e.restoringFrom = undefined;
+      e.identity = undefined;
+      if (!imageDir) await fs.rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  /** A snapshot of `sb`; another sandbox's (or tenant's) is as unknown as a missing one. */
+  async ownSnapshot(sb: Sandbox, snapshotId: string): Promise<Snapshot> {
+    const snap = await this.c.store.getSnapshot(String(snapshotId));
+    if (!snap || snap.sandboxId !== sb.id) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${sb.id} has no snapshot ${JSON.stringify(snapshotId)}`, { details: { snapshotId } });
+    return snap;
+  }
+
+  async deleteSnapshot(sn: Snapshot): Promise<void> {
+    // Record first, bytes second: a crash in between leaves an unreferenced blob, never a listed snapshot without bytes.
+    await this.c.store.deleteSnapshot(sn.id);
+    await this.c.blobs.delete(sn.blobKey);
+  }
+}

@@ -1,0 +1,141 @@
+/**
+ * Creating a sandbox: checks, admission and its reservation, the record as the intent, then a
+ * pooled sandbox, a template restore or a boot.
+ */
+import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules } from '../egress.js';
+import { SpaceError } from '../errors.js';
+import { LIMITS, newSandboxId, type CreateTimings, type Sandbox, type Template } from '../model.js';
+import { POOL_MEMORY_MB } from '../pool.js';
+import type { EgressPolicy, HeaderRule } from '../records.js';
+import { checkMap, range } from '../validate.js';
+import type { SandboxContext } from './context.js';
+import { sendIdentity } from './identity.js';
+import { newSandboxRecord } from './record.js';
+
+/** What a client asks for when creating a sandbox. */
+export interface CreateSandboxOpts {
+  /** Template. @default "minimal" */
+  template?: string;
+  /** Isolation driver, one of the daemon's enabled drivers (`gvisor`, `microvm`). @default the daemon's default */
+  driver?: string;
+  /** CPU cores (fractions allowed). @default 1 */
+  cpu?: number;
+  /** Memory limit, MiB. @default 512 */
+  memoryMb?: number;
+  /** Kill the sandbox this many ms after creation; 0 = never. @default 1800000 (30 min) */
+  timeoutMs?: number;
+  /** Environment variables of every process. */
+  env?: Record<string, string>;
+  /** Labels to filter listings by. */
+  metadata?: Record<string, string>;
+  /** What happens when `timeoutMs` is reached. @default "kill" */
+  onTimeout?: 'kill' | 'hibernate';
+  /** Hibernate after this many ms without an API call for the sandbox; 0 or absent = never. */
+  idleTimeoutMs?: number;
+  /** Where it may connect through the egress proxy. @default nothing */
+  egress?: Partial<EgressPolicy>;
+  /** Names of the tenant's secrets to attach: the sandbox gets placeholders in env vars of those names. */
+  secrets?: string[];
+  /** Request headers the egress proxy sets on its requests to some hosts; the values never enter the sandbox. */
+  headers?: HeaderRule[];
+}
+
+/** Creating a sandbox. Built by the facade (SandboxService), which wires it into the hooks. */
+export class Creates {
+  constructor(private readonly c: SandboxContext) {}
+
+  /**
+   * Creates a sandbox; resolves when its agent answers. It is taken from the template's warm
+   * pool if one is ready (and the request has the pool's size), restored from the template's
+   * image otherwise, or booted when the template has no image yet.
+   */
+  async create(tenantId: string, opts: CreateSandboxOpts, signal?: AbortSignal): Promise<Sandbox> {
+    if (this.c.stopping()) throw new SpaceError('DAEMON_SHUTTING_DOWN');
+    const t = await this.c.templates.resolve(tenantId, opts.template ?? 'minimal');
+    const cpu = range('cpu', opts.cpu);
+    const memoryMb = range('memoryMb', opts.memoryMb);
+    const timeoutMs = range('timeoutMs', opts.timeoutMs);
+    const env = checkMap('env', opts.env, LIMITS.envEntries);
+    const metadata = checkMap('metadata', opts.metadata, LIMITS.metadataEntries);
+    const driver = this.c.driver.get(opts.driver).name;
+    const idleTimeoutMs = opts.idleTimeoutMs ?? 0;
+    if (!Number.isInteger(idleTimeoutMs) || (idleTimeoutMs !== 0 && (idleTimeoutMs < 1000 || idleTimeoutMs > LIMITS.timeoutMs.max))) {
+      throw new SpaceError('INVALID_LIMITS', `idleTimeoutMs must be 0 (never) or between 1000 and ${LIMITS.timeoutMs.max}; got ${idleTimeoutMs}`, { details: { field: 'idleTimeoutMs' } });
+    }
+    if ((opts.egress !== undefined || opts.secrets !== undefined || opts.headers !== undefined) && !this.c.egress) throw new SpaceError('EGRESS_UNAVAILABLE', 'This daemon runs sandboxes without a network (--egress off): egress policies and secrets are not available');
+    const egress = this.c.egress ? checkEgressPolicy(opts.egress ?? DEFAULT_EGRESS_POLICY) : undefined;
+    const secrets = this.c.egress && opts.secrets !== undefined ? await this.c.egress.secrets.attach(tenantId, opts.secrets, []) : undefined;
+    const headerRules = opts.headers !== undefined ? checkHeaderRules(opts.headers) : [];
+    const trust = this.c.egress ? await this.c.egress.trust(tenantId) : undefined;
+    const t0 = performance.now();
+    const fullEnv = this.c.hooks.egress.envOf(t.env, env, secrets);
+    // A pooled sandbox already counts against the node: taking one needs no admission.
+    const poolable = cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB && driver === this.c.driver.name;
+    let pooled = poolable ? this.c.pool.take(t) : undefined;
+    let identityMs = 0;
+    if (pooled && (Object.keys(env).length || trust)) {
+      const tI = performance.now();
+      try {
+        await sendIdentity(this.c.live.get(pooled)!.channel!, pooled, { env: fullEnv, ...(trust ? { trust } : {}) });
+        identityMs = Math.round(performance.now() - tI);
+      } catch (err) {
+        this.c.log.warn({ err, sandboxId: pooled }, 'pooled sandbox refused its identity; restoring instead');
+        this.c.background(this.c.hooks.starts.discardPooled(pooled));
+        pooled = undefined;
+      }
+    }
+    if (!pooled) await this.c.admission.admit(1, memoryMb);
+    // Reserve in the same synchronous step as the check, so concurrent creates cannot all pass it.
+    const reservation = this.c.admission.reserve(1, memoryMb);
+    const id = pooled ?? newSandboxId();
+    const rules = headerRules.length ? await this.c.hooks.egress.requireEgress().secrets.setRules(tenantId, id, headerRules) : [];
+    const sb = newSandboxRecord({
+      id,
+      tenantId,
+      template: t.name,
+      driver,
+      cpu,
+      memoryMb,
+      timeoutMs,
+      env,
+      metadata,
+      ...(opts.onTimeout === 'hibernate' ? { onTimeout: 'hibernate' as const } : {}),
+      idleTimeoutMs,
+      ...(egress ? { egress } : {}),
+      secrets: [...(secrets ?? []), ...rules],
+    });
+    reservation.track(sb.id);
+    let release: (() => void) | undefined;
+    try {
+      // Stored as `starting`: the record is the create's intent (a restart finishes the create).
+      await this.c.store.insertSandbox(sb);
+      this.c.faults.fault('create:after-record');
+      let timings: CreateTimings;
+      if (pooled) {
+        timings = { source: 'pool', queueMs: 0, agentMs: 0, identityMs, totalMs: Math.round(performance.now() - t0) };
+      } else {
+        // Starts run at most `maxConcurrentCreates` at a time; the rest wait their turn here.
+        release = await this.c.admission.slot();
+        const queueMs = Math.round(performance.now() - t0);
+        try {
+          timings = { queueMs, ...(await this.c.faults.during('create:during-start', this.c.hooks.starts.startSandbox(t, sb, fullEnv, trust, signal))), totalMs: 0 };
+        } catch (err) {
+          this.c.log.error({ err, sandboxId: sb.id }, 'sandbox failed to start');
+          await this.c.driver.destroy(sb.id).catch(() => {});
+          await this.c.hooks.endings.end(sb.id, 'dead', 'start-failed', err instanceof Error ? err.message : String(err));
+          this.c.live.delete(sb.id);
+          if (err instanceof SpaceError) throw err;
+          throw new SpaceError('DRIVER_FAILED', `Sandbox failed to start: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+        }
+        timings.totalMs = Math.round(performance.now() - t0);
+      }
+      const running = await this.c.store.updateSandbox(sb.id, { state: 'running', startedAt: new Date().toISOString(), createTimings: timings });
+      this.c.hooks.timers.arm(running);
+      this.c.log.info({ sandboxId: sb.id, tenantId, template: t.name, ...timings }, 'sandbox running');
+      return running;
+    } finally {
+      release?.();
+      reservation.release();
+    }
+  }
+}

@@ -1,0 +1,83 @@
+/**
+ * Fork: a sandbox copied into N new ones that diverge.
+ */
+import { promises as fs } from 'node:fs';
+import { SpaceError } from '../errors.js';
+import { assertAllowed, newSandboxId, type Sandbox, type Snapshot } from '../model.js';
+import type { SandboxContext } from './context.js';
+import { newSandboxRecord } from './record.js';
+
+/** Result of one copy of a fork. */
+export type ForkResult = { sandbox: Sandbox } | { error: { code: string; message: string } };
+
+/** Fork. Built by the facade (SandboxService), which wires it into the hooks. */
+export class Forks {
+  constructor(private readonly c: SandboxContext) {}
+
+  /**
+   * Copies a sandbox into `count` new ones: from a snapshot taken now (the parent keeps
+   * running), or from one of its snapshots. Each copy has its own id, socket directory and
+   * network namespace, and diverges from then on.
+   */
+  async fork(tenantId: string, id: string, opts: { count?: number; snapshotId?: string } = {}): Promise<ForkResult[]> {
+    const count = opts.count ?? 1;
+    if (!Number.isInteger(count) || count < 1 || count > 32) throw new SpaceError('BAD_REQUEST', 'count must be an integer from 1 to 32');
+    const parent = await this.c.hooks.get(tenantId, id);
+    assertAllowed(parent, 'fork');
+    await this.c.admission.admit(count, parent.memoryMb);
+    let snap: Snapshot;
+    let imageDir: string;
+    if (opts.snapshotId) {
+      snap = await this.c.hooks.checkpoints.ownSnapshot(parent, opts.snapshotId);
+      imageDir = await this.c.hooks.checkpoints.unpack(snap);
+    } else {
+      if (parent.state === 'hibernated') throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${id} is hibernated: fork one of its snapshots (snapshotId) or wake it first`);
+      ({ snapshot: snap, imageDir } = await this.c.withLock(id, async () => this.c.hooks.checkpoints.takeSnapshot(await this.c.hooks.get(tenantId, id), 'fork', undefined, true)));
+    }
+    const reservation = this.c.admission.reserve(count, parent.memoryMb);
+    try {
+      const out: ForkResult[] = [];
+      for (let i = 0; i < count; i++) {
+        const childId = newSandboxId();
+        // Placeholders stay valid for the copy (its processes hold the parent's); header rules become its own.
+        const childSecrets = parent.secrets && this.c.egress ? await this.c.egress.secrets.copyRules(tenantId, parent.secrets, childId) : parent.secrets;
+        const child = newSandboxRecord({
+          id: childId,
+          tenantId,
+          template: parent.template,
+          driver: parent.driver,
+          cpu: parent.cpu,
+          memoryMb: parent.memoryMb,
+          timeoutMs: parent.timeoutMs,
+          env: parent.env,
+          metadata: parent.metadata,
+          ...(parent.onTimeout ? { onTimeout: parent.onTimeout } : {}),
+          ...(parent.egress ? { egress: parent.egress } : {}),
+          ...(childSecrets ? { secrets: childSecrets } : {}),
+          parentId: parent.id,
+          fromSnapshotId: snap.id,
+        });
+        reservation.track(child.id);
+        await this.c.store.insertSandbox(child);
+        this.c.faults.fault('fork:after-record');
+        try {
+          await this.c.faults.during('fork:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, child, imageDir));
+          const running = await this.c.store.updateSandbox(child.id, { state: 'running', startedAt: new Date().toISOString() });
+          this.c.hooks.timers.arm(running);
+          await this.c.event(child.id, 'forked', `forked from ${parent.id} at snapshot ${snap.id}`);
+          out.push({ sandbox: running });
+        } catch (err) {
+          await this.c.driver.destroy(child.id).catch(() => {});
+          await this.c.hooks.endings.end(child.id, 'dead', 'start-failed', err instanceof Error ? err.message : String(err));
+          const e = err instanceof SpaceError ? err : new SpaceError('DRIVER_FAILED', String(err), { cause: err });
+          out.push({ error: { code: e.code, message: e.message } });
+        }
+      }
+      await this.c.event(parent.id, 'fork', `forked into ${out.filter((r) => 'sandbox' in r).length} of ${count} copies from snapshot ${snap.id}`);
+      return out;
+    } finally {
+      reservation.release();
+      await fs.rm(imageDir, { recursive: true, force: true });
+    }
+  }
+}

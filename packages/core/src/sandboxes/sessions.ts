@@ -1,0 +1,184 @@
+/**
+ * Stateful sessions: pause and resume, snapshots on request, hibernate and wake, rollback, and the
+ * rolling snapshot policy.
+ */
+import { promises as fs } from 'node:fs';
+import { SpaceError } from '../errors.js';
+import { assertAllowed, type Sandbox, type Snapshot, type SnapshotPolicy } from '../model.js';
+import type { SandboxContext, SessionHooks } from './context.js';
+
+/** Stateful sessions. Built by the facade (SandboxService), which wires it into the hooks. */
+export class Sessions implements SessionHooks {
+  constructor(private readonly c: SandboxContext) {}
+
+  /** Freezes a running sandbox in memory (no disk). */
+  pause(tenantId: string, id: string): Promise<Sandbox> {
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'pause');
+      await this.c.driver.pause(id);
+      await this.c.event(id, 'paused', 'paused in memory');
+      return this.c.store.updateSandbox(id, { state: 'paused' });
+    });
+  }
+
+  /** Unfreezes a paused sandbox. */
+  resume(tenantId: string, id: string): Promise<Sandbox> {
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'resume');
+      await this.c.driver.resume(id);
+      await this.c.event(id, 'resumed', 'resumed');
+      return this.c.store.updateSandbox(id, { state: 'running' });
+    });
+  }
+
+  /** Takes a snapshot now; the sandbox keeps running (it is stopped for the checkpoint's duration). */
+  snapshot(tenantId: string, id: string, opts: { name?: string } = {}): Promise<Snapshot> {
+    if (opts.name !== undefined && (typeof opts.name !== 'string' || opts.name.length > 128)) throw new SpaceError('BAD_REQUEST', 'Snapshot name must be a string of at most 128 characters');
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'snapshot');
+      const { snapshot, imageDir } = await this.c.hooks.checkpoints.takeSnapshot(sb, 'manual', opts.name, true);
+      await fs.rm(imageDir, { recursive: true, force: true });
+      return snapshot;
+    });
+  }
+
+  /** A sandbox's snapshots, oldest first. */
+  async snapshots(tenantId: string, id: string): Promise<Snapshot[]> {
+    await this.c.hooks.get(tenantId, id);
+    return this.c.store.listSnapshots(id);
+  }
+
+  /** A tenant's snapshot by id; another tenant's is as unknown as a missing one. */
+  async getSnapshot(tenantId: string, snapshotId: string): Promise<Snapshot> {
+    const snap = typeof snapshotId === 'string' && snapshotId.length < 64 ? await this.c.store.getSnapshot(snapshotId) : undefined;
+    if (!snap || snap.tenantId !== tenantId) throw new SpaceError('SNAPSHOT_NOT_FOUND', `No snapshot ${JSON.stringify(snapshotId)} for this API key`, { details: { snapshotId } });
+    return snap;
+  }
+
+  /**
+   * Deletes one snapshot. The snapshot a hibernated sandbox sleeps in holds its state and is
+   * refused (`SANDBOX_INVALID_STATE`); deleting a running sandbox's newest snapshot makes the
+   * one before it the point a crash recovers to.
+   *
+   * @example
+   * await svc.removeSnapshot('tenant1', 'sn0123456789abcdefgh');
+   */
+  async removeSnapshot(tenantId: string, snapshotId: string): Promise<void> {
+    const snap = await this.getSnapshot(tenantId, snapshotId);
+    await this.c.withLock(snap.sandboxId, async () => {
+      const sb = await this.c.hooks.get(tenantId, snap.sandboxId);
+      if (sb.lastSnapshotId === snap.id && sb.state === 'hibernated') throw new SpaceError('SANDBOX_INVALID_STATE', `Snapshot ${snap.id} holds hibernated sandbox ${sb.id}: wake or kill the sandbox first`);
+      if (sb.lastSnapshotId === snap.id) {
+        const rest = (await this.c.store.listSnapshots(sb.id)).filter((x) => x.id !== snap.id);
+        await this.c.store.updateSandbox(sb.id, { lastSnapshotId: rest.at(-1)?.id });
+      }
+      await this.c.hooks.checkpoints.deleteSnapshot(snap);
+      await this.c.event(sb.id, 'snapshot-deleted', `snapshot ${snap.id} deleted`);
+    });
+  }
+
+  /** Saves the whole sandbox to a snapshot and releases every host resource. */
+  hibernate(tenantId: string, id: string): Promise<Sandbox> {
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'hibernate');
+      const t0 = Date.now();
+      const { snapshot, imageDir, intent } = await this.c.hooks.checkpoints.takeSnapshot(sb, 'hibernate', undefined, false);
+      await fs.rm(imageDir, { recursive: true, force: true });
+      this.c.faults.fault('hibernate:after-snapshot');
+      const e = this.c.live.entry(id);
+      clearTimeout(e.policyTimer);
+      clearTimeout(e.idleTimer);
+      await this.c.driver.retire(id);
+      e.quiescing = false;
+      await this.c.event(id, 'hibernated', `hibernated to snapshot ${snapshot.id} in ${Date.now() - t0} ms`);
+      const r = await this.c.store.updateSandbox(id, { state: 'hibernated' });
+      await this.c.journal.done(intent);
+      return r;
+    });
+  }
+
+  /** Restores a hibernated sandbox from its snapshot. */
+  wake(tenantId: string, id: string): Promise<Sandbox> {
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'wake');
+      const snap = sb.lastSnapshotId ? await this.c.store.getSnapshot(sb.lastSnapshotId) : undefined;
+      if (!snap) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot to wake from`);
+      const t0 = Date.now();
+      const intent = await this.c.journal.begin(id, 'wake', { step: 'restore', snapshotId: snap.id });
+      this.c.faults.fault('wake:after-intent');
+      try {
+        await this.c.faults.during('wake:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, sb));
+      } catch (err) {
+        // Still hibernated in its snapshot: whatever the restore left is removed.
+        await this.c.driver.destroy(id).catch((e) => this.c.log.warn({ err: e, sandboxId: id }, 'cleanup after a failed wake failed'));
+        await this.c.journal.done(intent);
+        throw err;
+      }
+      this.c.faults.fault('wake:after-restore');
+      await this.c.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
+      const woke = await this.markWoken(sb);
+      await this.c.journal.done(intent);
+      return woke;
+    });
+  }
+
+  /** Records a woken sandbox as running; the timeout starts afresh (like creating), or a timeout that hibernated it would fire at once. */
+  async markWoken(sb: Sandbox): Promise<Sandbox> {
+    const woke = await this.c.store.updateSandbox(sb.id, { state: 'running', ...(sb.timeoutMs ? { expiresAt: new Date(Date.now() + sb.timeoutMs).toISOString() } : {}) });
+    this.c.hooks.timers.arm(woke);
+    return woke;
+  }
+
+  /** Rolls a sandbox back to one of its snapshots, in place. The snapshot is verified before anything changes. */
+  rollback(tenantId: string, id: string, snapshotId: string): Promise<Sandbox> {
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'rollback');
+      const snap = await this.c.hooks.checkpoints.ownSnapshot(sb, snapshotId);
+      const intent = await this.c.journal.begin(id, 'rollback', { step: 'verify', snapshotId: snap.id });
+      // Verified (and decrypted) before anything changes: a corrupt snapshot or a revoked key is refused as is.
+      const dir = await this.c.hooks.checkpoints.unpack(snap).catch(async (err) => {
+        await this.c.journal.done(intent);
+        throw err;
+      });
+      this.c.faults.fault('rollback:after-verify');
+      try {
+        await this.c.journal.step(intent, 'restore');
+        await this.c.faults.during('rollback:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, sb, dir));
+      } catch (err) {
+        // A restore that fails now may have lost the old incarnation.
+        const msg = err instanceof Error ? err.message : String(err);
+        if (!(await this.c.hooks.recovery.runtimeRuns(id))) await this.c.hooks.recovery.recover(sb, `rollback to ${snap.id} failed: ${msg}`);
+        await this.c.journal.done(intent);
+        throw new SpaceError('SNAPSHOT_FAILED', `Rollback of ${id} to ${snap.id} failed: ${msg}`, { cause: err });
+      } finally {
+        await fs.rm(dir, { recursive: true, force: true });
+      }
+      this.c.faults.fault('rollback:after-restore');
+      await this.c.event(id, 'rolled-back', `rolled back to snapshot ${snap.id} (${snap.createdAt})`);
+      const r = await this.c.store.updateSandbox(id, { state: 'running', fromSnapshotId: snap.id });
+      this.c.hooks.timers.schedulePolicy(r);
+      await this.c.journal.done(intent);
+      return r;
+    });
+  }
+
+  /** Sets (or with `null` removes) the rolling snapshot policy. */
+  setSnapshotPolicy(tenantId: string, id: string, policy: SnapshotPolicy | null): Promise<Sandbox> {
+    if (policy && (!Number.isInteger(policy.intervalMs) || policy.intervalMs < 1000 || policy.intervalMs > 7 * 86_400_000 || !Number.isInteger(policy.keep) || policy.keep < 1 || policy.keep > 1000)) {
+      throw new SpaceError('BAD_REQUEST', 'Snapshot policy needs intervalMs from 1000 to 604800000 and keep from 1 to 1000');
+    }
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'setPolicy');
+      const updated = await this.c.store.updateSandbox(id, policy ? { snapshotPolicy: { intervalMs: policy.intervalMs, keep: policy.keep } } : { snapshotPolicy: undefined });
+      this.c.hooks.timers.schedulePolicy(updated);
+      return updated;
+    });
+  }
+}
