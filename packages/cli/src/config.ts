@@ -76,6 +76,14 @@ export function selectedContext(): { name: string; ctx: CliContext } | undefined
   return { name, ctx };
 }
 
+/**
+ * The command that starts a context's daemon again.
+ * @example upCommand('two', ctx) // 'space up --data-dir /srv/space2 --context two'
+ */
+export function upCommand(name: string, ctx: CliContext): string {
+  return name === 'default' ? 'space up' : `space up --data-dir ${ctx.dataDir} --context ${name}`;
+}
+
 /** Connection settings for the SDK: SPACE_URL / SPACE_API_KEY, else the selected context. */
 export function connection(): ConnectionOpts {
   const ctx = process.env.SPACE_URL && process.env.SPACE_API_KEY ? undefined : selectedContext()?.ctx;

@@ -21,7 +21,7 @@ export type DaemonStatus =
  * match, so another daemon on a reused port does not count). node:http, not fetch: this runs
  * on every `space up` and costs a few ms instead of loading fetch.
  */
-export function answers(st: DaemonState, timeoutMs = 2000): Promise<boolean> {
+export function answers(st: Pick<DaemonState, 'url' | 'instance'>, timeoutMs = 2000): Promise<boolean> {
   return new Promise((resolve) => {
     const req = http.get(new URL('/v1/health', st.url), { timeout: timeoutMs }, (res) => {
       let body = '';

@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
 import { ApiClient, Commands, Sandbox, Secrets, SpaceError, Templates, type BuildProgress, type EgressPolicy, type SandboxInfo, type TemplateInfo } from '@space/sdk';
 import { defaultDataDir } from '@space/server/state';
-import { checkContextName, connection, e2bKeys, parseDuration, parsePairs, readConfig, selectedContext, writeConfig } from './config.js';
+import { checkContextName, connection, e2bKeys, parseDuration, parsePairs, readConfig, selectedContext, upCommand, writeConfig } from './config.js';
 import { answers, daemonStatus, installOnPath } from './daemon.js';
 
 const collectList = (v: string, prev: string[] = []) => [...prev, v];
@@ -208,7 +208,7 @@ function nextContext(stoppedDir: string): string {
   const cfg = readConfig();
   const cur = cfg.current ? cfg.contexts[cfg.current] : undefined;
   if (!cur || path.resolve(cur.dataDir) !== stoppedDir) return '';
-  return `the CLI's current context "${cfg.current}" has no daemon now: \`space up${cfg.current === 'default' ? '' : ` --data-dir ${cur.dataDir} --context ${cfg.current}`}\` starts it again${Object.keys(cfg.contexts).length > 1 ? `, \`space context use NAME\` switches (\`space context ls\`)` : ''}\n`;
+  return `the CLI's current context "${cfg.current}" has no daemon now: \`${upCommand(cfg.current!, cur)}\` starts it again${Object.keys(cfg.contexts).length > 1 ? `, \`space context use NAME\` switches (\`space context ls\`)` : ''}\n`;
 }
 
 const context = program.command('context').description('the daemons the CLI knows (contexts), and which one commands use');
@@ -219,7 +219,7 @@ context
     const cfg = readConfig();
     const rows = [['', 'NAME', 'URL', 'DATA DIR', 'DAEMON']];
     for (const [name, c] of Object.entries(cfg.contexts)) {
-      const up = await answers({ pid: 0, url: c.url, dataDir: c.dataDir, keyFile: c.keyFile, startedAt: '' }, 1000);
+      const up = await answers({ url: c.url }, 1000);
       rows.push([name === cfg.current ? '*' : '', name, c.url, c.dataDir, up ? 'running' : 'stopped']);
     }
     process.stdout.write(rows.length > 1 ? `${table(rows)}\n` : 'no contexts yet: `space up` makes one\n');
@@ -818,7 +818,7 @@ try {
     let hint = err.hint;
     if (err.code === 'DAEMON_UNREACHABLE' && !process.env.SPACE_URL) {
       const sel = (() => { try { return selectedContext(); } catch { return undefined; } })();
-      if (sel) hint = `This is context "${sel.name}" (data dir ${sel.ctx.dataDir}): start its daemon with \`space up${sel.name === 'default' ? '' : ` --data-dir ${sel.ctx.dataDir} --context ${sel.name}`}\`, or pick another with \`space context ls\` / \`space context use NAME\`.`;
+      if (sel) hint = `This is context "${sel.name}" (data dir ${sel.ctx.dataDir}): start its daemon with \`${upCommand(sel.name, sel.ctx)}\`, or pick another with \`space context ls\` / \`space context use NAME\`.`;
     }
     process.stderr.write(`space: ${err.code}: ${err.message}\n${hint ? `  hint: ${hint}\n` : ''}`);
   } else {
