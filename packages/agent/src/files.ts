@@ -7,6 +7,7 @@ import { constants, promises as fs, readdirSync, watch, type FSWatcher } from 'n
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { Channel, INITIAL_WINDOW, type EntryInfo, type EntryType } from '@space/protocol';
+import type { ErrorCode } from '@space/api';
 import { AgentError } from './processes.js';
 import type { Stream } from './streams.js';
 import { DEFAULT_USER, idName, resolveUser, type User } from './users.js';
@@ -15,7 +16,7 @@ import { readMetadata, writeMetadata, type Metadata } from './metadata.js';
 const MAX_LIST = 10_000;
 const READ_CHUNK = 64 * 1024;
 
-const ERRNO: Record<string, string> = {
+const ERRNO: Record<string, ErrorCode> = {
   ENOENT: 'FILE_NOT_FOUND',
   EEXIST: 'FILE_EXISTS',
   ENOTDIR: 'NOT_A_DIRECTORY',

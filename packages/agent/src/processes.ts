@@ -10,6 +10,7 @@ import { randomBytes } from 'node:crypto';
 import net from 'node:net';
 import path from 'node:path';
 import { AGENT_RUNTIME_DIR } from '@space/protocol';
+import type { ErrorCode } from '@space/api';
 import { createRequire } from 'node:module';
 import { Channel, type ExecRequest, type ProcessInfo } from '@space/protocol';
 import type { Stream } from './streams.js';
@@ -49,7 +50,8 @@ function loadPty(): PtyModule {
 
 /** Error with a SPACE error code, reported to the daemon. */
 export class AgentError extends Error {
-  constructor(readonly code: string, message: string) {
+  /** `code` is a member of SPACE's one error registry (@space/api): the daemon passes it on as is. */
+  constructor(readonly code: ErrorCode, message: string) {
     super(message);
   }
 }

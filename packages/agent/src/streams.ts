@@ -3,6 +3,7 @@
  * process) and credit granting for what the daemon sends us.
  */
 import { EventEmitter } from 'node:events';
+import type { ErrorCode } from '@space/api';
 import { Channel, FrameKind, INITIAL_WINDOW, MAX_DATA_CHUNK, creditPayload, encodeData, encodeFrame, encodeJson } from '@space/protocol';
 
 /** Where frames go: the current connection. */
@@ -55,7 +56,7 @@ export class Stream extends EventEmitter {
   }
 
   /** Fails the stream. */
-  fail(code: string, message: string): void {
+  fail(code: ErrorCode, message: string): void {
     if (this.closed) return;
     const payload = { error: { code, message } };
     this.sink.write(encodeJson(FrameKind.End, this.id, payload));

@@ -7,7 +7,7 @@
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import net from 'node:net';
-import { SpaceError, checkHeaderRules, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
+import { SpaceError, asErrorCode, checkHeaderRules, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
 import type { AccessTokens } from './access.js';
 
 /** The envd version SPACE reports: new enough that the SDK enables every feature it speaks. */
@@ -178,7 +178,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
       if (env || metadata) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot has the snapshot\'s environment and labels: create it without envs and metadata');
       const snapshot = await svc.getSnapshot(tenantId, template);
       const [r] = await svc.fork(tenantId, snapshot.sandboxId, { count: 1, snapshotId: snapshot.id });
-      if (!r || 'error' in r) throw new SpaceError((r?.error.code as never) ?? 'INTERNAL', r?.error.message ?? 'the fork returned nothing');
+      if (!r || 'error' in r) throw new SpaceError(asErrorCode(r?.error.code), r?.error.message ?? 'the fork returned nothing');
       return created(await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs));
     }
     const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(egress ? { egress } : {}), ...(headers?.length ? { headers } : {}) });
@@ -356,7 +356,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const results = await svc.fork(tenantId, req.params.id, { count });
     const out = [];
     for (const r of results) {
-      if ('error' in r) out.push({ error: { code: new SpaceError(r.error.code as never).status, message: r.error.message } });
+      if ('error' in r) out.push({ error: { code: new SpaceError(asErrorCode(r.error.code)).status, message: r.error.message } });
       else out.push({ sandbox: created(timeoutMs !== undefined ? await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs) : r.sandbox) });
     }
     return out;

@@ -16,7 +16,7 @@ import https from 'node:https';
 import net from 'node:net';
 import tls from 'node:tls';
 import type { Duplex } from 'node:stream';
-import { cidrList, hostMatches, type EgressLogEntry, type EgressPolicy, type SecretAttachment, type SecretInfo } from '@space/core';
+import { cidrList, hostMatches, type EgressLogEntry, type EgressPolicy, type ErrorCode, type SecretAttachment, type SecretInfo } from '@space/core';
 import { AddressRules, Resolver, family, unmap } from './addresses.js';
 import type { TenantCas } from './ca.js';
 
@@ -76,7 +76,7 @@ class Refusal extends Error {
 const HOP_BY_HOP = ['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate', 'te', 'trailer', 'transfer-encoding', 'upgrade'];
 
 function refusalBody(message: string): string {
-  return JSON.stringify({ error: { code: 'EGRESS_DENIED', message, hint: 'Allow the destination in the sandbox\'s egress policy, or check which hosts the secret is for.' } });
+  return JSON.stringify({ error: { code: 'EGRESS_DENIED' satisfies ErrorCode, message, hint: 'Allow the destination in the sandbox\'s egress policy, or check which hosts the secret is for.' } });
 }
 
 /** `host[:port]` of a Host header or CONNECT authority, lowercased, brackets removed. */
@@ -435,7 +435,7 @@ export class EgressProxy {
       up.once('error', (e: NodeJS.ErrnoException) => {
         const reason = `upstream ${to.host}:${to.port}: ${e.code ?? ''} ${e.message}`.replace(/\s+/g, ' ').trim();
         if (!res.headersSent) {
-          const body = JSON.stringify({ error: { code: 'EGRESS_UPSTREAM_FAILED', message: reason } });
+          const body = JSON.stringify({ error: { code: 'EGRESS_UPSTREAM_FAILED' satisfies ErrorCode, message: reason } });
           res.writeHead(502, { 'content-type': 'application/json', 'x-space-egress-error': 'EGRESS_UPSTREAM_FAILED', 'content-length': Buffer.byteLength(body) });
           res.end(body);
         } else res.destroy();

@@ -2,7 +2,7 @@
  * The HTTP client under the SDK: configuration, timeouts, and typed errors rebuilt from the
  * daemon's stable error codes.
  */
-import { SpaceError, isErrorCode, type ErrorBody } from '@space/core/errors';
+import { SpaceError, isErrorCode, type ErrorBody } from '@space/api';
 import { send, type HttpResponse, type RequestBody } from './http.js';
 
 export { HttpResponse, type RequestBody } from './http.js';

@@ -1,5 +1,5 @@
 /** `sandbox.commands`: run processes in a sandbox, stream their output, drive background ones. */
-import { SpaceError } from '@space/core/errors';
+import { SpaceError, asErrorCode } from '@space/api';
 import { ndjson, type ApiClient, type HttpResponse } from './client.js';
 
 /** Options of {@link Commands.run}. */
@@ -76,7 +76,7 @@ async function collect(events: AsyncIterable<OutputEvent>, opts: Pick<CommandRun
       case 'exit':
         return { exitCode: ev.exitCode, signal: ev.signal, stdout: out.join(''), stderr: err.join(''), timedOut: !!ev.timedOut };
       case 'error':
-        throw new SpaceError((ev.code as never) ?? 'INTERNAL', ev.message);
+        throw new SpaceError(asErrorCode(ev.code), ev.message);
     }
   }
   throw new SpaceError('AGENT_DISCONNECTED', 'The command stream ended without an exit status');

@@ -1,6 +1,6 @@
 /** `sandbox.files`: read, write (streaming, binary-safe), list and change files in a sandbox. */
 import { Readable } from 'node:stream';
-import { SpaceError } from '@space/core/errors';
+import { SpaceError } from '@space/api';
 import type { ApiClient } from './client.js';
 
 /** A file-system entry. */

@@ -21,4 +21,4 @@ export { Templates } from './templates.js';
 export type { BuildProgress, TemplateBuildOpts, TemplateInfo } from './templates.js';
 export { ApiClient, SpaceError } from './client.js';
 export type { ConnectionOpts } from './client.js';
-export type { ErrorCode } from '@space/core/errors';
+export type { ErrorCode } from '@space/api';

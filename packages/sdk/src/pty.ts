@@ -1,5 +1,5 @@
 /** `sandbox.pty`: interactive terminals. */
-import { SpaceError } from '@space/core/errors';
+import { SpaceError, asErrorCode } from '@space/api';
 import type { ApiClient } from './client.js';
 import { CommandHandle, outputEvents, type CommandResult } from './commands.js';
 
@@ -62,7 +62,7 @@ export class Pty {
       for await (const ev of events) {
         if (ev.type === 'pty' || ev.type === 'stdout' || ev.type === 'stderr') opts.onData(ev.data);
         else if (ev.type === 'exit') return { exitCode: ev.exitCode, signal: ev.signal, stdout: '', stderr: '', timedOut: !!ev.timedOut };
-        else if (ev.type === 'error') throw new SpaceError((ev.code as never) ?? 'INTERNAL', ev.message);
+        else if (ev.type === 'error') throw new SpaceError(asErrorCode(ev.code), ev.message);
       }
       throw new SpaceError('AGENT_DISCONNECTED', 'The terminal stream ended without an exit status');
     })();

@@ -1,6 +1,7 @@
 /** The `Sandbox` facade: create, connect, list, kill; sub-objects for commands, files, PTYs. */
-import type { CreateSandboxOpts, EgressLogPage, EgressPolicy, Sandbox as CoreSandbox, SandboxEvent, SandboxState as CoreSandboxState, Snapshot, SnapshotPolicy } from '@space/core';
+import type { CreateSandboxOpts, EgressLogPage, EgressPolicy, Sandbox as CoreSandbox, SandboxEvent, SandboxState as CoreSandboxState, Snapshot, SnapshotPolicy } from '@space/api';
 import { ApiClient, SpaceError, type ConnectionOpts } from './client.js';
+import { asErrorCode } from '@space/api';
 import { Commands } from './commands.js';
 import { Files } from './files.js';
 import { Pty } from './pty.js';
@@ -179,7 +180,7 @@ export class Sandbox {
     });
     const ok = r.results.filter((x): x is { sandbox: SandboxInfo } => 'sandbox' in x).map((x) => new Sandbox(this.api, x.sandbox));
     const failed = r.results.find((x): x is { error: { code: string; message: string } } => 'error' in x);
-    if (failed && ok.length === 0) throw new SpaceError(failed.error.code as never, failed.error.message);
+    if (failed && ok.length === 0) throw new SpaceError(asErrorCode(failed.error.code), failed.error.message);
     return ok;
   }
 

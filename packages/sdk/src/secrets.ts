@@ -1,5 +1,5 @@
 /** Secrets: values kept by the daemon, swapped in by the egress proxy at the point of use. */
-import type { SecretInfo } from '@space/core';
+import type { SecretInfo } from '@space/api';
 import { ApiClient, type ConnectionOpts } from './client.js';
 
 export type { SecretInfo };

@@ -4,7 +4,7 @@
  */
 import { createReadStream, promises as fs } from 'node:fs';
 import { Readable } from 'node:stream';
-import { isErrorCode } from '@space/core/errors';
+import { isErrorCode } from '@space/api';
 import { ApiClient, SpaceError, ndjson, type ConnectionOpts, type HttpResponse } from './client.js';
 
 /** A template as the API returns it. */

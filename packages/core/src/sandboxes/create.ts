@@ -2,43 +2,18 @@
  * Creating a sandbox: checks, admission and its reservation, the record as the intent, then a
  * pooled sandbox, a template restore or a boot.
  */
+import type { CreateSandboxOpts } from '@space/api';
 import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules } from '../egress.js';
 import { SpaceError } from '../errors.js';
 import { LIMITS, newSandboxId, type CreateTimings, type Sandbox, type Template } from '../model.js';
 import { POOL_MEMORY_MB } from '../pool.js';
-import type { EgressPolicy, HeaderRule } from '../records.js';
 import { checkMap, range } from '../validate.js';
 import type { SandboxContext } from './context.js';
 import { sendIdentity } from './identity.js';
 import { newSandboxRecord } from './record.js';
 
-/** What a client asks for when creating a sandbox. */
-export interface CreateSandboxOpts {
-  /** Template. @default "minimal" */
-  template?: string;
-  /** Isolation driver, one of the daemon's enabled drivers (`gvisor`, `microvm`). @default the daemon's default */
-  driver?: string;
-  /** CPU cores (fractions allowed). @default 1 */
-  cpu?: number;
-  /** Memory limit, MiB. @default 512 */
-  memoryMb?: number;
-  /** Kill the sandbox this many ms after creation; 0 = never. @default 1800000 (30 min) */
-  timeoutMs?: number;
-  /** Environment variables of every process. */
-  env?: Record<string, string>;
-  /** Labels to filter listings by. */
-  metadata?: Record<string, string>;
-  /** What happens when `timeoutMs` is reached. @default "kill" */
-  onTimeout?: 'kill' | 'hibernate';
-  /** Hibernate after this many ms without an API call for the sandbox; 0 or absent = never. */
-  idleTimeoutMs?: number;
-  /** Where it may connect through the egress proxy. @default nothing */
-  egress?: Partial<EgressPolicy>;
-  /** Names of the tenant's secrets to attach: the sandbox gets placeholders in env vars of those names. */
-  secrets?: string[];
-  /** Request headers the egress proxy sets on its requests to some hosts; the values never enter the sandbox. */
-  headers?: HeaderRule[];
-}
+export type { CreateSandboxOpts } from '@space/api';
+
 
 /** Creating a sandbox. Built by the facade (SandboxService), which wires it into the hooks. */
 export class Creates {
