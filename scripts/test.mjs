@@ -26,7 +26,9 @@ function sandboxResources() {
 }
 
 const before = sandboxResources();
-const runFiles = (list) => spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-timeout=900000', ...list], { stdio: 'inherit' });
+// A file may take up to 30 min: the workload battery boots both drivers' `base` (~11 min warm;
+// more when the agent changed and the microVM's template is taken again).
+const runFiles = (list) => spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-timeout=1800000', ...list], { stdio: 'inherit' });
 let r;
 if (only.length) r = runFiles(only);
 else {
