@@ -59,10 +59,16 @@ export class HttpResponse {
   }
 }
 
-const httpAgent = new http.Agent({ keepAlive: true });
+/**
+ * Idle connections are dropped after this long, well before the daemon closes them (Fastify's
+ * keep-alive timeout is 72 s): a request sent on a connection the server is closing at that very
+ * moment fails with "socket hang up".
+ */
+const IDLE_SOCKET_MS = 30_000;
+const httpAgent = new http.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS });
 /** node:https and its agent, loaded on the first https URL (TLS costs every start otherwise). */
 let secureTransport: Promise<{ https: typeof https; agent: https.Agent }> | undefined;
-const loadHttps = () => (secureTransport ??= import('node:https').then((m) => ({ https: m.default, agent: new m.default.Agent({ keepAlive: true }) })));
+const loadHttps = () => (secureTransport ??= import('node:https').then((m) => ({ https: m.default, agent: new m.default.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS }) })));
 
 function bodyStream(body: Exclude<RequestBody, string | Uint8Array | ArrayBuffer>): Readable {
   if (body instanceof Readable) return body;
@@ -73,19 +79,33 @@ function bodyStream(body: Exclude<RequestBody, string | Uint8Array | ArrayBuffer
 /**
  * Sends one request; resolves when the response's headers are in. `signal` aborts it at any
  * point, the body's download included: the stream then fails with the signal's reason.
+ *
+ * A request that fails with ECONNRESET on a reused keep-alive connection before any answer is
+ * sent once more on a new one (the server had closed the idle connection and never saw it; what
+ * Node's documentation advises), when its body can be sent again (none, or bytes).
  * @example const res = await send(new URL('http://127.0.0.1:7070/v1/health'), { method: 'GET' });
  */
 export async function send(url: URL, opts: { method: string; headers?: Record<string, string>; body?: RequestBody; signal?: AbortSignal }): Promise<HttpResponse> {
-  const { signal } = opts;
   const secure = url.protocol === 'https:' ? await loadHttps() : undefined;
+  const headers: Record<string, string> = { ...opts.headers };
+  let bytes: Buffer | undefined;
+  if (typeof opts.body === 'string') bytes = Buffer.from(opts.body);
+  else if (opts.body instanceof ArrayBuffer) bytes = Buffer.from(opts.body);
+  else if (opts.body instanceof Uint8Array) bytes = Buffer.from(opts.body.buffer, opts.body.byteOffset, opts.body.byteLength);
+  if (bytes) headers['content-length'] = String(bytes.length);
+  const replayable = bytes !== undefined || opts.body === undefined;
+  try {
+    return await sendOnce(url, opts, headers, bytes, secure);
+  } catch (err) {
+    if (!replayable || !(err as { reusedSocket?: boolean }).reusedSocket || (err as NodeJS.ErrnoException).code !== 'ECONNRESET') throw err;
+    return sendOnce(url, opts, headers, bytes, secure);
+  }
+}
+
+function sendOnce(url: URL, opts: { method: string; body?: RequestBody; signal?: AbortSignal }, headers: Record<string, string>, bytes: Buffer | undefined, secure: { https: typeof https; agent: https.Agent } | undefined): Promise<HttpResponse> {
+  const { signal } = opts;
   return new Promise((resolve, reject) => {
     if (signal?.aborted) return reject(signal.reason);
-    const headers: Record<string, string> = { ...opts.headers };
-    let bytes: Buffer | undefined;
-    if (typeof opts.body === 'string') bytes = Buffer.from(opts.body);
-    else if (opts.body instanceof ArrayBuffer) bytes = Buffer.from(opts.body);
-    else if (opts.body instanceof Uint8Array) bytes = Buffer.from(opts.body.buffer, opts.body.byteOffset, opts.body.byteLength);
-    if (bytes) headers['content-length'] = String(bytes.length);
     const req = secure ? secure.https.request(url, { method: opts.method, headers, agent: secure.agent }) : http.request(url, { method: opts.method, headers, agent: httpAgent });
     let res: http.IncomingMessage | undefined;
     const abort = () => {
@@ -101,6 +121,8 @@ export async function send(url: URL, opts: { method: string; headers?: Record<st
     });
     req.on('error', (err) => {
       done();
+      // Whether it went out on a kept-alive connection, for send()'s one retry.
+      if (!res) Object.assign(err, { reusedSocket: req.reusedSocket });
       reject(err);
     });
     if (bytes || opts.body === undefined) req.end(bytes);
