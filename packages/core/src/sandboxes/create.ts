@@ -14,7 +14,6 @@ import { newSandboxRecord } from './record.js';
 
 export type { CreateSandboxOpts } from '@space/api';
 
-
 /** Creating a sandbox. Built by the facade (SandboxService), which wires it into the hooks. */
 export class Creates {
   constructor(private readonly c: SandboxContext) {}
