@@ -2,10 +2,10 @@
  * How the CLI tells whether a daemon runs — by asking it, never by a pid alone — and puts
  * `space` on the PATH.
  */
-import http from 'node:http';
 import { existsSync, lstatSync, mkdirSync, readlinkSync, symlinkSync, unlinkSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { ApiClient } from '@space/sdk';
 import { processRuns, readStateFile, type DaemonState } from '@space/server/state';
 
 /** What asking a data directory's daemon found. */
@@ -18,27 +18,15 @@ export type DaemonStatus =
 
 /**
  * GET /v1/health at `st.url`: whether the daemon that wrote `st` answers (its `instance` must
- * match, so another daemon on a reused port does not count). node:http, not fetch: this runs
- * on every `space up` and costs a few ms instead of loading fetch.
+ * match, so another daemon on a reused port does not count).
  */
-export function answers(st: Pick<DaemonState, 'url' | 'instance'>, timeoutMs = 2000): Promise<boolean> {
-  return new Promise((resolve) => {
-    const req = http.get(new URL('/v1/health', st.url), { timeout: timeoutMs }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (body += c));
-      res.on('end', () => {
-        try {
-          const h = JSON.parse(body) as { status?: string; instance?: string };
-          resolve(res.statusCode === 200 && h.status === 'ok' && (!st.instance || h.instance === st.instance));
-        } catch {
-          resolve(false);
-        }
-      });
-    });
-    req.on('timeout', () => req.destroy());
-    req.on('error', () => resolve(false));
-  });
+export async function answers(st: Pick<DaemonState, 'url' | 'instance'>, timeoutMs = 2000): Promise<boolean> {
+  try {
+    const h = await new ApiClient({ apiUrl: st.url, requestTimeoutMs: timeoutMs }).json<{ status?: string; instance?: string }>('GET', '/v1/health');
+    return h.status === 'ok' && (!st.instance || h.instance === st.instance);
+  } catch {
+    return false;
+  }
 }
 
 /** Asks the daemon of `dataDir` whether it runs. */

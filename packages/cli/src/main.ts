@@ -826,8 +826,8 @@ try {
   }
   process.exitCode = 1;
 }
-// Done: exit once stdout and stderr are flushed, instead of waiting for fetch's idle keep-alive
-// connection to the daemon to time out (~180 ms of nothing after every command). Commands that
+// Done: exit once stdout and stderr are flushed, whatever else is still pending (nothing a
+// command started needs to finish after its action resolved). Commands that
 // serve (`daemon`, `mcp`) or hand over a terminal (`shell`) resolve only when they are finished.
 await Promise.all([process.stdout, process.stderr].map((s) => new Promise<void>((r) => (s.writableLength === 0 ? r() : s.write('', () => r())))));
 process.exit();
