@@ -16,7 +16,7 @@ import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
 import { Pkcs11KeyProvider, type Pkcs11Options } from '@space/key-pkcs11';
 import { buildApp } from './app.js';
-import { parseEgressHosts, prepareEgress, type EgressOptions } from './egress.js';
+import { parseEgressHosts, prepareEgress, type EgressOptions } from './networking.js';
 import { defaultDataDir, readState, type DaemonState } from './state.js';
 
 export { defaultDataDir, readState, type DaemonState };

@@ -11,7 +11,7 @@
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
 import { parseAccel, parseDriver, parseDrivers, parseE2bInternet, parsePools, startDaemon } from './daemon.js';
-import { parseEgressHosts } from './egress.js';
+import { parseEgressHosts } from './networking.js';
 
 const { values } = parseArgs({
   options: {

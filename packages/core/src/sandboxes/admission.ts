@@ -5,8 +5,8 @@
  */
 import { promises as fs } from 'node:fs';
 import { SpaceError } from '../errors.js';
-import type { MetadataStore } from '../store.js';
-import { POOL_MEMORY_MB, type WarmPool } from '../pool.js';
+import type { MetadataStore } from '../ports/metadata-store.js';
+import { POOL_MEMORY_MB, type WarmPool } from '../templates/warm-pool.js';
 
 /** Limits of {@link Admission}. */
 export interface AdmissionLimits {

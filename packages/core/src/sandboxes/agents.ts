@@ -4,7 +4,7 @@
  */
 import type { Duplex } from 'node:stream';
 import { PROTOCOL_VERSION } from '@space/protocol';
-import { AgentChannel } from '../agent-channel.js';
+import { AgentChannel } from '../agent/channel.js';
 import { SpaceError } from '../errors.js';
 import { TERMINAL_STATES, assertAllowed, type EndReason } from '../model.js';
 import type { AgentHooks, SandboxContext } from './context.js';

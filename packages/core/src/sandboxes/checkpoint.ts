@@ -4,12 +4,12 @@
  */
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import type { AgentChannel } from '../agent-channel.js';
-import type { DriverCreateSpec } from '../driver.js';
+import type { AgentChannel } from '../agent/channel.js';
+import type { DriverCreateSpec } from '../ports/driver.js';
 import { SpaceError } from '../errors.js';
-import type { Intent } from '../intents.js';
+import type { Intent } from '../ports/intent-journal.js';
 import { newSnapshotId, type Sandbox, type Snapshot, type SnapshotTrigger } from '../model.js';
-import { packSnapshot, readSnapshot } from '../snapshot-format.js';
+import { packSnapshot, readSnapshot } from '../storage/snapshot-format.js';
 import type { CheckpointHooks, SandboxContext } from './context.js';
 
 /** Checkpoints and restores. Built by the facade (SandboxService), which wires it into the hooks. */

@@ -5,18 +5,18 @@
  * it calls them through {@link LifecycleHooks}, so the parts form no import cycle.
  */
 import type { Duplex } from 'node:stream';
-import type { AgentChannel } from '../agent-channel.js';
-import type { BlobStore } from '../blobs.js';
-import type { DriverCreateSpec } from '../driver.js';
-import type { DriverRouter } from '../driver-router.js';
-import type { Intent, Journal } from '../intents.js';
+import type { AgentChannel } from '../agent/channel.js';
+import type { BlobStore } from '../ports/blob-store.js';
+import type { DriverCreateSpec } from '../ports/driver.js';
+import type { DriverRouter } from '../ports/driver-router.js';
+import type { Intent, Journal } from '../ports/intent-journal.js';
 import type { Logger } from '../logger.js';
 import type { CreateTimings, EndReason, Sandbox, Snapshot, SnapshotTrigger, Template } from '../model.js';
-import type { WarmPool } from '../pool.js';
+import type { WarmPool } from '../templates/warm-pool.js';
 import type { SecretAttachment } from '../records.js';
-import type { SecretService } from '../egress.js';
-import type { MetadataStore } from '../store.js';
-import type { TemplateService } from '../templates.js';
+import type { SecretService } from '../security/egress-policy.js';
+import type { MetadataStore } from '../ports/metadata-store.js';
+import type { TemplateService } from '../templates/template-service.js';
 import type { Admission } from './admission.js';
 import type { FaultPoints } from './faults.js';
 import type { LiveTable } from './live.js';

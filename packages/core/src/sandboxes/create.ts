@@ -3,10 +3,10 @@
  * pooled sandbox, a template restore or a boot.
  */
 import type { CreateSandboxOpts } from '@space/api';
-import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules } from '../egress.js';
+import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules } from '../security/egress-policy.js';
 import { SpaceError } from '../errors.js';
 import { LIMITS, newSandboxId, type CreateTimings, type Sandbox, type Template } from '../model.js';
-import { POOL_MEMORY_MB } from '../pool.js';
+import { POOL_MEMORY_MB } from '../templates/warm-pool.js';
 import { checkMap, range } from '../validate.js';
 import type { SandboxContext } from './context.js';
 import { sendIdentity } from './identity.js';

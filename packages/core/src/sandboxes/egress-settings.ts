@@ -2,7 +2,7 @@
  * A sandbox's network settings: its egress policy, attached secrets and header rules, and the
  * environment that carries them.
  */
-import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules } from '../egress.js';
+import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules } from '../security/egress-policy.js';
 import { SpaceError } from '../errors.js';
 import { TERMINAL_STATES, assertAllowed, type Sandbox } from '../model.js';
 import type { EgressPolicy, SecretAttachment } from '../records.js';

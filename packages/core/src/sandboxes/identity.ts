@@ -1,5 +1,5 @@
 /** The one way the daemon tells an agent who it is now (after a restore, a pool take, new secrets). */
-import type { AgentChannel } from '../agent-channel.js';
+import type { AgentChannel } from '../agent/channel.js';
 
 /** What an `identity` request may set; absent fields stay as they are. */
 export interface IdentityChange {

@@ -3,7 +3,7 @@
  * lock that orders its lifecycle actions, the gate that holds calls during a checkpoint, its
  * timers — passed whole to the code that acts on it.
  */
-import type { AgentChannel } from '../agent-channel.js';
+import type { AgentChannel } from '../agent/channel.js';
 
 /** The identity the agent of a restored copy is given when it connects. */
 export interface AgentIdentity {

@@ -5,9 +5,9 @@
  */
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
-import { CHECKPOINT_COMPLETE } from '../driver.js';
+import { CHECKPOINT_COMPLETE } from '../ports/driver.js';
 import { SpaceError } from '../errors.js';
-import type { Intent } from '../intents.js';
+import type { Intent } from '../ports/intent-journal.js';
 import { TERMINAL_STATES, type Sandbox } from '../model.js';
 import type { RecoveryHooks, SandboxContext } from './context.js';
 

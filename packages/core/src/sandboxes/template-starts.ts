@@ -4,14 +4,14 @@
  */
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import type { AgentChannel } from '../agent-channel.js';
-import type { DriverCreateSpec } from '../driver.js';
+import type { AgentChannel } from '../agent/channel.js';
+import type { DriverCreateSpec } from '../ports/driver.js';
 import { SpaceError } from '../errors.js';
 import { LIMITS, newSandboxId, type CreateTimings, type Sandbox, type Template, type TemplateImage, type TemplateStart } from '../model.js';
-import { POOL_MEMORY_MB } from '../pool.js';
-import type { Progress } from '../rootfs.js';
-import { packSnapshot, readSnapshot } from '../snapshot-format.js';
-import { templateImageBlobKey, type TemplateImageStore } from '../templates.js';
+import { POOL_MEMORY_MB } from '../templates/warm-pool.js';
+import type { Progress } from '../ports/rootfs-builder.js';
+import { packSnapshot, readSnapshot } from '../storage/snapshot-format.js';
+import { templateImageBlobKey, type TemplateImageStore } from '../templates/template-service.js';
 import type { SandboxContext, StartHooks } from './context.js';
 import { sendIdentity } from './identity.js';
 

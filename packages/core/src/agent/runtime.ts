@@ -9,7 +9,7 @@ import { existsSync, promises as fs } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { AGENT_RUNTIME_DIR } from '@space/protocol';
-import { run } from './exec.js';
+import { run } from '../exec.js';
 
 /** Where things are inside the sandbox. */
 export const RUNTIME = {

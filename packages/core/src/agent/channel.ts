@@ -21,7 +21,7 @@ import {
   type AgentRequest,
   type Frame,
 } from '@space/protocol';
-import { SpaceError, isErrorCode } from './errors.js';
+import { SpaceError, isErrorCode } from '../errors.js';
 
 /** A chunk of stream output. */
 export interface OutputChunk {

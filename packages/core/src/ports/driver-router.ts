@@ -5,7 +5,7 @@
  * ({@link DriverRouter.assign}), or from the drivers' own {@link SandboxDriver.list}.
  */
 import type { DriverCreateSpec, DriverEvents, DriverReport, ImageFileCodec, RuntimeStatus, SandboxDriver, SandboxUsage } from './driver.js';
-import { SpaceError } from './errors.js';
+import { SpaceError } from '../errors.js';
 
 /**
  * Routes sandbox calls to the driver each sandbox runs on.

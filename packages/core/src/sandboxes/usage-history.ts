@@ -3,7 +3,7 @@
  * keeps the last hour of samples in memory, so clients can ask for a series (E2B's
  * `getMetrics({start, end})`, the console's graphs) rather than one reading.
  */
-import type { SandboxUsage } from './driver.js';
+import type { SandboxUsage } from '../ports/driver.js';
 
 /** One reading of a sandbox's usage. */
 export interface UsageSample {

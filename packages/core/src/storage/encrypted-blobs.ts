@@ -12,10 +12,10 @@
  */
 import { createCipheriv, createDecipheriv, createHash } from 'node:crypto';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
-import { SpaceError } from './errors.js';
-import { tenantOfKey, type BlobInfo, type BlobStore } from './blobs.js';
-import type { KeyService } from './keys.js';
-import type { MetadataStore } from './store.js';
+import { SpaceError } from '../errors.js';
+import { tenantOfKey, type BlobInfo, type BlobStore } from '../ports/blob-store.js';
+import type { KeyService } from '../security/keys.js';
+import type { MetadataStore } from '../ports/metadata-store.js';
 
 const MAGIC = Buffer.from('SPACEENC');
 const VERSION = 1;

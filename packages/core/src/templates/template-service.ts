@@ -10,11 +10,11 @@ import { createWriteStream, existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { SpaceError } from './errors.js';
-import { LIMITS, TEMPLATE_NAME_RE, type Template, type TemplateImage, type TemplateStart } from './model.js';
-import type { Progress, RootfsBuilder, RootfsSource } from './rootfs.js';
-import type { MetadataStore } from './store.js';
-import { checkMap } from './validate.js';
+import { SpaceError } from '../errors.js';
+import { LIMITS, TEMPLATE_NAME_RE, type Template, type TemplateImage, type TemplateStart } from '../model.js';
+import type { Progress, RootfsBuilder, RootfsSource } from '../ports/rootfs-builder.js';
+import type { MetadataStore } from '../ports/metadata-store.js';
+import { checkMap } from '../validate.js';
 
 /** What a client asks for when building a template. */
 export interface TemplateBuildRequest {

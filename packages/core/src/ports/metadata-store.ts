@@ -2,9 +2,9 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
-import type { DataKeyRecord, EgressLogEntry, EgressLogPage, SecretRecord, TenantKey } from './records.js';
-import type { IntentStore } from './intents.js';
-import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from './model.js';
+import type { DataKeyRecord, EgressLogEntry, EgressLogPage, SecretRecord, TenantKey } from '../records.js';
+import type { IntentStore } from './intent-journal.js';
+import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from '../model.js';
 
 /** A stored API key (never the key itself, only its hash). */
 export interface ApiKeyRecord {

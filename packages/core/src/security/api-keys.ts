@@ -3,9 +3,9 @@
  * key itself is shown once, at creation.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { SpaceError } from './errors.js';
-import { randomString } from './model.js';
-import type { ApiKeyRecord, MetadataStore } from './store.js';
+import { SpaceError } from '../errors.js';
+import { randomString } from '../model.js';
+import type { ApiKeyRecord, MetadataStore } from '../ports/metadata-store.js';
 
 /** Who is calling. */
 export interface Principal {

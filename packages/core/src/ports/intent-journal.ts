@@ -4,8 +4,8 @@
  * when its outcome is recorded. A daemon that starts with records left over knows exactly
  * which operations a crash interrupted, and how far each got (see `SandboxService.start`).
  */
-import { randomString } from './ids.js';
-import type { SnapshotTrigger } from './model.js';
+import { randomString } from '../ids.js';
+import type { SnapshotTrigger } from '../model.js';
 
 /**
  * Operations that move a session's state. Creates (forks' copies included) need no record of

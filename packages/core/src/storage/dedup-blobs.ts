@@ -28,9 +28,9 @@ import { createHash, createHmac, randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { promisify } from 'node:util';
 import zlib from 'node:zlib';
-import { SpaceError } from './errors.js';
-import { tenantOfKey, type BlobInfo, type BlobStore } from './blobs.js';
-import type { KeyService } from './keys.js';
+import { SpaceError } from '../errors.js';
+import { tenantOfKey, type BlobInfo, type BlobStore } from '../ports/blob-store.js';
+import type { KeyService } from '../security/keys.js';
 
 const compress = promisify(zlib.brotliCompress);
 const decompress = promisify(zlib.brotliDecompress);

@@ -4,7 +4,7 @@
  * Drivers import core; core imports no driver.
  */
 import type { Duplex } from 'node:stream';
-import type { EndReason } from './model.js';
+import type { EndReason } from '../model.js';
 
 /** What a driver needs to boot one sandbox. */
 export interface DriverCreateSpec {

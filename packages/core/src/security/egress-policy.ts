@@ -6,12 +6,12 @@
  */
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
-import { SpaceError } from './errors.js';
-import type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, SecretAttachment, SecretInfo, SecretRecord } from './records.js';
+import { SpaceError } from '../errors.js';
+import type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, SecretAttachment, SecretInfo, SecretRecord } from '../records.js';
 
-export type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, SecretAttachment, SecretInfo, SecretRecord } from './records.js';
+export type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, SecretAttachment, SecretInfo, SecretRecord } from '../records.js';
 import { seal, unseal, type KeyService } from './keys.js';
-import type { MetadataStore } from './store.js';
+import type { MetadataStore } from '../ports/metadata-store.js';
 
 
 /** The policy of a new sandbox: nothing allowed. */

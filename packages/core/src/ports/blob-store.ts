@@ -4,7 +4,7 @@
  * visible only once complete.
  */
 import type { Readable } from 'node:stream';
-import { SpaceError } from './errors.js';
+import { SpaceError } from '../errors.js';
 
 /** The tenant a blob key `<kind>/<tenant>/<id>` belongs to. */
 export function tenantOfKey(key: string): string {

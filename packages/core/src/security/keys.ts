@@ -8,13 +8,13 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import { SpaceError } from './errors.js';
-import { randomString } from './ids.js';
-import type { Logger } from './logger.js';
-import type { DataKeyRecord, TenantKey } from './records.js';
+import { SpaceError } from '../errors.js';
+import { randomString } from '../ids.js';
+import type { Logger } from '../logger.js';
+import type { DataKeyRecord, TenantKey } from '../records.js';
 
-export type { DataKeyRecord, TenantKey } from './records.js';
-import type { MetadataStore } from './store.js';
+export type { DataKeyRecord, TenantKey } from '../records.js';
+import type { MetadataStore } from '../ports/metadata-store.js';
 
 /**
  * Something that holds key-encryption keys and wraps data keys with them. A cloud KMS (AWS KMS

@@ -21,8 +21,8 @@ import { createReadStream, createWriteStream, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { SpaceError } from './errors.js';
-import { CHECKPOINT_COMPLETE, type ImageFileCodec } from './driver.js';
+import { SpaceError } from '../errors.js';
+import { CHECKPOINT_COMPLETE, type ImageFileCodec } from '../ports/driver.js';
 
 export const SNAPSHOT_MAGIC = Buffer.from('SPACESNP');
 export const SNAPSHOT_FORMAT_VERSION = 2;

@@ -8,8 +8,8 @@
  * gVisor sandbox costs a `runsc resume` (~20–40 ms of CLI start-up) on every take, while an
  * idle one costs no CPU and the same memory (see docs/benchmarks.md).
  */
-import type { Logger } from './logger.js';
-import type { Template } from './model.js';
+import type { Logger } from '../logger.js';
+import type { Template } from '../model.js';
 
 /** What the pool needs from the sandbox service. */
 export interface PoolHooks {
