@@ -1,6 +1,6 @@
 #!/usr/bin/env node
-// CLI latency: `space exec ID -- true` as a user runs it (the bundle on the PATH, and `./space`
-// from the checkout), against the same call through the SDK in this process, `runsc exec` of the
+// CLI latency: `space exec ID -- true` as a user runs it (the launcher on the PATH, and `./space`
+// from the checkout), and the bundle started by node directly, against the same call through the SDK in this process, `runsc exec` of the
 // sandbox's container, and node's own start — all on one sandbox, alternating, in one run.
 //   node scripts/bench-cli.mjs [--iterations 21] [--write]
 import { execFileSync, spawnSync } from 'node:child_process';
@@ -15,6 +15,8 @@ const { values } = parseArgs({ options: { iterations: { type: 'string', default:
 const N = Number(values.iterations);
 const root = path.resolve(new URL('..', import.meta.url).pathname);
 const BUNDLE = path.join(root, 'packages/cli/dist/space.mjs');
+const LAUNCHER = path.join(root, 'packages/cli/bin/space');
+const extraCa = process.env.NODE_EXTRA_CA_CERTS;
 
 const dataDir = mkdtempSync('/tmp/space-bench-cli-');
 const spaced = await startSpaced(dataDir);
@@ -23,21 +25,24 @@ const env = { ...process.env, SPACE_URL: conn.apiUrl, SPACE_API_KEY: conn.apiKey
 const sb = await Sandbox.create({ ...conn, template: 'minimal' });
 const container = execFileSync('runsc', ['--root', path.join(dataDir, 'runsc'), 'list', '-quiet'], { encoding: 'utf8' }).split('\n').find((l) => l.startsWith(sb.id));
 
-const run = (argv) => () => {
+const run = (argv, runEnv = env) => () => {
   const t = process.hrtime.bigint();
-  const r = spawnSync(argv[0], argv.slice(1), { env, cwd: root, stdio: ['ignore', 'ignore', 'pipe'] });
+  const r = spawnSync(argv[0], argv.slice(1), { env: runEnv, cwd: root, stdio: ['ignore', 'ignore', 'pipe'] });
   if (r.status !== 0) throw new Error(`${argv.join(' ')} failed: ${r.stderr}`);
   return Number(process.hrtime.bigint() - t) / 1e6;
 };
+const { NODE_EXTRA_CA_CERTS: _, ...envWithoutCa } = env;
 const cases = [
-  ['node -e 0 (node\'s own start)', run([process.execPath, '-e', '0'])],
+  [`node -e 0 (node's own start${extraCa ? `, NODE_EXTRA_CA_CERTS=${extraCa}` : ''})`, run([process.execPath, '-e', '0'])],
+  ...(extraCa ? [['node -e 0 without NODE_EXTRA_CA_CERTS', run([process.execPath, '-e', '0'], envWithoutCa)]] : []),
   ['runsc exec CONTAINER true', run(['runsc', '--root', path.join(dataDir, 'runsc'), 'exec', container, 'true'])],
   ['SDK commands.run in-process', async () => {
     const t = process.hrtime.bigint();
     await sb.commands.run(['true']);
     return Number(process.hrtime.bigint() - t) / 1e6;
   }],
-  ['space exec ID -- true (bundle on the PATH)', run([process.execPath, BUNDLE, 'exec', sb.id, '--', 'true'])],
+  ['space exec ID -- true (the launcher on the PATH)', run([LAUNCHER, 'exec', sb.id, '--', 'true'])],
+  ['node dist/space.mjs exec ID -- true (the bundle, no launcher)', run([process.execPath, BUNDLE, 'exec', sb.id, '--', 'true'])],
   ['./space exec ID -- true (checkout, unchanged)', run([path.join(root, 'space'), 'exec', sb.id, '--', 'true'])],
 ];
 // Warm each once, then alternate so that drift hits every case alike.
@@ -51,4 +56,4 @@ console.log(table);
 await sb.kill();
 await stopSpaced(spaced);
 rmSync(dataDir, { recursive: true, force: true });
-if (values.write) writeSection('cli', 'CLI latency', `Measured with \`node scripts/bench-cli.mjs --iterations ${N} --write\` (part of \`./space bench\`), one sandbox of template \`minimal\`, the five cases alternating.\n\n${table}`);
+if (values.write) writeSection('cli', 'CLI latency', `Measured with \`node scripts/bench-cli.mjs --iterations ${N} --write\` (part of \`./space bench\`), one sandbox of template \`minimal\`, the ${cases.length} cases alternating.\n\n${table}`);

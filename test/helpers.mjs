@@ -132,8 +132,8 @@ export async function eventually(fn, { tries = 200, everyMs = 100 } = {}) {
   throw new Error(`condition not met after ${tries} tries (last: ${JSON.stringify(last)})`);
 }
 
-/** The CLI as users run it: the bundle `space` on the PATH points at. */
-const CLI = new URL('../packages/cli/dist/space.mjs', import.meta.url).pathname;
+/** The CLI as users run it: the launcher `space` on the PATH points at. */
+const CLI = new URL('../packages/cli/bin/space', import.meta.url).pathname;
 
 /**
  * A `space` CLI runner with its own config home (SPACE_URL/SPACE_API_KEY cleared), like a new user.
@@ -147,7 +147,7 @@ export function cliRunner(home, extraEnv = {}) {
   if (!('SPACE_API_KEY' in extraEnv)) delete env.SPACE_API_KEY;
   return (...args) =>
     new Promise((resolve) => {
-      execFile(process.execPath, [CLI, ...args], { env, timeout: 900_000 }, (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr }));
+      execFile(CLI, args, { env, timeout: 900_000 }, (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr }));
     });
 }
 

@@ -38,23 +38,23 @@ export async function daemonStatus(dataDir: string): Promise<DaemonStatus> {
 }
 
 /**
- * Puts a `space` command on the PATH: a symlink to this bundle in SPACE_BIN_DIR, else
+ * Puts a `space` command on the PATH: a symlink to the CLI's launcher in SPACE_BIN_DIR, else
  * /usr/local/bin (root) or ~/.local/bin. Leaves a `space` that is not ours alone. Returns
  * where it is, or why not.
  */
-export function installOnPath(bundle: string): { path: string; installed: boolean } | { error: string } {
+export function installOnPath(launcher: string): { path: string; installed: boolean } | { error: string } {
   const dir = process.env.SPACE_BIN_DIR || (process.getuid?.() === 0 ? '/usr/local/bin' : path.join(os.homedir(), '.local', 'bin'));
   const link = path.join(dir, 'space');
   try {
     if (existsSync(link) || isSymlink(link)) {
-      if (!isSymlink(link)) return { error: `${link} exists and is not SPACE's; run SPACE as ${bundle}` };
+      if (!isSymlink(link)) return { error: `${link} exists and is not SPACE's; run SPACE as ${launcher}` };
       const target = path.resolve(dir, readlinkSync(link));
-      if (target === bundle) return { path: link, installed: false };
-      if (!target.endsWith(path.join('cli', 'dist', 'space.mjs'))) return { error: `${link} points at ${target}, not SPACE; run SPACE as ${bundle}` };
+      if (target === launcher) return { path: link, installed: false };
+      if (!target.endsWith(path.join('cli', 'bin', 'space')) && !target.endsWith(path.join('cli', 'dist', 'space.mjs'))) return { error: `${link} points at ${target}, not SPACE; run SPACE as ${launcher}` };
       unlinkSync(link);
     }
     mkdirSync(dir, { recursive: true });
-    symlinkSync(bundle, link);
+    symlinkSync(launcher, link);
     return { path: link, installed: true };
   } catch (err) {
     return { error: `cannot install ${link}: ${(err as Error).message}` };

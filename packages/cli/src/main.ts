@@ -14,6 +14,10 @@ import { defaultDataDir } from '@space/server/state';
 import { checkContextName, connection, e2bKeys, parseDuration, parsePairs, readConfig, selectedContext, upCommand, writeConfig } from './config.js';
 import { answers, daemonStatus, installOnPath } from './daemon.js';
 
+// The launcher (bin/space) moved NODE_EXTRA_CA_CERTS aside so node would not parse it at start;
+// the processes this CLI starts (the daemon) get it back.
+if (process.env.SPACE_EXTRA_CA_CERTS && !process.env.NODE_EXTRA_CA_CERTS) process.env.NODE_EXTRA_CA_CERTS = process.env.SPACE_EXTRA_CA_CERTS;
+
 const collectList = (v: string, prev: string[] = []) => [...prev, v];
 const program = new Command('space')
   .description('SPACE: stateful sandboxes for AI agents')
@@ -120,8 +124,8 @@ async function ensureNodeKey(dataDir: string): Promise<void> {
   process.stderr.write(`created the node's encryption key ${file}: back it up — snapshots cannot be read without it\n`);
 }
 
-/** This CLI's bundle: what a `space` on the PATH points at. */
-const bundlePath = () => fileURLToPath(new URL('./space.mjs', import.meta.url));
+/** This CLI's launcher (bin/space, which starts this bundle): what a `space` on the PATH points at. */
+const launcherPath = () => fileURLToPath(new URL('../bin/space', import.meta.url));
 
 /** The context a data directory gets when `up` is not told one: `default` for the default directory. */
 function contextFor(dataDir: string): string {
@@ -177,7 +181,7 @@ daemonCommand('up', 'start the daemon in the background (or find it running), re
     const current = !cfg.current || !cfg.contexts[cfg.current] || cfg.current === name;
     if (current) cfg.current = name;
     writeConfig(cfg);
-    const onPath = installOnPath(bundlePath());
+    const onPath = installOnPath(launcherPath());
     process.stdout.write(
       `SPACE is running\n  url:      ${st.url}\n  data dir: ${dataDir}\n  API key:  ${st.keyFile}\n  pid:      ${st.pid}\n${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}` +
         `  context:  ${name}${current ? ' (current)' : ` (not current: use it with \`space --context ${name} …\` or \`space context use ${name}\`)`}\n` +

@@ -66,9 +66,19 @@ export class HttpResponse {
  */
 const IDLE_SOCKET_MS = 30_000;
 const httpAgent = new http.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS });
-/** node:https and its agent, loaded on the first https URL (TLS costs every start otherwise). */
+/**
+ * node:https and its agent, loaded on the first https URL (TLS costs every start otherwise).
+ * `SPACE_EXTRA_CA_CERTS` (a PEM file) adds CAs to Node's own, as NODE_EXTRA_CA_CERTS would:
+ * the `space` launcher moves that variable there so that node does not parse it at every
+ * start (packages/cli/bin/space).
+ */
 let secureTransport: Promise<{ https: typeof https; agent: https.Agent }> | undefined;
-const loadHttps = () => (secureTransport ??= import('node:https').then((m) => ({ https: m.default, agent: new m.default.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS }) })));
+const loadHttps = () =>
+  (secureTransport ??= Promise.all([import('node:https'), import('node:tls'), import('node:fs')]).then(([m, tls, fs]) => {
+    const extra = process.env.SPACE_EXTRA_CA_CERTS;
+    const ca = extra ? [...tls.rootCertificates, fs.readFileSync(extra, 'utf8')] : undefined;
+    return { https: m.default, agent: new m.default.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS, ...(ca ? { ca } : {}) }) };
+  }));
 
 function bodyStream(body: Exclude<RequestBody, string | Uint8Array | ArrayBuffer>): Readable {
   if (body instanceof Readable) return body;
