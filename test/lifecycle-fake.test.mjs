@@ -7,62 +7,23 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { Channel } from '../packages/protocol/dist/index.js';
-import { SandboxService } from '../packages/core/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
-import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
-import { FakeDriver, FakeRootfs } from '../packages/driver-fake/dist/index.js';
-
-const T = 'tenant-a';
-const quiet = { info() {}, warn() {}, error() {}, debug() {} };
-
-/** Polls `fn` until it returns a truthy value (or gives up after 20 s: a failure, not a timing assumption). */
-async function until(fn, what) {
-  const deadline = Date.now() + 20_000;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`gave up waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
+import { FakeDriver } from '../packages/driver-fake/dist/index.js';
+import { T, fakeHarness, until } from './fake-harness.mjs';
 
 describe('lifecycle on the fake driver (fast lane)', () => {
   const dir = mkdtempSync('/tmp/space-fake-');
   const driver = new FakeDriver();
   let store;
   let svc;
-
-  /** A SandboxService as the daemon makes it, on the fake driver and this test's directory. */
-  function service(opts = {}) {
-    return new SandboxService({
-      store,
-      driver,
-      logger: quiet,
-      blobs: new LocalBlobStore(path.join(dir, 'blobs')),
-      rootfs: new FakeRootfs(path.join(dir, 'rootfs')),
-      imagesDir: path.join(dir, 'images'),
-      uploadsDir: path.join(dir, 'uploads'),
-      workDir: path.join(dir, 'work'),
-      usageSampleMs: 60_000,
-      ...opts,
-    });
-  }
-
-  /** Runs a fake command line; resolves to { exitCode, stdout, stderr }. */
-  async function run(id, line) {
-    const call = await svc.call(T, id, 'exec', { op: 'exec', argv: line.split(' ') });
-    await call.reply;
-    let stdout = '';
-    let stderr = '';
-    for await (const c of call.output()) (c.channel === Channel.Stderr ? (stderr += c.data) : (stdout += c.data));
-    const end = await call.done;
-    return { exitCode: end.exitCode, stdout, stderr };
-  }
-  const out = async (id, line) => (await run(id, line)).stdout;
+  let h;
+  const service = (opts) => h.service(opts);
+  const run = (id, line) => h.run(svc, id, line);
+  const out = (id, line) => h.out(svc, id, line);
 
   before(async () => {
     store = SqliteStore.open(path.join(dir, 'space.db'));
+    h = fakeHarness(dir, store, driver);
     svc = service();
     await svc.start();
   });

@@ -29,6 +29,7 @@ export { WarmPool } from './templates/warm-pool.js';
 export type { PoolHooks, PoolStatus } from './templates/warm-pool.js';
 export type { CreateSandboxOpts, ForkResult, ListSandboxesOpts, SandboxEgressOptions, SandboxServiceOptions } from './service.js';
 export type { Logger } from './logger.js';
+export type { FaultAction } from './sandboxes/faults.js';
 export { ApiKeys, publicKey } from './security/api-keys.js';
 export type { CreatedApiKey, Principal } from './security/api-keys.js';
 export { KeyService, LocalKeyProvider, NODE_TENANT, seal, unseal } from './security/keys.js';

@@ -33,7 +33,7 @@ import type { LifecycleHooks, SandboxContext, SandboxEgressOptions } from './san
 import { Creates, type CreateSandboxOpts } from './sandboxes/create.js';
 import { EgressSettings } from './sandboxes/egress-settings.js';
 import { Endings } from './sandboxes/endings.js';
-import { FaultPoints } from './sandboxes/faults.js';
+import { FaultPoints, type FaultAction } from './sandboxes/faults.js';
 import { Forks, type ForkResult } from './sandboxes/fork.js';
 import { LiveTable, type LiveSandbox } from './sandboxes/live.js';
 import { Recovery } from './sandboxes/recovery.js';
@@ -97,6 +97,12 @@ export interface SandboxServiceOptions {
    * (`snapshot:checkpoint-fails`). Never set in production.
    */
   faults?: string[];
+  /**
+   * What an armed fault point does: by default the process SIGKILLs itself. The fast lane's crash
+   * tests pass an action that freezes the service where it stands and cuts it off from the
+   * store, the blobs and the driver, then start a new service over them. Never set in production.
+   */
+  faultAction?: FaultAction;
   /** How often each running sandbox's usage is sampled for {@link SandboxService.usageSeries}, ms. @default 5000 */
   usageSampleMs?: number;
 }
@@ -216,7 +222,7 @@ export class SandboxService {
       pool: this.pool,
       live: this.live,
       admission,
-      faults: new FaultPoints(opts.faults ?? [], this.log),
+      faults: new FaultPoints(opts.faults ?? [], this.log, opts.faultAction),
       reconnectWaitMs: opts.reconnectWaitMs ?? 10_000,
       stopSignal: this.stopAc.signal,
       stopping: () => this.stopping,

@@ -43,10 +43,12 @@ export class Checkpoints implements CheckpointHooks {
     await this.c.driver.detachAgent(id);
     const closed = new Promise<void>((r) => (ch.closed ? r() : ch.once('close', () => r())));
     await ch.unary({ op: 'quiesce' }, 10_000);
-    await Promise.race([closed, new Promise((r) => setTimeout(r, 5_000))]);
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([closed, new Promise((r) => (timer = setTimeout(r, 5_000)))]);
+    clearTimeout(timer);
     ch.destroy();
     e.channel = undefined;
-    if (injectFaults) this.c.faults.fault('snapshot:after-quiesce');
+    if (injectFaults) await this.c.faults.fault('snapshot:after-quiesce');
     if (injectFaults && this.c.faults.has('snapshot:checkpoint-fails')) {
       // What a failed checkpoint does in this runsc: the container is gone.
       await this.c.driver.destroy(id);
@@ -91,12 +93,12 @@ export class Checkpoints implements CheckpointHooks {
     const imageDir = path.join(this.c.workDir, id);
     const e = this.c.live.entry(sb.id);
     const intent = await this.c.journal.begin(sb.id, keepRunning ? 'snapshot' : 'hibernate', { step: 'checkpoint', snapshotId: id, imageDir, trigger, ...(name ? { name } : {}), keepRunning, wasPaused });
-    this.c.faults.fault('snapshot:after-intent');
+    await this.c.faults.fault('snapshot:after-intent');
     const t0 = performance.now();
     try {
       await this.quiesceAndCheckpoint(sb.id, ch, imageDir);
       this.c.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'checkpointed');
-      this.c.faults.fault('snapshot:after-checkpoint');
+      await this.c.faults.fault('snapshot:after-checkpoint');
     } catch (err) {
       await fs.rm(imageDir, { recursive: true, force: true });
       if (await this.c.hooks.recovery.runtimeRuns(sb.id)) {
@@ -121,7 +123,7 @@ export class Checkpoints implements CheckpointHooks {
         e.quiescing = false;
       }
       downtimeMs = Math.round(performance.now() - t0);
-      this.c.faults.fault('snapshot:after-restore');
+      await this.c.faults.fault('snapshot:after-restore');
     }
     let snapshot: Snapshot;
     try {
@@ -177,7 +179,7 @@ export class Checkpoints implements CheckpointHooks {
     }, this.c.driver.codecOf(sb.driver));
     const blobKey = `snapshots/${sb.tenantId}/${id}`;
     const sizeBytes = await this.c.blobs.put(blobKey, stream);
-    this.c.faults.fault('snapshot:after-blob');
+    await this.c.faults.fault('snapshot:after-blob');
     const trigger = intent.trigger ?? 'manual';
     const snapshot: Snapshot = {
       id,
@@ -194,7 +196,7 @@ export class Checkpoints implements CheckpointHooks {
       blobKey,
     };
     await this.c.store.insertSnapshot(snapshot);
-    this.c.faults.fault('snapshot:after-record');
+    await this.c.faults.fault('snapshot:after-record');
     await this.c.store.updateSandbox(sb.id, { lastSnapshotId: id });
     await this.c.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime`);
     return snapshot;

@@ -83,7 +83,7 @@ export class Creates {
     try {
       // Stored as `starting`: the record is the create's intent (a restart finishes the create).
       await this.c.store.insertSandbox(sb);
-      this.c.faults.fault('create:after-record');
+      await this.c.faults.fault('create:after-record');
       let timings: CreateTimings;
       if (pooled) {
         timings = { source: 'pool', queueMs: 0, agentMs: 0, identityMs, totalMs: Math.round(performance.now() - t0) };

@@ -1,18 +1,28 @@
 /**
  * Fault injection for the crash tests: at a named step boundary of a lifecycle operation the
- * daemon SIGKILLs itself (docs/operations.md lists the points). Never set in production.
+ * daemon dies (docs/operations.md lists the points). By default the process SIGKILLs itself;
+ * the fast lane passes an action that stops the service where it stands instead
+ * (`test/crash-fake.test.mjs`). Never set in production.
  */
 import type { Logger } from '../logger.js';
+
+/** What happens at an armed point: never returns (the process is gone, or the operation is frozen). */
+export type FaultAction = (point: string) => Promise<never>;
+
+const sigkill: FaultAction = () => {
+  process.kill(process.pid, 'SIGKILL');
+  return new Promise<never>(() => {});
+};
 
 /**
  * @example
  * const faults = new FaultPoints(['snapshot:after-checkpoint'], log);
- * faults.fault('snapshot:after-checkpoint'); // the process dies here
+ * await faults.fault('snapshot:after-checkpoint'); // the process dies here
  */
 export class FaultPoints {
   private readonly points: Set<string>;
 
-  constructor(points: readonly string[], private readonly log: Logger) {
+  constructor(points: readonly string[], private readonly log: Logger, private readonly action: FaultAction = sigkill) {
     this.points = new Set(points);
   }
 
@@ -21,17 +31,22 @@ export class FaultPoints {
     return this.points.has(point);
   }
 
-  /** Kills the daemon if `point` is armed. */
-  fault(point: string): void {
-    if (this.points.has(point)) {
-      this.log.error({ point }, 'fault injected: killing the daemon');
-      process.kill(process.pid, 'SIGKILL');
-    }
+  /** Kills the daemon if `point` is armed (the returned promise then never settles). */
+  async fault(point: string): Promise<void> {
+    if (!this.points.has(point)) return;
+    this.log.error({ point }, 'fault injected: killing the daemon');
+    await this.action(point);
   }
 
-  /** While `p` runs (a runtime operation under way): the daemon dies 25 ms into it if `point` is armed. */
-  during<T>(point: string, p: Promise<T>): Promise<T> {
-    if (this.points.has(point)) setTimeout(() => this.fault(point), 25);
+  /**
+   * While `p` runs (a runtime operation under way): if `point` is armed the daemon dies 25 ms
+   * into it, and `p` carries on without it, as a detached runtime call does.
+   */
+  async during<T>(point: string, p: Promise<T>): Promise<T> {
+    if (!this.points.has(point)) return p;
+    p.catch(() => {}); // its outcome is nobody's once the daemon is gone
+    await new Promise((r) => setTimeout(r, 25));
+    await this.fault(point);
     return p;
   }
 }

@@ -59,7 +59,7 @@ export class Forks {
         });
         reservation.track(child.id);
         await this.c.store.insertSandbox(child);
-        this.c.faults.fault('fork:after-record');
+        await this.c.faults.fault('fork:after-record');
         try {
           await this.c.faults.during('fork:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, child, imageDir));
           const running = await this.c.store.updateSandbox(child.id, { state: 'running', startedAt: new Date().toISOString() });

@@ -79,10 +79,11 @@ export class LiveSandbox {
     const open = this.openChannel;
     if (open) return Promise.resolve(open);
     return new Promise((resolve) => {
+      // (Unref'd: waiting for an agent keeps nothing alive; the daemon's listeners do.)
       const t = setTimeout(() => {
         this.waiters = this.waiters.filter((w) => w !== done);
         resolve(undefined);
-      }, ms);
+      }, ms).unref();
       const done = (ch: AgentChannel | undefined) => {
         clearTimeout(t);
         resolve(ch);

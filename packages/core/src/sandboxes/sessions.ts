@@ -88,7 +88,7 @@ export class Sessions implements SessionHooks {
       const t0 = Date.now();
       const { snapshot, imageDir, intent } = await this.c.hooks.checkpoints.takeSnapshot(sb, 'hibernate', undefined, false);
       await fs.rm(imageDir, { recursive: true, force: true });
-      this.c.faults.fault('hibernate:after-snapshot');
+      await this.c.faults.fault('hibernate:after-snapshot');
       const e = this.c.live.entry(id);
       clearTimeout(e.policyTimer);
       clearTimeout(e.idleTimer);
@@ -110,7 +110,7 @@ export class Sessions implements SessionHooks {
       if (!snap) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot to wake from`);
       const t0 = Date.now();
       const intent = await this.c.journal.begin(id, 'wake', { step: 'restore', snapshotId: snap.id });
-      this.c.faults.fault('wake:after-intent');
+      await this.c.faults.fault('wake:after-intent');
       try {
         await this.c.faults.during('wake:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, sb));
       } catch (err) {
@@ -119,7 +119,7 @@ export class Sessions implements SessionHooks {
         await this.c.journal.done(intent);
         throw err;
       }
-      this.c.faults.fault('wake:after-restore');
+      await this.c.faults.fault('wake:after-restore');
       await this.c.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
       const woke = await this.markWoken(sb);
       await this.c.journal.done(intent);
@@ -146,7 +146,7 @@ export class Sessions implements SessionHooks {
         await this.c.journal.done(intent);
         throw err;
       });
-      this.c.faults.fault('rollback:after-verify');
+      await this.c.faults.fault('rollback:after-verify');
       try {
         await this.c.journal.step(intent, 'restore');
         await this.c.faults.during('rollback:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, sb, dir));
@@ -159,7 +159,7 @@ export class Sessions implements SessionHooks {
       } finally {
         await fs.rm(dir, { recursive: true, force: true });
       }
-      this.c.faults.fault('rollback:after-restore');
+      await this.c.faults.fault('rollback:after-restore');
       await this.c.event(id, 'rolled-back', `rolled back to snapshot ${snap.id} (${snap.createdAt})`);
       const r = await this.c.store.updateSandbox(id, { state: 'running', fromSnapshotId: snap.id });
       this.c.hooks.timers.schedulePolicy(r);
