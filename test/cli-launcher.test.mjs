@@ -55,6 +55,12 @@ describe('the space launcher', () => {
     assert.match(r.stderr, /certificate/i);
   });
 
+  it('an unreadable NODE_EXTRA_CA_CERTS is a CONFIG_INVALID that names it, not an unreachable daemon', async () => {
+    const r = await space(['ls'], { ...baseEnv(), NODE_EXTRA_CA_CERTS: path.join(dir, 'missing.pem') });
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /CONFIG_INVALID: Cannot read the extra CA certificates .*missing\.pem/);
+  });
+
   it('runs through a symlink, as `space up` installs it on the PATH', async () => {
     const link = path.join(dir, 'space');
     symlinkSync(LAUNCHER, link);

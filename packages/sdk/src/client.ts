@@ -77,7 +77,7 @@ export class ApiClient {
       });
     } catch (err) {
       if ((err as Error).name === 'TimeoutError') throw new SpaceError('TIMEOUT', `${method} ${path} timed out after ${timeout} ms`, { cause: err });
-      if ((err as Error).name === 'AbortError') throw err;
+      if ((err as Error).name === 'AbortError' || err instanceof SpaceError) throw err;
       throw new SpaceError('DAEMON_UNREACHABLE', `Cannot reach the SPACE daemon at ${this.url}: ${(err as Error).message}. Is it running (\`space up\`)?`, { cause: err });
     }
     if (!res.ok) throw await errorFromResponse(res);

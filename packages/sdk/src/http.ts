@@ -7,6 +7,7 @@
 import http from 'node:http';
 import type https from 'node:https';
 import { Readable } from 'node:stream';
+import { SpaceError } from '@space/api';
 
 /** What a request may send: bytes, text, or a stream of bytes (web or Node). */
 export type RequestBody = string | Uint8Array | ArrayBuffer | NodeJS.ReadableStream | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
@@ -76,7 +77,13 @@ let secureTransport: Promise<{ https: typeof https; agent: https.Agent }> | unde
 const loadHttps = () =>
   (secureTransport ??= Promise.all([import('node:https'), import('node:tls'), import('node:fs')]).then(([m, tls, fs]) => {
     const extra = process.env.SPACE_EXTRA_CA_CERTS;
-    const ca = extra ? [...tls.rootCertificates, fs.readFileSync(extra, 'utf8')] : undefined;
+    let ca: string[] | undefined;
+    try {
+      ca = extra ? [...tls.rootCertificates, fs.readFileSync(extra, 'utf8')] : undefined;
+    } catch (cause) {
+      secureTransport = undefined; // fixed files are read again on the next call
+      throw new SpaceError('CONFIG_INVALID', `Cannot read the extra CA certificates ${extra} (NODE_EXTRA_CA_CERTS): ${(cause as Error).message}. Point NODE_EXTRA_CA_CERTS at a readable PEM file, or unset it.`, { cause });
+    }
     return { https: m.default, agent: new m.default.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS, ...(ca ? { ca } : {}) }) };
   }));
 
