@@ -9,24 +9,13 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { FAULT_MATRIX, generator } from './crash-plan.mjs';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { FakeDriver } from '../packages/driver-fake/dist/index.js';
 import { Life, T, fakeHarness, until } from './fake-harness.mjs';
 
 const SEED = Number(process.env.SPACE_CRASH_SEED ?? Math.floor(Math.random() * 1e9));
 const KILLS = Number(process.env.SPACE_CRASH_KILLS ?? 120);
-
-/** mulberry32: a small seeded generator. */
-function generator(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const sorted = (a) => [...a].sort();
 
@@ -142,32 +131,7 @@ describe(`crash-proof lifecycle on the fake driver (fast lane, seed ${SEED})`, (
   }
 
   it('at every fault point of every operation, the restarted service loses nothing', async () => {
-    const points = [
-      ['create', 'create:after-record'],
-      ['create', 'create:during-start'],
-      ['snapshot', 'snapshot:after-intent', 'fresh'],
-      ['snapshot', 'snapshot:after-quiesce', 'fresh'],
-      ['snapshot', 'snapshot:during-checkpoint', 'fresh'],
-      ['snapshot', 'snapshot:after-checkpoint', 'fresh'],
-      ['snapshot', 'snapshot:during-restore'],
-      ['snapshot', 'snapshot:after-restore'],
-      ['snapshot', 'snapshot:after-blob'],
-      ['snapshot', 'snapshot:after-record'],
-      ['hibernate', 'snapshot:after-quiesce'],
-      ['hibernate', 'snapshot:during-checkpoint'],
-      ['hibernate', 'snapshot:after-checkpoint'],
-      ['hibernate', 'snapshot:after-blob'],
-      ['hibernate', 'hibernate:after-snapshot'],
-      ['wake', 'wake:after-intent'],
-      ['wake', 'wake:during-restore'],
-      ['wake', 'wake:after-restore'],
-      ['rollback', 'rollback:after-verify'],
-      ['rollback', 'rollback:during-restore'],
-      ['rollback', 'rollback:after-restore'],
-      ['fork', 'fork:after-record'],
-      ['fork', 'fork:during-restore'],
-    ];
-    for (const [op, point, fresh] of points) {
+    for (const [op, point, fresh] of FAULT_MATRIX) {
       await crash();
       await restart({ faults: [point] });
       let id;

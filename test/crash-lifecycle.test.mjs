@@ -9,6 +9,7 @@ import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { Sandbox } from '../packages/sdk/dist/index.js';
+import { FAULT_MATRIX, generator } from './crash-plan.mjs';
 import { egressRange, eventually, leftovers, makeNodeKey, startSpaced, TEMPLATES_DIR } from './helpers.mjs';
 
 const SPACED = new URL('../packages/server/dist/main.js', import.meta.url).pathname;
@@ -17,18 +18,6 @@ const SEED = Number(process.env.SPACE_CRASH_SEED ?? Math.floor(Math.random() * 1
 const KILLS = Number(process.env.SPACE_CRASH_KILLS ?? 60);
 /** Of those, how many also kill the restarted daemon a second time, during its recovery (spread evenly). */
 const DOUBLE_KILLS = Number(process.env.SPACE_CRASH_DOUBLE ?? 12);
-
-/** mulberry32: a small seeded generator, so a failing run can be replayed with SPACE_CRASH_SEED. */
-function generator(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /**
  * What the test knows each session must hold: the files written into it (by name), and for
@@ -162,33 +151,7 @@ describe('crash-proof lifecycle: SIGKILL of the daemon at any instant', { timeou
     await start();
     const first = await Sandbox.create({ ...d.conn, memoryMb: 256 });
     world.add(first.id);
-    const points = [
-      ['create', 'create:after-record'],
-      ['create', 'create:during-start'],
-      // The first snapshot of a session (no older one to fall back to), at each step.
-      ['snapshot', 'snapshot:after-intent', 'fresh'],
-      ['snapshot', 'snapshot:after-quiesce', 'fresh'],
-      ['snapshot', 'snapshot:during-checkpoint', 'fresh'],
-      ['snapshot', 'snapshot:after-checkpoint', 'fresh'],
-      ['snapshot', 'snapshot:during-restore'],
-      ['snapshot', 'snapshot:after-restore'],
-      ['snapshot', 'snapshot:after-blob'],
-      ['snapshot', 'snapshot:after-record'],
-      ['hibernate', 'snapshot:after-quiesce'],
-      ['hibernate', 'snapshot:during-checkpoint'],
-      ['hibernate', 'snapshot:after-checkpoint'],
-      ['hibernate', 'snapshot:after-blob'],
-      ['hibernate', 'hibernate:after-snapshot'],
-      ['wake', 'wake:after-intent'],
-      ['wake', 'wake:during-restore'],
-      ['wake', 'wake:after-restore'],
-      ['rollback', 'rollback:after-verify'],
-      ['rollback', 'rollback:during-restore'],
-      ['rollback', 'rollback:after-restore'],
-      ['fork', 'fork:after-record'],
-      ['fork', 'fork:during-restore'],
-    ];
-    for (const [op, point, fresh] of points) {
+    for (const [op, point, fresh] of FAULT_MATRIX) {
       // Each point gets a daemon that dies there.
       await kill();
       await start({ SPACE_FAULT_INJECT: point });
