@@ -1,0 +1,251 @@
+/**
+ * The ingress listener: routes `PORT-SANDBOXID.DOMAIN` to that sandbox's port, private by
+ * default. HTTP/1.1 with keep-alive, WebSocket upgrades, streamed request and response bodies
+ * with backpressure (http-proxy-3), `X-Forwarded-*` headers, TLS with the operator's
+ * certificate. It forwards only to the address the backend gives for the sandbox — never to
+ * anything a request names — and strips the access token and the pass cookie before the
+ * request reaches the sandbox.
+ */
+import http from 'node:http';
+import https from 'node:https';
+import type net from 'node:net';
+import { createProxyServer } from 'http-proxy-3';
+import { SpaceError, toSpaceError, type ErrorCode } from '@space/api';
+import { ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER, PASS_COOKIE, SIGNED_LINK_PATH, checkPass, cookieValue, tokenMatches, withoutCookie } from './access.js';
+import { parseIngressHost } from './host.js';
+
+/** An exposed port, as the backend knows it. */
+export interface IngressRoute {
+  sandboxId: string;
+  tenantId: string;
+  port: number;
+  /** Reachable without a token. */
+  public: boolean;
+  /** SHA-256 (hex) of the port's access token. */
+  tokenHash: string;
+  /** When the exposure ends (ISO 8601); none: while the sandbox lives. */
+  expiresAt?: string;
+}
+
+/** One request through the ingress, for the audit log. */
+export interface IngressLogEntry {
+  at: string;
+  tenantId: string;
+  sandboxId: string;
+  port: number;
+  method: string;
+  path: string;
+  status: number;
+  bytesIn: number;
+  bytesOut: number;
+  durationMs: number;
+  client: string;
+  /** How the request was let in. */
+  access: 'public' | 'token' | 'pass' | 'refused';
+  websocket: boolean;
+}
+
+/** What the ingress asks the daemon. */
+export interface IngressBackend {
+  /** The exposure of `port` of `sandboxId`, or undefined (every unknown case answers the same 404). */
+  route(sandboxId: string, port: number): Promise<IngressRoute | undefined>;
+  /**
+   * The address to connect to: the sandbox's own, after waking it when it sleeps and may be
+   * woken (bounded). Throws a SpaceError to refuse (e.g. SANDBOX_INVALID_STATE, 409).
+   */
+  connect(route: IngressRoute): Promise<string>;
+  /** Called once per request when it ends. */
+  log?(entry: IngressLogEntry): void;
+}
+
+/** Options of {@link IngressServer}. */
+export interface IngressServerOptions {
+  /** Host names are `PORT-SANDBOXID.<domain>`, e.g. `localhost:7072`. */
+  domain: string;
+  /** Key of the passes (signed links and cookies): 32 random bytes kept by the node. */
+  secret: Buffer;
+  backend: IngressBackend;
+  /** The operator's certificate and key (PEM), usually a wildcard for the domain; plain HTTP without. */
+  tls?: { cert: string | Buffer; key: string | Buffer };
+  /** A client must send its request headers within this. @default 10000 */
+  headersTimeoutMs?: number;
+  /** The whole request (headers and body) must arrive within this. @default 600000 */
+  requestTimeoutMs?: number;
+  /** Request headers larger than this are refused (431). @default 16384 */
+  maxHeaderBytes?: number;
+  /** How long a sandbox's server may take to start answering. @default 120000 */
+  upstreamTimeoutMs?: number;
+}
+
+const HOP_TOKEN_HEADERS = [ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER];
+
+/**
+ * @example
+ * const ingress = new IngressServer({ domain: 'localhost:7072', secret, backend });
+ * const { url } = await ingress.listen('127.0.0.1', 7072); // "http://127.0.0.1:7072"
+ */
+export class IngressServer {
+  /** The node server (http or https). */
+  readonly server: http.Server;
+  private readonly proxy;
+  private readonly opts: Required<Omit<IngressServerOptions, 'tls'>> & Pick<IngressServerOptions, 'tls'>;
+
+  constructor(opts: IngressServerOptions) {
+    this.opts = { headersTimeoutMs: 10_000, requestTimeoutMs: 600_000, maxHeaderBytes: 16_384, upstreamTimeoutMs: 120_000, ...opts };
+    const serverOpts = { maxHeaderSize: this.opts.maxHeaderBytes, headersTimeout: this.opts.headersTimeoutMs, requestTimeout: this.opts.requestTimeoutMs };
+    this.server = opts.tls ? https.createServer({ ...serverOpts, cert: opts.tls.cert, key: opts.tls.key }) : http.createServer(serverOpts);
+    this.proxy = createProxyServer({ xfwd: true, proxyTimeout: this.opts.upstreamTimeoutMs, ws: true });
+    this.server.on('request', (req, res) => void this.web(req, res));
+    this.server.on('upgrade', (req, socket, head) => void this.upgrade(req, socket as net.Socket, head));
+    this.server.on('clientError', (err, socket) => {
+      const status = (err as NodeJS.ErrnoException).code === 'HPE_HEADER_OVERFLOW' ? '431 Request Header Fields Too Large' : '400 Bad Request';
+      if (socket.writable) socket.end(`HTTP/1.1 ${status}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+      else socket.destroy();
+    });
+  }
+
+  /** Starts listening; resolves to the listener's URL. */
+  listen(host: string, port: number): Promise<{ url: string; port: number }> {
+    return new Promise((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(port, host, () => {
+        this.server.off('error', reject);
+        const a = this.server.address() as net.AddressInfo;
+        resolve({ url: `${this.opts.tls ? 'https' : 'http'}://${host.includes(':') ? `[${host}]` : host}:${a.port}`, port: a.port });
+      });
+    });
+  }
+
+  /** Stops listening and drops open connections (WebSockets included). */
+  async close(): Promise<void> {
+    await new Promise<void>((r) => {
+      this.server.close(() => r());
+      this.server.closeAllConnections();
+    });
+    this.proxy.close?.();
+  }
+
+  /**
+   * What a request may reach: its route and how it got in, or the error to answer. The request
+   * line must be origin-form (a path), with one Host header naming an exposed port.
+   */
+  private async admit(req: http.IncomingMessage): Promise<{ route: IngressRoute; access: IngressLogEntry['access'] }> {
+    if (!req.url?.startsWith('/') || req.url.startsWith('//')) throw new SpaceError('BAD_REQUEST', 'The request target must be a path (origin-form), not an absolute URL');
+    let hosts = 0;
+    for (let i = 0; i < req.rawHeaders.length; i += 2) if (req.rawHeaders[i]!.toLowerCase() === 'host') hosts++;
+    if (hosts !== 1) throw new SpaceError('BAD_REQUEST', 'The request must carry exactly one Host header');
+    const addr = parseIngressHost(req.headers.host, this.opts.domain);
+    const route = addr ? await this.opts.backend.route(addr.sandboxId, addr.port) : undefined;
+    if (!route || (route.expiresAt && Date.parse(route.expiresAt) <= Date.now())) throw new SpaceError('PORT_NOT_EXPOSED');
+    if (route.public) return { route, access: 'public' };
+    const token = HOP_TOKEN_HEADERS.map((h) => req.headers[h]).find((v): v is string => typeof v === 'string');
+    if (token !== undefined) {
+      if (tokenMatches(token, route.tokenHash)) return { route, access: 'token' };
+      throw new SpaceError('INGRESS_UNAUTHENTICATED', 'The access token is not this port\'s');
+    }
+    if (checkPass(this.opts.secret, route, cookieValue(req.headers.cookie, PASS_COOKIE)) !== undefined) return { route, access: 'pass' };
+    throw new SpaceError('INGRESS_UNAUTHENTICATED');
+  }
+
+  /** The request as the sandbox gets it: no token, no pass. */
+  private scrub(req: http.IncomingMessage): void {
+    for (const h of HOP_TOKEN_HEADERS) delete req.headers[h];
+    const cookie = withoutCookie(req.headers.cookie, PASS_COOKIE);
+    if (cookie === undefined) delete req.headers.cookie;
+    else req.headers.cookie = cookie;
+  }
+
+  private async web(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+    const started = Date.now();
+    const sock = req.socket;
+    const [read0, written0] = [sock.bytesRead, sock.bytesWritten];
+    let route: IngressRoute | undefined;
+    let access: IngressLogEntry['access'] = 'refused';
+    res.once('close', () => {
+      if (!route) return;
+      this.opts.backend.log?.({
+        at: new Date(started).toISOString(), tenantId: route.tenantId, sandboxId: route.sandboxId, port: route.port, method: req.method ?? '', path: (req.url ?? '').slice(0, 2048),
+        status: res.statusCode, bytesIn: sock.bytesRead - read0, bytesOut: sock.bytesWritten - written0, durationMs: Date.now() - started, client: sock.remoteAddress ?? '', access, websocket: false,
+      });
+    });
+    try {
+      if (req.url?.startsWith(`${SIGNED_LINK_PATH}?`) || req.url === SIGNED_LINK_PATH) return this.signedLink(req, res);
+      ({ route, access } = await this.admit(req).catch((err: unknown) => {
+        // Refusals of a known route are logged too (not of unknown hosts: no oracle, no noise).
+        const addr = parseIngressHost(req.headers.host, this.opts.domain);
+        if (addr && (err as SpaceError).code === 'INGRESS_UNAUTHENTICATED') void this.opts.backend.route(addr.sandboxId, addr.port).then((r) => (route = r));
+        throw err;
+      }));
+      this.scrub(req);
+      const address = await this.opts.backend.connect(route);
+      this.proxy.web(req, res, { target: `http://${address}:${route.port}` }, (err) => {
+        this.refuse(req, res, new SpaceError('INGRESS_UPSTREAM_FAILED', `Nothing answered on port ${route!.port} inside ${route!.sandboxId}: ${(err as Error).message}`, { cause: err }));
+      });
+    } catch (err) {
+      this.refuse(req, res, toSpaceError(err));
+    }
+  }
+
+  /** `GET /.space/auth?pass=…&next=/path`: a valid pass becomes a cookie for this host, then a redirect. */
+  private async signedLink(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+    const u = new URL(req.url!, 'http://ingress.invalid');
+    const addr = parseIngressHost(req.headers.host, this.opts.domain);
+    const route = addr ? await this.opts.backend.route(addr.sandboxId, addr.port) : undefined;
+    if (!route) return this.refuse(req, res, new SpaceError('PORT_NOT_EXPOSED'));
+    const pass = u.searchParams.get('pass') ?? undefined;
+    const exp = checkPass(this.opts.secret, route, pass);
+    if (exp === undefined) return this.refuse(req, res, new SpaceError('INGRESS_UNAUTHENTICATED', 'This link has expired or is not valid for this port: ask for a new one (`space expose`)'));
+    const next = u.searchParams.get('next') ?? '/';
+    const location = next.startsWith('/') && !next.startsWith('//') && !next.includes('\\') ? next : '/';
+    const maxAge = exp - Math.floor(Date.now() / 1000);
+    res.writeHead(302, {
+      location,
+      'set-cookie': `${PASS_COOKIE}=${pass}; Max-Age=${maxAge}; Path=/; HttpOnly; SameSite=Lax${this.opts.tls ? '; Secure' : ''}`,
+      'cache-control': 'no-store',
+      'content-length': '0',
+    });
+    res.end();
+  }
+
+  private async upgrade(req: http.IncomingMessage, socket: net.Socket, head: Buffer): Promise<void> {
+    const started = Date.now();
+    socket.on('error', () => {});
+    try {
+      const { route, access } = await this.admit(req);
+      this.scrub(req);
+      const address = await this.opts.backend.connect(route);
+      socket.once('close', () => {
+        this.opts.backend.log?.({
+          at: new Date(started).toISOString(), tenantId: route.tenantId, sandboxId: route.sandboxId, port: route.port, method: req.method ?? 'GET', path: (req.url ?? '').slice(0, 2048),
+          status: 101, bytesIn: socket.bytesRead, bytesOut: socket.bytesWritten, durationMs: Date.now() - started, client: socket.remoteAddress ?? '', access, websocket: true,
+        });
+      });
+      this.proxy.ws(req, socket, head, { target: `ws://${address}:${route.port}` }, () => {
+        if (socket.writable) socket.end(`HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+        else socket.destroy();
+      });
+    } catch (err) {
+      const e = toSpaceError(err);
+      if (socket.writable) socket.end(`HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? ''}\r\nconnection: close\r\ncontent-type: application/json\r\n\r\n${JSON.stringify(e.toJSON())}`);
+      else socket.destroy();
+    }
+  }
+
+  /** Answers with the error: JSON for programs, a short page for browsers. */
+  private refuse(req: http.IncomingMessage, res: http.ServerResponse, e: SpaceError): void {
+    if (res.headersSent) {
+      res.destroy(e);
+      return;
+    }
+    const html = (req.headers.accept ?? '').includes('text/html');
+    const body = html ? page(e.status, e.code, e.message, e.hint) : JSON.stringify(e.toJSON());
+    res.writeHead(e.status, { 'content-type': html ? 'text/html; charset=utf-8' : 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
+    res.end(body);
+  }
+}
+
+const esc = (s: string) => s.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+
+function page(status: number, code: ErrorCode, message: string, hint: string | undefined): string {
+  return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${status} ${esc(code)}</title></head><body><h1>${status} ${esc(code)}</h1><p>${esc(message)}</p>${hint ? `<p>${esc(hint)}</p>` : ''}<p><small>SPACE ingress</small></p></body></html>`;
+}

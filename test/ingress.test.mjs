@@ -1,0 +1,227 @@
+// The ingress listener (@space/ingress) against real servers on loopback: host routing, tokens,
+// signed links and their cookie, what the sandbox never sees, streams, large bodies, WebSockets,
+// limits and the same 404 for everything unknown. The backend here is a table; the daemon's
+// (exposures, wake on request, the sandbox's address) is tested with real sandboxes.
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import http from 'node:http';
+import net from 'node:net';
+import { after, before, describe, it } from 'node:test';
+import { WebSocket, WebSocketServer } from 'ws';
+import { IngressServer, hashToken, makePass, newAccessToken } from '../packages/ingress/dist/index.js';
+
+const DOMAIN = 'localhost:7072';
+const A = 'sbaaaaaaaaaaaaaaaaaa';
+const B = 'sbbbbbbbbbbbbbbbbbbb';
+const secret = randomBytes(32);
+
+/** A request to the ingress at `port` with Host `host`; resolves to { status, headers, body }. */
+function request(port, { host, path = '/', method = 'GET', headers = {}, body } = {}) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, path, method, headers: { host, ...headers }, setHost: false }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks) }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+const json = (r) => JSON.parse(r.body.toString());
+
+describe('ingress listener', () => {
+  let upstream, wss, ingress, port, upPort, seen, logs, tokenA, tokenB, sse;
+  const routes = new Map();
+  const host = (id, p = upPort) => `${p}-${id}.${DOMAIN}`;
+
+  before(async () => {
+    seen = [];
+    logs = [];
+    // The "sandbox": echoes what it got, serves bytes and an event stream, hashes uploads.
+    upstream = http.createServer((req, res) => {
+      seen.push({ url: req.url, headers: req.headers });
+      if (req.url === '/events') {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write('data: first\n\n');
+        sse = () => res.end('data: last\n\n');
+        return;
+      }
+      const m = /^\/bytes\/(\d+)$/.exec(req.url);
+      if (m) {
+        let left = Number(m[1]);
+        res.writeHead(200, { 'content-length': left });
+        const chunk = Buffer.alloc(64 * 1024, 9);
+        const pump = () => {
+          while (left > 0) {
+            const n = Math.min(left, chunk.length);
+            left -= n;
+            if (!res.write(n === chunk.length ? chunk : chunk.subarray(0, n))) return res.once('drain', pump);
+          }
+          res.end();
+        };
+        return pump();
+      }
+      const h = createHash('sha256');
+      let size = 0;
+      req.on('data', (c) => (h.update(c), (size += c.length)));
+      req.on('end', () => res.end(JSON.stringify({ method: req.method, url: req.url, headers: req.headers, size, sha256: h.digest('hex') })));
+    });
+    wss = new WebSocketServer({ server: upstream });
+    wss.on('connection', (ws) => ws.on('message', (m, binary) => ws.send(m, { binary })));
+    await new Promise((r) => upstream.listen(0, '127.0.0.1', r));
+    upPort = upstream.address().port;
+    ({ token: tokenA } = newAccessToken());
+    ({ token: tokenB } = newAccessToken());
+    routes.set(`${A}:${upPort}`, { sandboxId: A, tenantId: 't1', port: upPort, public: false, tokenHash: hashToken(tokenA) });
+    routes.set(`${B}:${upPort}`, { sandboxId: B, tenantId: 't1', port: upPort, public: true, tokenHash: hashToken(tokenB) });
+    ingress = new IngressServer({
+      domain: DOMAIN,
+      secret,
+      headersTimeoutMs: 2000,
+      backend: { route: async (id, p) => routes.get(`${id}:${p}`), connect: async () => '127.0.0.1', log: (e) => logs.push(e) },
+    });
+    ({ port } = await ingress.listen('127.0.0.1', 0));
+  });
+  after(async () => {
+    await ingress.close();
+    wss.close();
+    upstream.closeAllConnections();
+    await new Promise((r) => upstream.close(r));
+  });
+
+  it('a public port answers anyone; the Host is kept and X-Forwarded-* are added', async () => {
+    const r = await request(port, { host: host(B), path: '/hello?x=1' });
+    assert.equal(r.status, 200);
+    const got = json(r);
+    assert.equal(got.url, '/hello?x=1');
+    assert.equal(got.headers.host, host(B));
+    assert.equal(got.headers['x-forwarded-for'], '127.0.0.1');
+    assert.equal(got.headers['x-forwarded-proto'], 'http');
+  });
+
+  it('a private port: no token 401, a wrong token 401, another sandbox\'s token 401, its own 200 — and the sandbox never sees it', async () => {
+    const none = await request(port, { host: host(A) });
+    assert.equal(none.status, 401);
+    assert.equal(json(none).error.code, 'INGRESS_UNAUTHENTICATED');
+    assert.equal((await request(port, { host: host(A), headers: { 'x-space-access-token': 'sat_nope' } })).status, 401);
+    assert.equal((await request(port, { host: host(A), headers: { 'x-space-access-token': tokenB } })).status, 401);
+    const ok = await request(port, { host: host(A), headers: { 'x-space-access-token': tokenA } });
+    assert.equal(ok.status, 200);
+    assert.equal(json(ok).headers['x-space-access-token'], undefined);
+    const e2b = await request(port, { host: host(A), headers: { 'e2b-traffic-access-token': tokenA } });
+    assert.equal(e2b.status, 200, 'E2B\'s header name works too');
+    assert.equal(json(e2b).headers['e2b-traffic-access-token'], undefined);
+  });
+
+  it('a signed link sets an HttpOnly cookie for the host and redirects; the cookie lets a browser in and is not forwarded', async () => {
+    const route = routes.get(`${A}:${upPort}`);
+    const pass = makePass(secret, route, Math.floor(Date.now() / 1000) + 600);
+    const link = await request(port, { host: host(A), path: `/.space/auth?pass=${pass}&next=/app/page` });
+    assert.equal(link.status, 302);
+    assert.equal(link.headers.location, '/app/page');
+    const cookie = link.headers['set-cookie'][0];
+    assert.match(cookie, /^space_ingress=\d+\.[\w-]+; Max-Age=\d+; Path=\/; HttpOnly; SameSite=Lax$/);
+    const jar = `theme=dark; ${cookie.split(';')[0]}`;
+    const page = await request(port, { host: host(A), path: '/app/page', headers: { cookie: jar } });
+    assert.equal(page.status, 200);
+    assert.equal(json(page).headers.cookie, 'theme=dark', 'the pass is stripped, other cookies pass');
+    // The same pass on another sandbox's host, an open redirect, an expired pass, a pass after the token changed.
+    assert.equal((await request(port, { host: host(A), path: '/', headers: { cookie: `space_ingress=${makePass(secret, routes.get(`${B}:${upPort}`), Math.floor(Date.now() / 1000) + 600)}` } })).status, 401);
+    assert.equal((await request(port, { host: host(A), path: `/.space/auth?pass=${pass}&next=//evil.example/` })).headers.location, '/');
+    assert.equal((await request(port, { host: host(A), path: `/.space/auth?pass=${makePass(secret, route, Math.floor(Date.now() / 1000) - 1)}` })).status, 401);
+    const rotated = { ...route, tokenHash: hashToken('sat_new') };
+    routes.set(`${A}:${upPort}`, rotated);
+    try {
+      assert.equal((await request(port, { host: host(A), headers: { cookie: jar } })).status, 401, 'a new token ends old passes');
+    } finally {
+      routes.set(`${A}:${upPort}`, route);
+    }
+  });
+
+  it('unknown hosts, sandboxes and ports get the same 404; absolute URLs and duplicate Hosts are refused', async () => {
+    const bodies = [];
+    for (const h of ['example.com', `${upPort}-sbcccccccccccccccccc.${DOMAIN}`, `1-${A}.${DOMAIN}`, `99999-${A}.${DOMAIN}`, `${upPort}-${A}.other.example`]) {
+      const r = await request(port, { host: h });
+      assert.equal(r.status, 404, h);
+      bodies.push(r.body.toString());
+    }
+    assert.equal(new Set(bodies).size, 1, 'no existence oracle');
+    assert.equal((await request(port, { host: host(B), path: `http://127.0.0.1:${upPort}/` })).status, 400);
+    const dup = await new Promise((resolve) => {
+      const s = net.connect(port, '127.0.0.1', () => s.write(`GET / HTTP/1.1\r\nHost: ${host(B)}\r\nHost: ${host(A)}\r\n\r\n`));
+      s.once('data', (d) => (resolve(d.toString().split(' ')[1]), s.destroy()));
+    });
+    assert.equal(dup, '400');
+  });
+
+  it('nothing listening inside answers 502 with a page for browsers', async () => {
+    const closed = await new Promise((r) => {
+      const s = net.createServer().listen(0, '127.0.0.1', () => {
+        const p = s.address().port;
+        s.close(() => r(p));
+      });
+    });
+    routes.set(`${B}:${closed}`, { sandboxId: B, tenantId: 't1', port: closed, public: true, tokenHash: hashToken('x') });
+    const r = await request(port, { host: host(B, closed), headers: { accept: 'text/html' } });
+    assert.equal(r.status, 502);
+    assert.match(r.body.toString(), /INGRESS_UPSTREAM_FAILED/);
+    assert.match(r.headers['content-type'], /text\/html/);
+  });
+
+  it('an event stream arrives as it is written (the first event before the server ends it)', async () => {
+    await new Promise((resolve, reject) => {
+      const req = http.request({ host: '127.0.0.1', port, path: '/events', headers: { host: host(B) }, setHost: false }, (res) => {
+        let text = '';
+        res.on('data', (d) => {
+          text += d;
+          if (text === 'data: first\n\n') sse(); // the server ends only once the first event is here
+        });
+        res.on('end', () => (text === 'data: first\n\ndata: last\n\n' ? resolve() : reject(new Error(text))));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+  });
+
+  it('large bodies both ways match byte for byte', async () => {
+    const up = randomBytes(32 * 1024 * 1024);
+    const r = await request(port, { host: host(B), method: 'POST', path: '/upload', body: up, headers: { 'content-type': 'application/octet-stream' } });
+    assert.equal(json(r).size, up.length);
+    assert.equal(json(r).sha256, createHash('sha256').update(up).digest('hex'));
+    const down = await request(port, { host: host(B), path: `/bytes/${64 * 1024 * 1024}` });
+    assert.equal(down.body.length, 64 * 1024 * 1024);
+  });
+
+  it('a WebSocket echoes 1,000 messages through it; a private one needs the token', async () => {
+    await assert.rejects(
+      new Promise((resolve, reject) => {
+        const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`, { headers: { host: host(A) } });
+        ws.on('open', resolve);
+        ws.on('error', reject);
+      }),
+      /401/,
+    );
+    const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`, { headers: { host: host(A), 'x-space-access-token': tokenA } });
+    await new Promise((r, j) => (ws.once('open', r), ws.once('error', j)));
+    let got = 0;
+    const done = new Promise((r) => ws.on('message', (m) => (assert.equal(m.toString(), `m${got}`), ++got === 1000 && r())));
+    for (let i = 0; i < 1000; i++) ws.send(`m${i}`);
+    await done;
+    ws.close();
+    await new Promise((r) => ws.once('close', r));
+  });
+
+  it('oversized headers get 431; every request that reached a port is in the audit log', async () => {
+    const big = await new Promise((resolve) => {
+      const s = net.connect(port, '127.0.0.1', () => s.write(`GET / HTTP/1.1\r\nHost: ${host(B)}\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`));
+      s.once('data', (d) => (resolve(d.toString().split(' ')[1]), s.destroy()));
+    });
+    assert.equal(big, '431');
+    const entry = logs.find((l) => l.path === '/hello?x=1');
+    assert.ok(entry, JSON.stringify(logs.slice(0, 3)));
+    assert.equal(entry.access, 'public');
+    assert.equal(entry.status, 200);
+    assert.ok(logs.some((l) => l.sandboxId === A && l.access === 'token'));
+    assert.ok(logs.some((l) => l.websocket && l.status === 101));
+  });
+});
