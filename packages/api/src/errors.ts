@@ -66,6 +66,7 @@ export const ERRORS = {
   SECRET_INVALID: { status: 400, message: 'The secret is invalid', hint: 'Give a name like OPENAI_API_KEY, a value, and at least one host (e.g. api.openai.com or *.example.org).' },
   EGRESS_POLICY_INVALID: { status: 400, message: 'The egress policy is invalid', hint: 'Use domains like "api.example.com" or "*.example.org", CIDRs like "203.0.113.0/24", ports 1–65535 and passthrough "host:port".' },
   EGRESS_DENIED: { status: 403, message: 'The egress proxy refused the request', hint: 'Allow the destination in the sandbox\'s egress policy (`space egress allow ID --domain HOST`).' },
+  INGRESS_UNAVAILABLE: { status: 503, message: 'This daemon runs without an ingress', hint: 'Start spaced with --ingress-listen HOST:PORT (it needs the sandbox network: not with --egress off).' },
   INGRESS_UPSTREAM_FAILED: { status: 502, message: 'Nothing answered on this port inside the sandbox', hint: 'Start a server listening on 0.0.0.0 (not only 127.0.0.1) on that port inside the sandbox.' },
   EGRESS_UPSTREAM_FAILED: { status: 502, message: 'The egress proxy could not reach the destination', hint: 'Check that the destination is up and reachable from the daemon\'s host; `space egress log ID` shows each attempt.' },
   EGRESS_UNAVAILABLE: { status: 503, message: 'Sandbox networking is off on this daemon', hint: 'Start the daemon without --egress off (it needs nftables and iproute2: `space doctor`).' },

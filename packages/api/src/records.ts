@@ -102,3 +102,24 @@ export interface EgressLogPage {
   items: (EgressLogEntry & { seq: number })[];
   nextCursor?: string;
 }
+
+/**
+ * An exposed port of a sandbox, as the API returns it: reachable through the ingress at
+ * {@link url} (with the access token in `X-Space-Access-Token`, unless public) or through
+ * {@link signedUrl} in a browser (it sets a cookie for that host, then redirects to `/`).
+ *
+ * @example
+ * const p: ExposedPort = { port: 8000, public: false, url: 'http://8000-sb….localhost:7072/', signedUrl: 'http://8000-sb….localhost:7072/.space/auth?pass=…&next=/', signedUrlExpiresAt: '…', createdAt: '…' };
+ */
+export interface ExposedPort {
+  port: number;
+  public: boolean;
+  url: string;
+  signedUrl: string;
+  signedUrlExpiresAt: string;
+  createdAt: string;
+  /** When the exposure ends; absent: while the sandbox lives. */
+  expiresAt?: string;
+  /** The access token: only in the answer to the expose request, never again. */
+  token?: string;
+}

@@ -388,6 +388,46 @@ program
   });
 
 program
+  .command('expose <id> <port>')
+  .description('expose a port of a sandbox through the ingress; prints a link that opens it on its first line')
+  .option('--public', 'reachable by anyone with the URL, without the token')
+  .option('--ttl <duration>', 'the exposure ends after this long (e.g. 1h, 7d; at most 30d)')
+  .option('--json', 'print JSON')
+  .action(async (id: string, portText: string, o: { public?: boolean; ttl?: string; json?: boolean }) => {
+    const port = Number(portText);
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new SpaceError('INVALID_PORT', `port must be a number from 1 to 65535; got ${JSON.stringify(portText)}`);
+    const sb = await Sandbox.connect(id, connection());
+    const p = await sb.ports.expose(port, { ...(o.public ? { public: true } : {}), ...(o.ttl ? { ttlS: Math.ceil(parseDuration(o.ttl) / 1000) } : {}) });
+    if (o.json) return void process.stdout.write(JSON.stringify(p, null, 2) + '\n');
+    process.stdout.write(
+      `${p.public ? p.url : p.signedUrl}\n` +
+        (p.public ? `  public: anyone with the URL reaches port ${p.port}\n` : `  url:    ${p.url} (send X-Space-Access-Token)\n  token:  ${p.token} (shown once)\n  link:   valid until ${p.signedUrlExpiresAt}; it sets a cookie for that host (curl: -L -b jar -c jar)\n`) +
+        (p.expiresAt ? `  ends:   ${p.expiresAt}\n` : ''),
+    );
+  });
+
+program
+  .command('ports <id>')
+  .description('list the exposed ports of a sandbox, each with a fresh signed link')
+  .option('--json', 'print JSON')
+  .action(async (id: string, o: { json?: boolean }) => {
+    const sb = await Sandbox.connect(id, connection());
+    const ports = await sb.ports.list();
+    if (o.json) return void process.stdout.write(JSON.stringify(ports, null, 2) + '\n');
+    if (!ports.length) return void process.stdout.write(`no exposed ports: \`space expose ${id} PORT\` exposes one\n`);
+    process.stdout.write(table([['PORT', 'ACCESS', 'URL', 'ENDS', 'SIGNED LINK'], ...ports.map((p) => [String(p.port), p.public ? 'public' : 'token', p.url, p.expiresAt ?? '-', p.public ? '-' : p.signedUrl])]) + '\n');
+  });
+
+program
+  .command('unexpose <id> <port>')
+  .description('stop exposing a port; its token and links stop working at once')
+  .action(async (id: string, portText: string) => {
+    const sb = await Sandbox.connect(id, connection());
+    await sb.ports.unexpose(Number(portText));
+    process.stdout.write(`${id} port ${portText} no longer exposed\n`);
+  });
+
+program
   .command('shell <id>')
   .description('open an interactive terminal in a sandbox')
   .option('-u, --user <user>', 'user name or uid')

@@ -34,16 +34,12 @@ export const ALLOWED: Record<SandboxAction, readonly SandboxState[]> = {
   // Secrets become env vars through the agent (only a running one takes them; see attachSecrets).
   attachSecrets: ['starting', 'running', 'paused', 'hibernated'],
   setHeaderRules: ['running', 'hibernated'],
+  // Exposing a port is a record the ingress reads; serving it needs the sandbox running.
+  exposePort: ['starting', 'running', 'paused', 'hibernated'],
 };
 
 /** Actions checked by {@link assertAllowed}. */
-export type SandboxAction = 'exec' | 'files' | 'kill' | 'pause' | 'resume' | 'hibernate' | 'wake' | 'snapshot' | 'rollback' | 'fork' | 'setPolicy' | 'setEgress' | 'setTimeout' | 'attachSecrets' | 'setHeaderRules';
-
-
-
-
-
-
+export type SandboxAction = 'exec' | 'files' | 'kill' | 'pause' | 'resume' | 'hibernate' | 'wake' | 'snapshot' | 'rollback' | 'fork' | 'setPolicy' | 'setEgress' | 'setTimeout' | 'attachSecrets' | 'setHeaderRules' | 'exposePort';
 
 /** Where a template's root file system comes from. */
 export type TemplateSource =

@@ -45,3 +45,19 @@ export interface DataKeyRecord {
   keyId: string;
   wrapped: Buffer;
 }
+
+/**
+ * A port of a sandbox exposed through the ingress. Only the access token's hash is kept; the
+ * token is shown once, when the port is exposed.
+ */
+export interface PortExposure {
+  sandboxId: string;
+  port: number;
+  /** Reachable by anyone who has the URL. */
+  public: boolean;
+  /** SHA-256 (hex) of the access token: what the ingress compares (and signs passes over). */
+  tokenHash: string;
+  createdAt: string;
+  /** When the exposure ends (ISO 8601); absent: while the sandbox lives. */
+  expiresAt?: string;
+}

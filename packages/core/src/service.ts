@@ -20,7 +20,7 @@ import { Journal } from './ports/intent-journal.js';
 import type { Logger } from './logger.js';
 import { TERMINAL_STATES, assertAllowed, type Sandbox, type SandboxAction, type SandboxEvent, type Snapshot, type SnapshotPolicy } from './model.js';
 import { WarmPool } from './templates/warm-pool.js';
-import type { EgressPolicy, SecretAttachment } from './records.js';
+import type { EgressPolicy, PortExposure, SecretAttachment } from './records.js';
 import type { RootfsBuilder } from './ports/rootfs-builder.js';
 import type { MetadataStore, SandboxPage } from './ports/metadata-store.js';
 import { TemplateService } from './templates/template-service.js';
@@ -32,6 +32,7 @@ import { Checkpoints } from './sandboxes/checkpoint.js';
 import type { LifecycleHooks, SandboxContext, SandboxEgressOptions } from './sandboxes/context.js';
 import { Creates, type CreateSandboxOpts } from './sandboxes/create.js';
 import { EgressSettings } from './sandboxes/egress-settings.js';
+import { Ports, type ExposeRequest } from './sandboxes/ports.js';
 import { Endings } from './sandboxes/endings.js';
 import { FaultPoints, type FaultAction } from './sandboxes/faults.js';
 import { Forks, type ForkResult } from './sandboxes/fork.js';
@@ -156,6 +157,7 @@ export class SandboxService {
   private readonly forks: Forks;
   private readonly sessions: Sessions;
   private readonly egressSettings: EgressSettings;
+  private readonly ports: Ports;
   private readonly checkpoints: Checkpoints;
   private readonly recovery: Recovery;
   private readonly starts: TemplateStarts;
@@ -237,6 +239,7 @@ export class SandboxService {
     this.forks = new Forks(c);
     this.sessions = new Sessions(c);
     this.egressSettings = new EgressSettings(c);
+    this.ports = new Ports(c);
     this.checkpoints = new Checkpoints(c);
     this.recovery = new Recovery(c);
     this.starts = new TemplateStarts(c);
@@ -530,6 +533,30 @@ export class SandboxService {
    */
   setHeaderRules(tenantId: string, id: string, rules: unknown): Promise<Sandbox> {
     return this.egressSettings.setHeaderRules(tenantId, id, rules);
+  }
+
+  /**
+   * Exposes a port of a sandbox through the ingress (again: with a new token). The token is
+   * returned once and not kept.
+   * @example const { exposure, token } = await svc.exposePort('tenant1', id, { port: 8000 });
+   */
+  exposePort(tenantId: string, id: string, req: ExposeRequest): Promise<{ exposure: PortExposure; token: string }> {
+    return this.ports.expose(tenantId, id, req);
+  }
+
+  /** A sandbox's exposed ports (unexpired). */
+  exposedPorts(tenantId: string, id: string): Promise<PortExposure[]> {
+    return this.ports.list(tenantId, id);
+  }
+
+  /** Stops exposing a port. */
+  unexposePort(tenantId: string, id: string, port: number): Promise<void> {
+    return this.ports.unexpose(tenantId, id, port);
+  }
+
+  /** For the ingress: an exposed port of a live sandbox, or undefined. */
+  ingressRoute(id: string, port: number): Promise<{ exposure: PortExposure; sandbox: Sandbox } | undefined> {
+    return this.ports.route(id, port);
   }
 
   /** What the egress proxy needs of a live sandbox (undefined once it has ended). */

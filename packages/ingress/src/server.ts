@@ -87,11 +87,17 @@ const HOP_TOKEN_HEADERS = [ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER];
 export class IngressServer {
   /** The node server (http or https). */
   readonly server: http.Server;
+  /**
+   * Host names are `PORT-SANDBOXID.<domain>`. May be set after {@link listen}, for a domain that
+   * names the listener's port once it is known (`localhost:PORT`).
+   */
+  domain: string;
   private readonly proxy;
   private readonly opts: Required<Omit<IngressServerOptions, 'tls'>> & Pick<IngressServerOptions, 'tls'>;
 
   constructor(opts: IngressServerOptions) {
     this.opts = { headersTimeoutMs: 10_000, requestTimeoutMs: 600_000, maxHeaderBytes: 16_384, upstreamTimeoutMs: 120_000, ...opts };
+    this.domain = opts.domain;
     const serverOpts = { maxHeaderSize: this.opts.maxHeaderBytes, headersTimeout: this.opts.headersTimeoutMs, requestTimeout: this.opts.requestTimeoutMs };
     this.server = opts.tls ? https.createServer({ ...serverOpts, cert: opts.tls.cert, key: opts.tls.key }) : http.createServer(serverOpts);
     this.proxy = createProxyServer({ xfwd: true, proxyTimeout: this.opts.upstreamTimeoutMs, ws: true });
@@ -134,7 +140,7 @@ export class IngressServer {
     let hosts = 0;
     for (let i = 0; i < req.rawHeaders.length; i += 2) if (req.rawHeaders[i]!.toLowerCase() === 'host') hosts++;
     if (hosts !== 1) throw new SpaceError('BAD_REQUEST', 'The request must carry exactly one Host header');
-    const addr = parseIngressHost(req.headers.host, this.opts.domain);
+    const addr = parseIngressHost(req.headers.host, this.domain);
     const route = addr ? await this.opts.backend.route(addr.sandboxId, addr.port) : undefined;
     if (!route || (route.expiresAt && Date.parse(route.expiresAt) <= Date.now())) throw new SpaceError('PORT_NOT_EXPOSED');
     if (route.public) return { route, access: 'public' };
@@ -172,7 +178,7 @@ export class IngressServer {
       if (req.url?.startsWith(`${SIGNED_LINK_PATH}?`) || req.url === SIGNED_LINK_PATH) return this.signedLink(req, res);
       ({ route, access } = await this.admit(req).catch((err: unknown) => {
         // Refusals of a known route are logged too (not of unknown hosts: no oracle, no noise).
-        const addr = parseIngressHost(req.headers.host, this.opts.domain);
+        const addr = parseIngressHost(req.headers.host, this.domain);
         if (addr && (err as SpaceError).code === 'INGRESS_UNAUTHENTICATED') void this.opts.backend.route(addr.sandboxId, addr.port).then((r) => (route = r));
         throw err;
       }));
@@ -189,7 +195,7 @@ export class IngressServer {
   /** `GET /.space/auth?pass=…&next=/path`: a valid pass becomes a cookie for this host, then a redirect. */
   private async signedLink(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     const u = new URL(req.url!, 'http://ingress.invalid');
-    const addr = parseIngressHost(req.headers.host, this.opts.domain);
+    const addr = parseIngressHost(req.headers.host, this.domain);
     const route = addr ? await this.opts.backend.route(addr.sandboxId, addr.port) : undefined;
     if (!route) return this.refuse(req, res, new SpaceError('PORT_NOT_EXPOSED'));
     const pass = u.searchParams.get('pass') ?? undefined;

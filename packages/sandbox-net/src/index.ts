@@ -10,9 +10,12 @@
  * proxy knows who is asking.
  *
  * Enforcement: gVisor sends its frames through an AF_PACKET socket, so only an nftables
- * `netdev` egress hook on the sandbox end sees them; it drops everything but ARP and TCP from
- * the sandbox's address to the proxy's port. A host `inet` table drops whatever else arrives on
- * the host ends (and any forwarding to or from them), in case a sandbox-side rule is missing.
+ * `netdev` egress hook on the sandbox end sees them; it drops everything but ARP, TCP from
+ * the sandbox's address to the proxy's port, and TCP to the host end that is not a bare SYN
+ * (answers on connections the host opened: the ingress). A host `inet` table drops whatever
+ * else arrives on the host ends — it lets in only new connections to the proxy and packets of
+ * connections the host opened (conntrack) — and any forwarding to or from them, in case a
+ * sandbox-side rule is missing.
  */
 import { createHash } from 'node:crypto';
 import { promises as fs } from 'node:fs';
@@ -61,6 +64,8 @@ export class SandboxNet implements SandboxNetwork {
   private readonly slots: number;
   private readonly links = new Map<string, Link>();
   private readonly byAddress = new Map<string, string>();
+  /** Sandbox id → the address of its newest link. */
+  private readonly byId = new Map<string, string>();
   private readonly used = new Set<number>();
   /** Links found at start-up (a restarted daemon), by netns name. */
   private readonly found = new Map<string, number>();
@@ -106,6 +111,8 @@ export class SandboxNet implements SandboxNetwork {
       '  chain input {',
       '    type filter hook input priority filter - 10; policy accept;',
       `    iifname "${pattern}" ip daddr ${this.proxyAddress} tcp dport ${this.proxyPort} accept`,
+      // Answers on connections the host opened (the ingress reaching a sandbox's port).
+      `    iifname "${pattern}" meta l4proto tcp ct state established accept`,
       `    iifname "${pattern}" counter drop`,
       '  }',
       '  chain forward {',
@@ -177,6 +184,8 @@ export class SandboxNet implements SandboxNetwork {
     const adopted = this.found.get(netns);
     if (adopted !== undefined) {
       this.found.delete(netns);
+      // (Again, in case a daemon of an older SPACE wrote them: the rules are part of the link.)
+      await this.sandboxRules(netns, ifname, this.addresses(adopted));
       return this.register(netns, id, adopted);
     }
     const index = this.allocate();
@@ -189,16 +198,7 @@ export class SandboxNet implements SandboxNetwork {
       await Promise.all([
         run('ip', ['link', 'set', hostIf, 'up'], 10_000),
         run('ip', ['-n', netns, '-b', '-'], 10_000, [`addr add ${a.sandbox}/30 dev ${ifname}`, `link set ${ifname} up`, `route add ${this.proxyAddress}/32 via ${a.host} dev ${ifname}`, ''].join('\n')),
-        run('ip', ['netns', 'exec', netns, 'nft', '-f', '-'], 10_000, [
-          'table netdev space {',
-          '  chain egress {',
-          `    type filter hook egress device "${ifname}" priority 0; policy drop;`,
-          `    arp saddr ip ${a.sandbox} accept`,
-          `    ip saddr ${a.sandbox} ip daddr ${this.proxyAddress} tcp dport ${this.proxyPort} accept`,
-          '  }',
-          '}',
-          '',
-        ].join('\n')),
+        this.sandboxRules(netns, ifname, a),
       ]);
     } catch (err) {
       await tryRun('ip', ['link', 'del', hostIf], 5_000);
@@ -208,10 +208,38 @@ export class SandboxNet implements SandboxNetwork {
     return this.register(netns, id, index);
   }
 
+  /**
+   * The sandbox side's rules (replaced whole, so idempotent): ARP, new connections to the egress
+   * proxy, and answers to connections the host opened (the ingress): any packet to the host end
+   * but a bare SYN, so nothing inside can open a connection to the host this way. The host's
+   * table lets in only packets of connections the host opened (conntrack), see {@link init}.
+   */
+  private sandboxRules(netns: string, ifname: string, a: { host: string; sandbox: string }): Promise<unknown> {
+    return run('ip', ['netns', 'exec', netns, 'nft', '-f', '-'], 10_000, [
+      'table netdev space',
+      'delete table netdev space',
+      'table netdev space {',
+      '  chain egress {',
+      `    type filter hook egress device "${ifname}" priority 0; policy drop;`,
+      `    arp saddr ip ${a.sandbox} accept`,
+      `    ip saddr ${a.sandbox} ip daddr ${this.proxyAddress} tcp dport ${this.proxyPort} accept`,
+      `    ip saddr ${a.sandbox} ip daddr ${a.host} tcp flags & (syn | ack) != syn accept`,
+      '  }',
+      '}',
+      '',
+    ].join('\n'));
+  }
+
+  /** The address of sandbox `id`'s newest link (where the ingress connects), if it has one. */
+  addressOf(id: string): string | undefined {
+    return this.byId.get(id);
+  }
+
   private register(netns: string, id: string, index: number): string {
     const address = this.addresses(index).sandbox;
     this.links.set(netns, { index, sandboxId: id, address });
     this.byAddress.set(address, id);
+    this.byId.set(id, address);
     return address;
   }
 
@@ -236,6 +264,7 @@ export class SandboxNet implements SandboxNetwork {
     this.links.delete(netns);
     this.found.delete(netns);
     if (l && this.byAddress.get(l.address) === l.sandboxId) this.byAddress.delete(l.address);
+    if (l?.sandboxId && this.byId.get(l.sandboxId) === l.address) this.byId.delete(l.sandboxId);
     this.used.delete(index);
   }
 

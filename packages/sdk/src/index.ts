@@ -13,6 +13,8 @@ export { Commands, CommandHandle, outputEvents } from './commands.js';
 export type { CommandResult, CommandRunOpts, OutputEvent, ProcessInfo } from './commands.js';
 export { Files } from './files.js';
 export type { EntryInfo, WriteData } from './files.js';
+export { Ports } from './ports.js';
+export type { ExposedPort, ExposeOpts } from './ports.js';
 export { Pty, PtyHandle } from './pty.js';
 export type { PtyCreateOpts } from './pty.js';
 export { Secrets } from './secrets.js';

@@ -4,6 +4,7 @@ import { ApiClient, SpaceError, type ConnectionOpts } from './client.js';
 import { asErrorCode } from '@space/api';
 import { Commands } from './commands.js';
 import { Files } from './files.js';
+import { Ports } from './ports.js';
 import { Pty } from './pty.js';
 
 /** Lifecycle states of a sandbox. */
@@ -62,6 +63,8 @@ export class Sandbox {
   readonly files: Files;
   /** Interactive terminals. */
   readonly pty: Pty;
+  /** Ports exposed through the daemon's ingress (preview URLs). */
+  readonly ports: Ports;
 
   private constructor(
     private readonly api: ApiClient,
@@ -71,6 +74,7 @@ export class Sandbox {
     this.commands = new Commands(api, info.id);
     this.files = new Files(api, info.id);
     this.pty = new Pty(api, info.id);
+    this.ports = new Ports(api, info.id);
   }
 
   /** The sandbox id. */

@@ -14,6 +14,7 @@ import { SqliteStore } from '@space/store-sqlite';
 import { LocalBlobStore } from '@space/blob-local';
 import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
+import { startIngress, type IngressOptions } from './ingress.js';
 import { Pkcs11KeyProvider, type Pkcs11Options } from '@space/key-pkcs11';
 import { buildApp } from './app.js';
 import { parseEgressHosts, prepareEgress, type EgressOptions } from './networking.js';
@@ -50,6 +51,8 @@ export interface DaemonOptions {
    * @default "allow" (or SPACE_E2B_INTERNET)
    */
   e2bInternet?: 'allow' | 'deny';
+  /** The ingress: preview URLs of sandboxes' ports. @default listen on the API's host, port + 2 ("off" for none) */
+  ingress?: IngressOptions;
   /** Directory of key files the operator provides (local key provider). @default `${dataDir}/keys` */
   keyDir?: string;
   /** The node's key (a file in keyDir), used for tenants without their own. @default "node.key" */
@@ -290,18 +293,25 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   gcLater();
   const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
+  // The ingress on a listener of its own (host names route to sandboxes' ports).
+  const ingressListen = opts.ingress?.listen ?? process.env.SPACE_INGRESS_LISTEN ?? (port === 0 ? `${host.includes(':') ? `[${host}]` : host}:0` : `${host.includes(':') ? `[${host}]` : host}:${port + 2}`);
+  const ingress = await startIngress(
+    { service, network: egress?.network, secret: await encryptionKeys.daemonSecret('ingress-passes'), logger: logger.child({ api: 'ingress' }) },
+    { listen: ingressListen, ...(opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN ? { domain: opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN } : {}), ...(opts.ingress?.certFile ? { certFile: opts.ingress.certFile } : {}), ...(opts.ingress?.keyFile ? { keyFile: opts.ingress.keyFile } : {}) },
+  );
+  if (ingress) daemonPorts.add(Number(new URL(ingress.url).port));
   const instance = randomUUID();
-  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(egress ? { secrets: egress.secrets } : {}) });
+  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
   daemonPorts.add(actualPort);
   const url = hostUrl(host, actualPort);
-  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), instance, ...(e2bUrl ? { e2bUrl } : {}) };
+  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingressUrl: ingress.url, ingressDomain: ingress.domain } : {}) };
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await fs.rename(`${stateFile}.tmp`, stateFile);
-  logger.info({ url, dataDir, e2bUrl }, 'spaced listening');
+  logger.info({ url, dataDir, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
 
   let closing: Promise<void> | undefined;
   const close = () =>
@@ -312,7 +322,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
         e2b?.server.closeAllConnections();
       }, 10_000);
       force.unref();
-      await Promise.all([app.close(), e2b?.close()]);
+      await Promise.all([app.close(), e2b?.close(), ingress?.close()]);
       clearTimeout(force);
       clearInterval(gcTimer);
       await gcRun;

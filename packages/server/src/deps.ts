@@ -1,4 +1,5 @@
 /** What the HTTP API is built from (its own module, so that app.ts and routes.ts need not import each other). */
+import type { Ingress } from './ingress.js';
 import type { FastifyBaseLogger } from 'fastify';
 import type { ApiKeys, KeyService, SandboxDriver, SandboxService, SecretService } from '@space/core';
 
@@ -20,6 +21,8 @@ export interface AppDeps {
   e2bUrl?: string;
   /** This run's id, answered by `GET /v1/health` (see DaemonState.instance). */
   instance?: string;
+  /** The ingress (absent when it is off): the URLs of exposed ports. */
+  ingress?: Ingress;
   /** Tenants' secrets and the egress log (absent when sandbox networking is off). */
   secrets?: SecretService;
 }

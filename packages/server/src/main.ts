@@ -6,6 +6,7 @@
  * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off] [--e2b-internet allow|deny]
  *        [--pkcs11-module LIB --pkcs11-token LABEL --pkcs11-pin-file FILE]
  *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
+ *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
  */
 import { parseArgs } from 'node:util';
@@ -33,6 +34,10 @@ const { values } = parseArgs({
     'egress-port': { type: 'string' },
     'egress-ca-file': { type: 'string' },
     'egress-host': { type: 'string', multiple: true },
+    'ingress-listen': { type: 'string' },
+    'ingress-domain': { type: 'string' },
+    'ingress-cert': { type: 'string' },
+    'ingress-key': { type: 'string' },
     driver: { type: 'string' },
     drivers: { type: 'string' },
     'microvm-accel': { type: 'string' },
@@ -49,8 +54,15 @@ try {
     ...(values['egress-ca-file'] ? { upstreamCaFile: values['egress-ca-file'] } : {}),
     ...(values['egress-host'] ? { hosts: parseEgressHosts(values['egress-host'].join(',')) } : {}),
   };
+  const ingress = {
+    ...(values['ingress-listen'] ? { listen: values['ingress-listen'] } : {}),
+    ...(values['ingress-domain'] ? { domain: values['ingress-domain'] } : {}),
+    ...(values['ingress-cert'] ? { certFile: values['ingress-cert'] } : {}),
+    ...(values['ingress-key'] ? { keyFile: values['ingress-key'] } : {}),
+  };
   const d = await startDaemon({
     egress,
+    ingress,
     ...(values.driver ? { driver: parseDriver(values.driver) } : {}),
     ...(values.drivers ? { drivers: parseDrivers(values.drivers) } : {}),
     ...(values['microvm-accel'] || values['microvm-kernel-deb'] ? { microvm: { ...(values['microvm-accel'] ? { accel: parseAccel(values['microvm-accel']) } : {}), ...(values['microvm-kernel-deb'] ? { kernelDeb: values['microvm-kernel-deb'] } : {}) } } : {}),

@@ -6,7 +6,7 @@
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { AsyncQueue, SANDBOX_STATES, type AgentCall, type Progress, type Sandbox, type Template, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError } from '@space/core';
+import { AsyncQueue, SANDBOX_STATES, type AgentCall, type Progress, type Sandbox, type Template, type PortExposure, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AppDeps } from './deps.js';
 import { Type } from 'typebox';
@@ -100,6 +100,25 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     return reply.code(201).send({ results });
   });
   app.put('/v1/sandboxes/:id/snapshot-policy', { schema: { tags: ['sessions'], params: S.IdParams, body: S.PolicyBody, ...sbOut } }, async (req) => svc.setSnapshotPolicy(req.principal.tenantId, req.params.id, req.body));
+  // ---- ingress: exposed ports
+  const requireIngress = () => {
+    if (!deps.ingress) throw new SpaceError('INGRESS_UNAVAILABLE');
+    return deps.ingress;
+  };
+  const exposed = (e: PortExposure, token?: string) => ({ port: e.port, public: e.public, ...requireIngress().urls(e), createdAt: e.createdAt, ...(e.expiresAt ? { expiresAt: e.expiresAt } : {}), ...(token ? { token } : {}) });
+  app.post('/v1/sandboxes/:id/ports', { schema: { tags: ['ingress'], params: S.IdParams, body: S.ExposeBody, description: 'Exposes a port through the ingress (again: with a new token, which ends the old one and its links). The token is in this answer only.', response: { 201: S.ExposedPortSchema, ...err } } }, async (req, reply) => {
+    requireIngress();
+    const { exposure, token } = await svc.exposePort(req.principal.tenantId, req.params.id, req.body);
+    return reply.code(201).send(exposed(exposure, token));
+  });
+  app.get('/v1/sandboxes/:id/ports', { schema: { tags: ['ingress'], params: S.IdParams, description: 'Exposed ports, each with a fresh signed link (no token).', response: { 200: Type.Object({ ports: Type.Array(S.ExposedPortSchema) }), ...err } } }, async (req) => {
+    requireIngress();
+    return { ports: (await svc.exposedPorts(req.principal.tenantId, req.params.id)).map((e) => exposed(e)) };
+  });
+  app.delete('/v1/sandboxes/:id/ports/:port', { schema: { tags: ['ingress'], params: S.PortParams, description: 'Stops exposing a port; its token and links stop working at once.' } }, async (req, reply) => {
+    await svc.unexposePort(req.principal.tenantId, req.params.id, req.params.port);
+    return reply.code(204).send();
+  });
   // ---- egress: policy, secrets, audit log
   app.get('/v1/sandboxes/:id/egress', { schema: { tags: ['egress'], params: S.IdParams, response: { 200: S.EgressPolicySchema, ...err } } }, async (req) => {
     const sb = await svc.get(req.principal.tenantId, req.params.id);

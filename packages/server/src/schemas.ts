@@ -145,6 +145,27 @@ export const CreateSandboxBody = Type.Object(
 );
 
 export const IdParams = Type.Object({ id: Type.String({ maxLength: 64 }) });
+export const PortParams = Type.Object({ id: Type.String({ maxLength: 64 }), port: Type.Integer({ minimum: 1, maximum: 65535 }) });
+
+export const ExposeBody = Type.Object(
+  {
+    port: Type.Integer({ description: 'TCP port a server inside the sandbox listens on (0.0.0.0)' }),
+    public: Type.Optional(Type.Boolean({ description: 'Reachable without the access token. @default false' })),
+    expiresInS: Type.Optional(Type.Integer({ description: 'The exposure ends after this many seconds (1 to 2592000); absent: while the sandbox lives' })),
+  },
+  { additionalProperties: false },
+);
+
+export const ExposedPortSchema = Type.Object({
+  port: Type.Integer(),
+  public: Type.Boolean(),
+  url: Type.String({ description: 'The port\'s origin through the ingress' }),
+  signedUrl: Type.String({ description: 'Opens the port in a browser: sets a cookie for its host, then redirects to /' }),
+  signedUrlExpiresAt: Type.String(),
+  createdAt: Type.String(),
+  expiresAt: Type.Optional(Type.String()),
+  token: Type.Optional(Type.String({ description: 'The access token (send as X-Space-Access-Token): only in the answer to the expose request' })),
+});
 export const PidParams = Type.Object({ id: Type.String({ maxLength: 64 }), pid: Type.Integer({ minimum: 1 }) });
 
 export const ListQuery = Type.Object({

@@ -15,6 +15,9 @@ export interface DaemonState {
   startedAt: string;
   /** The E2B-compatible API, when it runs. */
   e2bUrl?: string;
+  /** The ingress listener and its domain, when it runs. */
+  ingressUrl?: string;
+  ingressDomain?: string;
   /**
    * A random id of this daemon's run, also answered by `GET /v1/health`: a client tells the
    * daemon that wrote this file from whatever else may listen at its address now.

@@ -4,7 +4,7 @@
  */
 import Database from 'better-sqlite3';
 import { Kysely, SqliteDialect, sql, type Generated } from 'kysely';
-import type { Intent, ApiKeyRecord, DataKeyRecord, EgressLogEntry, EgressLogPage, MetadataStore, SecretRecord, TenantCaRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
+import type { Intent, ApiKeyRecord, PortExposure, DataKeyRecord, EgressLogEntry, EgressLogPage, MetadataStore, SecretRecord, TenantCaRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
 import { SpaceError } from '@space/core';
 
 interface SandboxTable {
@@ -86,7 +86,14 @@ interface IntentTable {
   doc: string;
 }
 
+interface PortExposureTable {
+  sandbox_id: string;
+  port: number;
+  doc: string;
+}
+
 interface Schema {
+  port_exposures: PortExposureTable;
   intents: IntentTable;
   secrets: SecretTable;
   egress_log: EgressLogTable;
@@ -180,6 +187,11 @@ const MIGRATIONS: string[] = [
      sandbox_id TEXT NOT NULL,
      started_at TEXT NOT NULL,
      doc TEXT NOT NULL);`,
+  `CREATE TABLE port_exposures (
+     sandbox_id TEXT NOT NULL,
+     port INTEGER NOT NULL,
+     doc TEXT NOT NULL,
+     PRIMARY KEY (sandbox_id, port));`,
 ];
 
 function toKey(r: ApiKeyTable): ApiKeyRecord {
@@ -313,6 +325,27 @@ export class SqliteStore implements MetadataStore {
   async listIntents(): Promise<Intent[]> {
     const rows = await this.db.selectFrom('intents').select('doc').orderBy('started_at').orderBy('id').execute();
     return rows.map((r) => JSON.parse(r.doc) as Intent);
+  }
+
+  async putExposure(e: PortExposure): Promise<void> {
+    const row = { sandbox_id: e.sandboxId, port: e.port, doc: JSON.stringify(e) };
+    await this.db.insertInto('port_exposures').values(row).onConflict((oc) => oc.columns(['sandbox_id', 'port']).doUpdateSet({ doc: row.doc })).execute();
+  }
+
+  async getExposure(sandboxId: string, port: number): Promise<PortExposure | undefined> {
+    const r = await this.db.selectFrom('port_exposures').select('doc').where('sandbox_id', '=', sandboxId).where('port', '=', port).executeTakeFirst();
+    return r ? (JSON.parse(r.doc) as PortExposure) : undefined;
+  }
+
+  async listExposures(sandboxId: string): Promise<PortExposure[]> {
+    const rows = await this.db.selectFrom('port_exposures').select('doc').where('sandbox_id', '=', sandboxId).orderBy('port').execute();
+    return rows.map((r) => JSON.parse(r.doc) as PortExposure);
+  }
+
+  async deleteExposures(sandboxId: string, port?: number): Promise<void> {
+    let q = this.db.deleteFrom('port_exposures').where('sandbox_id', '=', sandboxId);
+    if (port !== undefined) q = q.where('port', '=', port);
+    await q.execute();
   }
 
   async insertEvent(e: SandboxEvent): Promise<void> {

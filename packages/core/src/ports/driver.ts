@@ -33,6 +33,8 @@ export interface SandboxNetwork {
   attach(id: string, netns: string, ifname: string): Promise<string>;
   /** Forgets the link of `netns` (after the driver deleted the namespace, which removes the link). */
   detach(netns: string): Promise<void>;
+  /** The address of sandbox `id`'s newest link, where the ingress connects (undefined without one). */
+  addressOf(id: string): string | undefined;
 }
 
 /** Result of asking the runtime about one sandbox. */

@@ -2,7 +2,7 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
-import type { DataKeyRecord, EgressLogEntry, EgressLogPage, SecretRecord, TenantKey } from '../records.js';
+import type { DataKeyRecord, EgressLogEntry, EgressLogPage, PortExposure, SecretRecord, TenantKey } from '../records.js';
 import type { IntentStore } from './intent-journal.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from '../model.js';
 
@@ -72,6 +72,14 @@ export interface MetadataStore extends IntentStore {
   /** A sandbox's snapshots, oldest first. */
   listSnapshots(sandboxId: string): Promise<Snapshot[]>;
   deleteSnapshot(id: string): Promise<void>;
+
+  /** Inserts or replaces the exposure (sandboxId, port). */
+  putExposure(e: PortExposure): Promise<void>;
+  getExposure(sandboxId: string, port: number): Promise<PortExposure | undefined>;
+  /** A sandbox's exposed ports, by port. */
+  listExposures(sandboxId: string): Promise<PortExposure[]>;
+  /** Removes one exposure, or every exposure of the sandbox when `port` is absent. */
+  deleteExposures(sandboxId: string, port?: number): Promise<void>;
 
   insertEvent(e: SandboxEvent): Promise<void>;
   /** A sandbox's events, oldest first (the newest `limit`). */

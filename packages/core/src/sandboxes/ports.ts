@@ -1,0 +1,88 @@
+/**
+ * Exposed ports: which ports of a sandbox the ingress may reach, public or behind an access
+ * token. Core keeps the records (the token's hash only) and answers the ingress; the ingress
+ * listener itself lives in @space/ingress and the daemon wires the two.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { SpaceError } from '../errors.js';
+import { TERMINAL_STATES, assertAllowed, type Sandbox } from '../model.js';
+import type { PortExposure } from '../records.js';
+import type { SandboxContext } from './context.js';
+
+/** What {@link Ports.expose} takes. */
+export interface ExposeRequest {
+  port: number;
+  /** Reachable without the token. @default false */
+  public?: boolean;
+  /** The exposure ends after this many seconds (1 s to 30 days); absent: while the sandbox lives. */
+  expiresInS?: number;
+}
+
+/** Longest exposure a request may ask for: 30 days. */
+export const MAX_EXPOSURE_S = 30 * 24 * 3600;
+
+/**
+ * A new access token (`sat_` + 256 random bits, URL-safe) and its SHA-256 (hex), the form the
+ * ingress compares.
+ */
+function newToken(): { token: string; tokenHash: string } {
+  const token = `sat_${randomBytes(32).toString('base64url')}`;
+  return { token, tokenHash: createHash('sha256').update(token).digest('hex') };
+}
+
+const live = (e: PortExposure) => !e.expiresAt || Date.parse(e.expiresAt) > Date.now();
+
+/** A sandbox's exposed ports. Built by the facade (SandboxService). */
+export class Ports {
+  constructor(private readonly c: SandboxContext) {}
+
+  /**
+   * Exposes `port` of a sandbox (again: a new token, which ends the old one and every pass
+   * signed for it). Returns the record and the token, which is not kept.
+   */
+  expose(tenantId: string, id: string, req: ExposeRequest): Promise<{ exposure: PortExposure; token: string }> {
+    const { port } = req;
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new SpaceError('INVALID_PORT', `port must be an integer from 1 to 65535; got ${JSON.stringify(port)}`);
+    if (req.public !== undefined && typeof req.public !== 'boolean') throw new SpaceError('BAD_REQUEST', 'public must be true or false');
+    const ttl = req.expiresInS;
+    if (ttl !== undefined && (!Number.isInteger(ttl) || ttl < 1 || ttl > MAX_EXPOSURE_S)) throw new SpaceError('BAD_REQUEST', `expiresInS must be an integer from 1 to ${MAX_EXPOSURE_S} (30 days); got ${JSON.stringify(ttl)}`);
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'exposePort');
+      const { token, tokenHash } = newToken();
+      const now = Date.now();
+      const exposure: PortExposure = { sandboxId: id, port, public: req.public ?? false, tokenHash, createdAt: new Date(now).toISOString(), ...(ttl ? { expiresAt: new Date(now + ttl * 1000).toISOString() } : {}) };
+      await this.c.store.putExposure(exposure);
+      await this.c.event(id, 'port-exposed', `port ${port} exposed${exposure.public ? ' publicly' : ''}${exposure.expiresAt ? ` until ${exposure.expiresAt}` : ''}`);
+      return { exposure, token };
+    });
+  }
+
+  /** A sandbox's exposed ports that have not expired. */
+  async list(tenantId: string, id: string): Promise<PortExposure[]> {
+    await this.c.hooks.get(tenantId, id);
+    return (await this.c.store.listExposures(id)).filter(live);
+  }
+
+  /** Closes `port` (PORT_NOT_EXPOSED when it was not exposed). */
+  unexpose(tenantId: string, id: string, port: number): Promise<void> {
+    return this.c.withLock(id, async () => {
+      await this.c.hooks.get(tenantId, id);
+      if (!(await this.c.store.getExposure(id, port))) throw new SpaceError('PORT_NOT_EXPOSED', `Port ${port} of ${id} is not exposed`);
+      await this.c.store.deleteExposures(id, port);
+      await this.c.event(id, 'port-closed', `port ${port} no longer exposed`);
+    });
+  }
+
+  /**
+   * For the ingress: the exposure of `port` and its sandbox, or undefined when there is none
+   * (no such sandbox, an ended one, a port not exposed or expired — all alike).
+   */
+  async route(id: string, port: number): Promise<{ exposure: PortExposure; sandbox: Sandbox } | undefined> {
+    const exposure = await this.c.store.getExposure(id, port);
+    if (!exposure || !live(exposure)) return undefined;
+    const sandbox = await this.c.store.getSandbox(id);
+    if (!sandbox || TERMINAL_STATES.includes(sandbox.state)) return undefined;
+    return { exposure, sandbox };
+  }
+}

@@ -1,0 +1,104 @@
+/**
+ * Wires the ingress into the daemon: the listener (@space/ingress), its backend (exposures
+ * from the service, the sandbox's address from the sandbox network), and the URLs and signed
+ * links the API hands out.
+ */
+import { readFileSync } from 'node:fs';
+import { SpaceError, type Logger, type PortExposure, type SandboxNetwork, type SandboxService } from '@space/core';
+import { IngressServer, SIGNED_LINK_PATH, ingressHost, makePass, type IngressRoute } from '@space/ingress';
+
+/** Ingress settings (flags `--ingress-listen`, `--ingress-domain`, `--ingress-cert`, `--ingress-key`). */
+export interface IngressOptions {
+  /** `HOST:PORT`, or `off`. @default "127.0.0.1:7072" (port 0 when the API listens on port 0) */
+  listen?: string;
+  /** Host names are `PORT-SANDBOXID.<domain>`. @default "localhost:<the ingress port>" */
+  domain?: string;
+  /** PEM files of the operator's (wildcard) certificate and key; plain HTTP without. */
+  certFile?: string;
+  keyFile?: string;
+}
+
+/** A port's addresses as the API returns them. */
+export interface PortUrls {
+  /** The port's origin, e.g. `http://8000-sb….localhost:7072/`. */
+  url: string;
+  /** A link that sets the pass cookie and redirects to `/`: valid until `signedUrlExpiresAt`. */
+  signedUrl: string;
+  signedUrlExpiresAt: string;
+}
+
+/** How long a signed link lives when the exposure itself has no end: 24 hours. */
+export const SIGNED_LINK_S = 24 * 3600;
+
+/** The running ingress. */
+export interface Ingress {
+  url: string;
+  domain: string;
+  /** The URLs of an exposure. */
+  urls(e: PortExposure): PortUrls;
+  close(): Promise<void>;
+}
+
+/**
+ * Starts the ingress listener for `service`; undefined when `listen` is `off` or there is no
+ * sandbox network (nothing could be reached).
+ * @example const ingress = await startIngress({ service, network, secret, logger }, { listen: '127.0.0.1:7072' });
+ */
+export async function startIngress(deps: { service: SandboxService; network: SandboxNetwork | undefined; secret: Buffer; logger: Logger }, opts: { listen: string; domain?: string; certFile?: string; keyFile?: string }): Promise<Ingress | undefined> {
+  if (opts.listen === 'off') return undefined;
+  const { service, network, secret, logger } = deps;
+  if (!network) {
+    logger.warn({}, 'ingress off: the daemon runs without a sandbox network (--egress off), so no sandbox port can be reached');
+    return undefined;
+  }
+  const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(opts.listen);
+  if (!m) throw new SpaceError('CONFIG_INVALID', `--ingress-listen must be HOST:PORT or off; got ${JSON.stringify(opts.listen)}`);
+  if ((opts.certFile === undefined) !== (opts.keyFile === undefined)) throw new SpaceError('CONFIG_INVALID', 'Give both --ingress-cert and --ingress-key (PEM files), or neither');
+  let tls: { cert: Buffer; key: Buffer } | undefined;
+  try {
+    tls = opts.certFile && opts.keyFile ? { cert: readFileSync(opts.certFile), key: readFileSync(opts.keyFile) } : undefined;
+  } catch (err) {
+    throw new SpaceError('CONFIG_INVALID', `Cannot read the ingress certificate or key: ${(err as Error).message}`, { cause: err });
+  }
+  const toRoute = (e: PortExposure, tenantId: string): IngressRoute => ({ sandboxId: e.sandboxId, tenantId, port: e.port, public: e.public, tokenHash: e.tokenHash, ...(e.expiresAt ? { expiresAt: e.expiresAt } : {}) });
+  let domain = opts.domain ?? '';
+  const server = new IngressServer({
+    domain: '',
+    secret,
+    ...(tls ? { tls } : {}),
+    backend: {
+      async route(id, port) {
+        const r = await service.ingressRoute(id, port);
+        return r ? toRoute(r.exposure, r.sandbox.tenantId) : undefined;
+      },
+      async connect(route) {
+        const r = await service.ingressRoute(route.sandboxId, route.port);
+        if (!r) throw new SpaceError('PORT_NOT_EXPOSED');
+        if (r.sandbox.state !== 'running') {
+          throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${route.sandboxId} is ${r.sandbox.state}: ${r.sandbox.state === 'paused' ? 'resume' : r.sandbox.state === 'hibernated' ? 'wake' : 'wait for'} it to serve its ports (\`space ${r.sandbox.state === 'paused' ? 'resume' : 'wake'} ${route.sandboxId}\`)`, { details: { sandboxId: route.sandboxId, state: r.sandbox.state } });
+        }
+        const address = network.addressOf(route.sandboxId);
+        if (!address) throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${route.sandboxId} has no network link right now; try again in a moment`);
+        return address;
+      },
+      log: (e) => logger.info({ ingress: e }, 'ingress request'),
+    },
+  });
+  const host = m[1]!.replace(/^\[|\]$/g, '');
+  const { url, port } = await server.listen(host, Number(m[2]));
+  domain ||= `localhost:${port}`;
+  server.domain = domain;
+  const scheme = tls ? 'https' : 'http';
+  logger.info({ ingress: url, domain }, 'ingress listening');
+  return {
+    url,
+    domain,
+    urls(e) {
+      const origin = `${scheme}://${ingressHost(e.port, e.sandboxId, domain)}/`;
+      const exp = e.expiresAt ? Math.floor(Date.parse(e.expiresAt) / 1000) : Math.floor(Date.now() / 1000) + SIGNED_LINK_S;
+      const pass = makePass(secret, { sandboxId: e.sandboxId, port: e.port, tokenHash: e.tokenHash }, exp);
+      return { url: origin, signedUrl: `${origin.slice(0, -1)}${SIGNED_LINK_PATH}?pass=${pass}&next=/`, signedUrlExpiresAt: new Date(exp * 1000).toISOString() };
+    },
+    close: () => server.close(),
+  };
+}

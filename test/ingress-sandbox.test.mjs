@@ -1,0 +1,125 @@
+// Ingress end to end on gVisor: `python3 -m http.server` in a `base` sandbox, exposed through the
+// daemon's ingress — the token, the signed link with curl's cookie jar (the CLI contract), a
+// second sandbox's token refused, unexposing, and the lockdown kept: exposing a port opens no way
+// out of the sandbox.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import http from 'node:http';
+import { mkdtempSync, rmSync } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { cliRunner, eventually, startTestDaemon } from './helpers.mjs';
+
+/** A request to the ingress (on loopback) for `url`'s host; resolves to { status, body }. */
+function get(ingressPort, url, headers = {}) {
+  const u = new URL(url);
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port: ingressPort, path: u.pathname + u.search, headers: { host: u.host, ...headers }, setHost: false }, (res) => {
+      let body = '';
+      res.on('data', (d) => (body += d));
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+const curl = (args) => new Promise((resolve) => execFile('curl', ['-s', '--max-time', '30', ...args], (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr })));
+
+describe('ingress to a sandbox port (gVisor)', () => {
+  let fx, sb, other, ingressPort, tmp, space;
+
+  before(async () => {
+    fx = await startTestDaemon();
+    ingressPort = Number(new URL(fx.daemon.state.ingressUrl).port);
+    tmp = mkdtempSync('/tmp/spt-ingress-');
+    space = cliRunner(tmp, { SPACE_URL: fx.url, SPACE_API_KEY: fx.key });
+    [sb, other] = await Promise.all([fx.create({ template: 'base' }), fx.create({ template: 'base' })]);
+    await sb.commands.run('mkdir -p /tmp/site');
+    await sb.files.write('/tmp/site/index.html', 'hello from the sandbox\n');
+    await sb.commands.run('cd /tmp/site && python3 -m http.server 8000', { background: true });
+    await other.commands.run('cd /tmp && python3 -m http.server 8000', { background: true });
+  });
+  after(async () => {
+    assert.deepEqual(await fx.close(), []);
+    rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it('a private port: the token header reaches the server; no token or another sandbox\'s token gets 401', async () => {
+    const p = await sb.ports.expose(8000);
+    assert.match(p.url, new RegExp(`^http://8000-${sb.id}\\.localhost:${ingressPort}/$`));
+    assert.match(p.token, /^sat_/);
+    // The server starts in the background: poll until it answers (502 meanwhile).
+    const ok = await eventually(async () => {
+      const r = await get(ingressPort, p.url, { 'x-space-access-token': p.token });
+      return r.status === 200 && r;
+    });
+    assert.equal(ok.body, 'hello from the sandbox\n');
+    const none = await get(ingressPort, p.url);
+    assert.equal(none.status, 401);
+    assert.equal(JSON.parse(none.body).error.code, 'INGRESS_UNAUTHENTICATED');
+    const q = await other.ports.expose(8000);
+    assert.equal((await get(ingressPort, p.url, { 'x-space-access-token': q.token })).status, 401, 'a token is for its own sandbox');
+    assert.equal((await get(ingressPort, q.url, { 'x-space-access-token': q.token })).status, 200);
+  });
+
+  it('space expose prints a link that curl follows with a cookie jar; the bare origin answers 401', async () => {
+    const r = await space('expose', sb.id, '8000');
+    assert.equal(r.code, 0, r.stderr);
+    const link = r.stdout.split('\n')[0];
+    assert.match(link, /\/\.space\/auth\?pass=/);
+    const jar = path.join(tmp, 'jar');
+    const page = await curl(['-L', '-b', jar, '-c', jar, link]);
+    assert.equal(page.code, 0, page.stderr);
+    assert.equal(page.stdout, 'hello from the sandbox\n');
+    const again = await curl(['-b', jar, '-c', jar, `${new URL(link).origin}/index.html`]);
+    assert.equal(again.stdout, 'hello from the sandbox\n', 'the cookie lets later loads in');
+    const bare = await curl(['-o', '/dev/null', '-w', '%{http_code}', `${new URL(link).origin}/`]);
+    assert.equal(bare.stdout, '401');
+    const ls = await space('ports', sb.id);
+    assert.match(ls.stdout, /^PORT\s+ACCESS/);
+    assert.match(ls.stdout, /8000\s+token/);
+  });
+
+  it('unexpose closes it at once: the same 404 as an unknown port', async () => {
+    const p = await sb.ports.expose(8000);
+    await sb.ports.unexpose(8000);
+    const r = await get(ingressPort, p.url, { 'x-space-access-token': p.token });
+    assert.equal(r.status, 404);
+    assert.equal(JSON.parse(r.body).error.code, 'PORT_NOT_EXPOSED');
+    await assert.rejects(sb.ports.unexpose(8000), (e) => e.code === 'PORT_NOT_EXPOSED');
+    await assert.rejects(sb.ports.expose(70000), (e) => e.code === 'BAD_REQUEST' || e.code === 'INVALID_PORT');
+  });
+
+  it('exposing a port opens no way out: the sandbox still cannot connect to the host', async () => {
+    await sb.ports.expose(8000, { public: true });
+    let reached = false;
+    const listener = net.createServer((s) => ((reached = true), s.destroy()));
+    await new Promise((r) => listener.listen(0, '0.0.0.0', r));
+    try {
+      const port = listener.address().port;
+      // The host end of the sandbox's link is its own address minus one (a /30); the sandbox
+      // learns its address from a UDP socket "connected" to the proxy (no packet is sent).
+      const probe = `import os, socket
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.connect((os.environ['HTTP_PROXY'].split('//')[1].split(':')[0], 3128))
+me = u.getsockname()[0]
+host = me.rsplit('.', 1)[0] + '.' + str(int(me.rsplit('.', 1)[1]) - 1)
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect((host, ${port}))
+    print('connected to', host)
+except Exception as e:
+    print('refused', host, type(e).__name__)
+`;
+      await sb.files.write('/tmp/probe.py', probe);
+      const r = await sb.commands.run('python3 /tmp/probe.py');
+      assert.match(r.stdout, /^refused /, r.stdout + r.stderr);
+      assert.equal(reached, false, 'nothing reached the host listener');
+    } finally {
+      listener.close();
+    }
+  });
+});
