@@ -1,4 +1,4 @@
-// Ingress end to end on gVisor: `python3 -m http.server` in a `base` sandbox, exposed through the
+// Ingress end to end on gVisor (and once on a microVM): `python3 -m http.server` in a `base` sandbox, exposed through the
 // daemon's ingress — the token, the signed link with curl's cookie jar (the CLI contract), a
 // second sandbox's token refused, unexposing, and the lockdown kept: exposing a port opens no way
 // out of the sandbox.
@@ -121,5 +121,29 @@ except Exception as e:
     } finally {
       listener.close();
     }
+  });
+});
+
+describe('ingress to a sandbox port (microVM)', () => {
+  let fx, ingressPort;
+  before(async () => {
+    fx = await startTestDaemon({ driver: 'microvm', microvm: { cacheDir: process.env.SPACE_MICROVM_CACHE_DIR ?? '/var/cache/space/microvm' } });
+    ingressPort = Number(new URL(fx.daemon.state.ingressUrl).port);
+  });
+  after(async () => {
+    assert.deepEqual(await fx.close(), []);
+  });
+
+  it('the same link rules reach a server in the guest (busybox httpd), with the token only', async () => {
+    const sb = await fx.create({ memoryMb: 192 });
+    await sb.commands.run('mkdir -p /tmp/www && echo hello from the guest > /tmp/www/index.html');
+    await sb.commands.run('busybox httpd -f -p 8000 -h /tmp/www', { background: true });
+    const p = await sb.ports.expose(8000);
+    const ok = await eventually(async () => {
+      const r = await get(ingressPort, p.url, { 'x-space-access-token': p.token });
+      return r.status === 200 && r;
+    });
+    assert.equal(ok.body, 'hello from the guest\n');
+    assert.equal((await get(ingressPort, p.url)).status, 401);
   });
 });
