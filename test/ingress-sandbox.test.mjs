@@ -147,3 +147,49 @@ describe('ingress to a sandbox port (microVM)', () => {
     assert.equal((await get(ingressPort, p.url)).status, 401);
   });
 });
+
+describe('ingress wakes a sandbox on request (autoResume)', () => {
+  let fx, ingressPort;
+  before(async () => {
+    fx = await startTestDaemon();
+    ingressPort = Number(new URL(fx.daemon.state.ingressUrl).port);
+  });
+  after(async () => {
+    assert.deepEqual(await fx.close(), []);
+  });
+
+  it('hibernated with autoResume: 50 concurrent first requests wake it once and all get the server\'s state; without autoResume 409', async () => {
+    const sb = await fx.create({ template: 'base', autoResume: true });
+    // A server whose answer is state in memory: it counts the requests it served.
+    await sb.files.write('/tmp/count.py', `import http.server
+n = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global n
+        n += 1
+        body = f"{n}\\n".encode()
+        self.send_response(200); self.send_header('content-length', str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()
+`);
+    await sb.commands.run('python3 /tmp/count.py', { background: true });
+    const p = await sb.ports.expose(8000);
+    const h = { 'x-space-access-token': p.token };
+    await eventually(async () => (await get(ingressPort, p.url, h)).status === 200);
+    await sb.hibernate();
+    assert.equal((await sb.refresh()).state, 'hibernated');
+    const answers = await Promise.all(Array.from({ length: 50 }, () => get(ingressPort, p.url, h)));
+    assert.deepEqual([...new Set(answers.map((a) => a.status))], [200]);
+    const counts = answers.map((a) => Number(a.body)).sort((x, y) => x - y);
+    assert.ok(counts[0] >= 2, `the server's memory survived (counts from ${counts[0]})`);
+    assert.equal(new Set(counts).size, 50, 'one server answered all 50');
+    assert.equal((await sb.events()).filter((e) => e.type === 'woken').length, 1, 'woken once');
+
+    const plain = await fx.create({ template: 'minimal' });
+    const q = await plain.ports.expose(8000);
+    await plain.pause();
+    const r = await get(ingressPort, q.url, { 'x-space-access-token': q.token });
+    assert.equal(r.status, 409);
+    assert.match(JSON.parse(r.body).error.message, /paused: `space resume/);
+  });
+});

@@ -94,6 +94,8 @@ export interface Sandbox {
   onTimeout?: 'kill' | 'hibernate';
   /** Hibernate after this many ms without an API call for the sandbox (its processes may still run). */
   idleTimeoutMs?: number;
+  /** A request through the ingress to one of its ports wakes it when hibernated, resumes it when paused. */
+  autoResume?: boolean;
   /** Where creation time went. */
   createTimings?: CreateTimings;
   /** Where it may connect through the egress proxy (absent: nothing). */
@@ -141,6 +143,11 @@ export interface CreateSandboxOpts {
   onTimeout?: 'kill' | 'hibernate';
   /** Hibernate after this many ms without an API call for the sandbox; 0 or absent = never. */
   idleTimeoutMs?: number;
+  /**
+   * Wake on request: a request through the ingress to one of its exposed ports wakes it when
+   * hibernated (and resumes it when paused), then is served. @default false
+   */
+  autoResume?: boolean;
   /** Where it may connect through the egress proxy. @default nothing */
   egress?: Partial<EgressPolicy>;
   /** Names of the tenant's secrets to attach: the sandbox gets placeholders in env vars of those names. */

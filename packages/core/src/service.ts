@@ -385,7 +385,7 @@ export class SandboxService {
     const sb = await this.get(tenantId, id);
     assertAllowed(sb, action);
     this.live.entry(id).lastActive = Date.now();
-    if (sb.state === 'hibernated') return this.sessions.wake(tenantId, id);
+    if (sb.state === 'hibernated') return this.sessions.awaken(tenantId, id);
     return sb;
   }
 
@@ -552,6 +552,11 @@ export class SandboxService {
   /** Stops exposing a port. */
   unexposePort(tenantId: string, id: string, port: number): Promise<void> {
     return this.ports.unexpose(tenantId, id, port);
+  }
+
+  /** For the ingress, before forwarding: the sandbox running (woken if it sleeps and has autoResume), or a SpaceError. */
+  ingressReady(id: string, port: number): Promise<Sandbox> {
+    return this.ports.ready(id, port);
   }
 
   /** For the ingress: an exposed port of a live sandbox, or undefined. */

@@ -8,7 +8,7 @@
  */
 import http from 'node:http';
 import https from 'node:https';
-import type net from 'node:net';
+import net from 'node:net';
 import { createProxyServer } from 'http-proxy-3';
 import { SpaceError, toSpaceError, type ErrorCode } from '@space/api';
 import { ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER, PASS_COOKIE, SIGNED_LINK_PATH, checkPass, cookieValue, tokenMatches, withoutCookie } from './access.js';
@@ -80,6 +80,29 @@ export interface IngressServerOptions {
 const HOP_TOKEN_HEADERS = [ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER];
 
 /**
+ * The agent for connections to sandboxes: no idle connections kept, and each one closed with a
+ * reset, never a FIN. This runsc cannot checkpoint a sandbox holding an established connection
+ * or one in TIME_WAIT (a failed checkpoint kills it), and TIME_WAIT falls on the side that sends
+ * its FIN first — or on both when FINs cross, as when an HTTP/1.0 server closes just as the
+ * client is done. A reset takes the sandbox's end straight to CLOSED: when this side is done
+ * (the client's `end`/`destroySoon`), and in answer to the sandbox's own FIN. (The egress proxy
+ * does the same for connections in the other direction.)
+ */
+class ResettingAgent extends http.Agent {
+  override createConnection(options: net.NetConnectOpts): net.Socket {
+    const s = net.createConnection(options);
+    const reset = () => {
+      if (!s.destroyed) s.resetAndDestroy();
+      return s;
+    };
+    s.end = reset as typeof s.end;
+    (s as net.Socket & { destroySoon: () => void }).destroySoon = reset;
+    s.prependOnceListener('end', reset);
+    return s;
+  }
+}
+
+/**
  * @example
  * const ingress = new IngressServer({ domain: 'localhost:7072', secret, backend });
  * const { url } = await ingress.listen('127.0.0.1', 7072); // "http://127.0.0.1:7072"
@@ -100,7 +123,10 @@ export class IngressServer {
     this.domain = opts.domain;
     const serverOpts = { maxHeaderSize: this.opts.maxHeaderBytes, headersTimeout: this.opts.headersTimeoutMs, requestTimeout: this.opts.requestTimeoutMs };
     this.server = opts.tls ? https.createServer({ ...serverOpts, cert: opts.tls.cert, key: opts.tls.key }) : http.createServer(serverOpts);
-    this.proxy = createProxyServer({ xfwd: true, proxyTimeout: this.opts.upstreamTimeoutMs, ws: true });
+    // One connection per request to the sandbox, and every one ends with a reset (see
+    // ResettingAgent); a WebSocket's upstream answers the sandbox's FIN with a reset too.
+    this.proxy = createProxyServer({ xfwd: true, proxyTimeout: this.opts.upstreamTimeoutMs, ws: true, agent: new ResettingAgent({ keepAlive: false }) });
+    this.proxy.on('open', (s: net.Socket) => s.prependOnceListener('end', () => s.resetAndDestroy()));
     this.server.on('request', (req, res) => void this.web(req, res));
     this.server.on('upgrade', (req, socket, head) => void this.upgrade(req, socket as net.Socket, head));
     this.server.on('clientError', (err, socket) => {

@@ -27,6 +27,9 @@ export interface PortUrls {
   signedUrlExpiresAt: string;
 }
 
+/** How long a request waits for its sandbox to wake (autoResume) before it gets 504. */
+export const WAKE_TIMEOUT_MS = 60_000;
+
 /** How long a signed link lives when the exposure itself has no end: 24 hours. */
 export const SIGNED_LINK_S = 24 * 3600;
 
@@ -44,8 +47,9 @@ export interface Ingress {
  * sandbox network (nothing could be reached).
  * @example const ingress = await startIngress({ service, network, secret, logger }, { listen: '127.0.0.1:7072' });
  */
-export async function startIngress(deps: { service: SandboxService; network: SandboxNetwork | undefined; secret: Buffer; logger: Logger }, opts: { listen: string; domain?: string; certFile?: string; keyFile?: string }): Promise<Ingress | undefined> {
+export async function startIngress(deps: { service: SandboxService; network: SandboxNetwork | undefined; secret: Buffer; logger: Logger }, opts: { listen: string; domain?: string; certFile?: string; keyFile?: string; wakeTimeoutMs?: number }): Promise<Ingress | undefined> {
   if (opts.listen === 'off') return undefined;
+  const wakeTimeoutMs = opts.wakeTimeoutMs ?? WAKE_TIMEOUT_MS;
   const { service, network, secret, logger } = deps;
   if (!network) {
     logger.warn({}, 'ingress off: the daemon runs without a sandbox network (--egress off), so no sandbox port can be reached');
@@ -72,10 +76,15 @@ export async function startIngress(deps: { service: SandboxService; network: San
         return r ? toRoute(r.exposure, r.sandbox.tenantId) : undefined;
       },
       async connect(route) {
-        const r = await service.ingressRoute(route.sandboxId, route.port);
-        if (!r) throw new SpaceError('PORT_NOT_EXPOSED');
-        if (r.sandbox.state !== 'running') {
-          throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${route.sandboxId} is ${r.sandbox.state}: ${r.sandbox.state === 'paused' ? 'resume' : r.sandbox.state === 'hibernated' ? 'wake' : 'wait for'} it to serve its ports (\`space ${r.sandbox.state === 'paused' ? 'resume' : 'wake'} ${route.sandboxId}\`)`, { details: { sandboxId: route.sandboxId, state: r.sandbox.state } });
+        // A sleeping sandbox is woken for the request (autoResume); the request waits that long at most.
+        let timer: NodeJS.Timeout | undefined;
+        const wakeLimit = new Promise<never>((_, reject) => {
+          timer = setTimeout(() => reject(new SpaceError('TIMEOUT', `Sandbox ${route.sandboxId} did not wake within ${wakeTimeoutMs} ms; it goes on waking: try again in a moment`)), wakeTimeoutMs);
+        });
+        try {
+          await Promise.race([service.ingressReady(route.sandboxId, route.port), wakeLimit]);
+        } finally {
+          clearTimeout(timer);
         }
         const address = network.addressOf(route.sandboxId);
         if (!address) throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${route.sandboxId} has no network link right now; try again in a moment`);

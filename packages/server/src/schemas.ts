@@ -87,6 +87,7 @@ export const SandboxSchema = Type.Object({
   expiresAt: Type.Optional(Type.String()),
   onTimeout: Type.Optional(Type.String()),
   idleTimeoutMs: Type.Optional(Type.Integer()),
+  autoResume: Type.Optional(Type.Boolean()),
   egress: Type.Optional(EgressPolicySchema),
   secrets: Type.Optional(Type.Array(SecretAttachmentSchema)),
   createTimings: Type.Optional(
@@ -138,6 +139,7 @@ export const CreateSandboxBody = Type.Object(
     metadata: Type.Optional(StrMap),
     onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('hibernate')], { description: 'What the timeout does. @default "kill"' })),
     idleTimeoutMs: Type.Optional(Type.Integer({ description: 'Hibernate after this many ms without an API call for the sandbox; 0 = never. @default 0' })),
+    autoResume: Type.Optional(Type.Boolean({ description: 'A request through the ingress to an exposed port wakes the sandbox when hibernated (resumes it when paused). @default false' })),
     egress: Type.Optional(EgressPolicyBody),
     secrets: Type.Optional(Type.Array(Type.String({ maxLength: 128 }), { maxItems: 64, description: 'Secrets to attach: the sandbox gets a placeholder in an env var of each name' })),
   },

@@ -82,6 +82,8 @@ export interface AgentHooks {
 export interface SessionHooks {
   hibernate(tenantId: string, id: string): Promise<Sandbox>;
   wake(tenantId: string, id: string): Promise<Sandbox>;
+  /** Wakes a hibernated sandbox (resumes a paused one when asked); others as they are. Concurrent callers wake it once. */
+  awaken(tenantId: string, id: string, resumePaused?: boolean): Promise<Sandbox>;
   markWoken(sb: Sandbox): Promise<Sandbox>;
 }
 

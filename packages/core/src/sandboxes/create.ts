@@ -33,6 +33,7 @@ export class Creates {
     const metadata = checkMap('metadata', opts.metadata, LIMITS.metadataEntries);
     const driver = this.c.driver.get(opts.driver).name;
     const idleTimeoutMs = opts.idleTimeoutMs ?? 0;
+    if (opts.autoResume !== undefined && typeof opts.autoResume !== 'boolean') throw new SpaceError('BAD_REQUEST', 'autoResume must be true or false');
     if (!Number.isInteger(idleTimeoutMs) || (idleTimeoutMs !== 0 && (idleTimeoutMs < 1000 || idleTimeoutMs > LIMITS.timeoutMs.max))) {
       throw new SpaceError('INVALID_LIMITS', `idleTimeoutMs must be 0 (never) or between 1000 and ${LIMITS.timeoutMs.max}; got ${idleTimeoutMs}`, { details: { field: 'idleTimeoutMs' } });
     }
@@ -75,6 +76,7 @@ export class Creates {
       metadata,
       ...(opts.onTimeout === 'hibernate' ? { onTimeout: 'hibernate' as const } : {}),
       idleTimeoutMs,
+      ...(opts.autoResume ? { autoResume: true } : {}),
       ...(egress ? { egress } : {}),
       secrets: [...(secrets ?? []), ...rules],
     });

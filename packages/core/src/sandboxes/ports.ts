@@ -75,6 +75,26 @@ export class Ports {
   }
 
   /**
+   * For the ingress, before it forwards a request: the sandbox running, woken first when it
+   * sleeps and was created with `autoResume` (concurrent first requests wake it once); counts as
+   * activity for its idle timeout. Throws PORT_NOT_EXPOSED, or SANDBOX_INVALID_STATE (409) with
+   * what to do.
+   */
+  async ready(id: string, port: number): Promise<Sandbox> {
+    const r = await this.route(id, port);
+    if (!r) throw new SpaceError('PORT_NOT_EXPOSED');
+    let sb = r.sandbox;
+    this.c.live.entry(id).lastActive = Date.now();
+    if ((sb.state === 'hibernated' || sb.state === 'paused') && sb.autoResume) sb = await this.c.hooks.sessions.awaken(sb.tenantId, id, true);
+    if (sb.state !== 'running') {
+      const verb = sb.state === 'paused' ? 'resume' : 'wake';
+      const how = sb.state === 'paused' || sb.state === 'hibernated' ? `: \`space ${verb} ${id}\`, or create it with autoResume to have requests ${verb} it` : ': wait until it runs';
+      throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${id} is ${sb.state}${how}`, { details: { sandboxId: id, state: sb.state } });
+    }
+    return sb;
+  }
+
+  /**
    * For the ingress: the exposure of `port` and its sandbox, or undefined when there is none
    * (no such sandbox, an ended one, a port not exposed or expired — all alike).
    */

@@ -16,6 +16,7 @@ export interface NewSandboxRecord {
   metadata: Record<string, string>;
   onTimeout?: Sandbox['onTimeout'];
   idleTimeoutMs?: number;
+  autoResume?: boolean;
   egress?: EgressPolicy;
   secrets?: SecretAttachment[];
   /** A fork's copy: the sandbox and snapshot it comes from. */
@@ -46,6 +47,7 @@ export function newSandboxRecord(r: NewSandboxRecord): Sandbox {
     metadata: r.metadata,
     ...(r.onTimeout ? { onTimeout: r.onTimeout } : {}),
     ...(r.idleTimeoutMs ? { idleTimeoutMs: r.idleTimeoutMs } : {}),
+    ...(r.autoResume ? { autoResume: true } : {}),
     ...(r.egress ? { egress: r.egress } : {}),
     ...(r.secrets?.length ? { secrets: r.secrets } : {}),
     createdAt: now.toISOString(),

@@ -27,9 +27,27 @@ export class Sessions implements SessionHooks {
     return this.c.withLock(id, async () => {
       const sb = await this.c.hooks.get(tenantId, id);
       assertAllowed(sb, 'resume');
-      await this.c.driver.resume(id);
-      await this.c.event(id, 'resumed', 'resumed');
-      return this.c.store.updateSandbox(id, { state: 'running' });
+      return this.resumeLocked(sb);
+    });
+  }
+
+  private async resumeLocked(sb: Sandbox): Promise<Sandbox> {
+    await this.c.driver.resume(sb.id);
+    await this.c.event(sb.id, 'resumed', 'resumed');
+    return this.c.store.updateSandbox(sb.id, { state: 'running' });
+  }
+
+  /**
+   * Brings a sandbox to `running` for whoever needs it now: wakes a hibernated one, resumes a
+   * paused one when `resumePaused`, and returns any other as it is. Concurrent callers wake it
+   * once (the second finds it running).
+   */
+  awaken(tenantId: string, id: string, resumePaused = false): Promise<Sandbox> {
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      if (sb.state === 'hibernated') return this.wakeLocked(sb);
+      if (sb.state === 'paused' && resumePaused) return this.resumeLocked(sb);
+      return sb;
     });
   }
 
@@ -106,25 +124,30 @@ export class Sessions implements SessionHooks {
     return this.c.withLock(id, async () => {
       const sb = await this.c.hooks.get(tenantId, id);
       assertAllowed(sb, 'wake');
-      const snap = sb.lastSnapshotId ? await this.c.store.getSnapshot(sb.lastSnapshotId) : undefined;
-      if (!snap) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot to wake from`);
-      const t0 = Date.now();
-      const intent = await this.c.journal.begin(id, 'wake', { step: 'restore', snapshotId: snap.id });
-      await this.c.faults.fault('wake:after-intent');
-      try {
-        await this.c.faults.during('wake:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, sb));
-      } catch (err) {
-        // Still hibernated in its snapshot: whatever the restore left is removed.
-        await this.c.driver.destroy(id).catch((e) => this.c.log.warn({ err: e, sandboxId: id }, 'cleanup after a failed wake failed'));
-        await this.c.journal.done(intent);
-        throw err;
-      }
-      await this.c.faults.fault('wake:after-restore');
-      await this.c.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
-      const woke = await this.markWoken(sb);
-      await this.c.journal.done(intent);
-      return woke;
+      return this.wakeLocked(sb);
     });
+  }
+
+  private async wakeLocked(sb: Sandbox): Promise<Sandbox> {
+    const id = sb.id;
+    const snap = sb.lastSnapshotId ? await this.c.store.getSnapshot(sb.lastSnapshotId) : undefined;
+    if (!snap) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${id} has no snapshot to wake from`);
+    const t0 = Date.now();
+    const intent = await this.c.journal.begin(id, 'wake', { step: 'restore', snapshotId: snap.id });
+    await this.c.faults.fault('wake:after-intent');
+    try {
+      await this.c.faults.during('wake:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, sb));
+    } catch (err) {
+      // Still hibernated in its snapshot: whatever the restore left is removed.
+      await this.c.driver.destroy(id).catch((e) => this.c.log.warn({ err: e, sandboxId: id }, 'cleanup after a failed wake failed'));
+      await this.c.journal.done(intent);
+      throw err;
+    }
+    await this.c.faults.fault('wake:after-restore');
+    await this.c.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
+    const woke = await this.markWoken(sb);
+    await this.c.journal.done(intent);
+    return woke;
   }
 
   /** Records a woken sandbox as running; the timeout starts afresh (like creating), or a timeout that hibernated it would fire at once. */
