@@ -222,6 +222,8 @@ describe('ingress listener', () => {
     assert.equal(entry.access, 'public');
     assert.equal(entry.status, 200);
     assert.ok(logs.some((l) => l.sandboxId === A && l.access === 'token'));
+    assert.ok(logs.some((l) => l.sandboxId === A && l.access === 'refused' && l.status === 401), 'refusals of an exposed port are logged');
+    assert.ok(!logs.some((l) => l.sandboxId === 'sbcccccccccccccccccc'), 'unknown hosts are not');
     assert.ok(logs.some((l) => l.websocket && l.status === 101));
   });
 });

@@ -158,10 +158,10 @@ export class IngressServer {
   }
 
   /**
-   * What a request may reach: its route and how it got in, or the error to answer. The request
-   * line must be origin-form (a path), with one Host header naming an exposed port.
+   * The exposed port a request is for, or the error to answer: the request line must be
+   * origin-form (a path), with one Host header naming an exposed port of a live sandbox.
    */
-  private async admit(req: http.IncomingMessage): Promise<{ route: IngressRoute; access: IngressLogEntry['access'] }> {
+  private async find(req: http.IncomingMessage): Promise<IngressRoute> {
     if (!req.url?.startsWith('/') || req.url.startsWith('//')) throw new SpaceError('BAD_REQUEST', 'The request target must be a path (origin-form), not an absolute URL');
     let hosts = 0;
     for (let i = 0; i < req.rawHeaders.length; i += 2) if (req.rawHeaders[i]!.toLowerCase() === 'host') hosts++;
@@ -169,13 +169,18 @@ export class IngressServer {
     const addr = parseIngressHost(req.headers.host, this.domain);
     const route = addr ? await this.opts.backend.route(addr.sandboxId, addr.port) : undefined;
     if (!route || (route.expiresAt && Date.parse(route.expiresAt) <= Date.now())) throw new SpaceError('PORT_NOT_EXPOSED');
-    if (route.public) return { route, access: 'public' };
+    return route;
+  }
+
+  /** How a request may use `route` (public, its token, a pass), or INGRESS_UNAUTHENTICATED. */
+  private authorize(req: http.IncomingMessage, route: IngressRoute): IngressLogEntry['access'] {
+    if (route.public) return 'public';
     const token = HOP_TOKEN_HEADERS.map((h) => req.headers[h]).find((v): v is string => typeof v === 'string');
     if (token !== undefined) {
-      if (tokenMatches(token, route.tokenHash)) return { route, access: 'token' };
+      if (tokenMatches(token, route.tokenHash)) return 'token';
       throw new SpaceError('INGRESS_UNAUTHENTICATED', 'The access token is not this port\'s');
     }
-    if (checkPass(this.opts.secret, route, cookieValue(req.headers.cookie, PASS_COOKIE)) !== undefined) return { route, access: 'pass' };
+    if (checkPass(this.opts.secret, route, cookieValue(req.headers.cookie, PASS_COOKIE)) !== undefined) return 'pass';
     throw new SpaceError('INGRESS_UNAUTHENTICATED');
   }
 
@@ -202,12 +207,9 @@ export class IngressServer {
     });
     try {
       if (req.url?.startsWith(`${SIGNED_LINK_PATH}?`) || req.url === SIGNED_LINK_PATH) return this.signedLink(req, res);
-      ({ route, access } = await this.admit(req).catch((err: unknown) => {
-        // Refusals of a known route are logged too (not of unknown hosts: no oracle, no noise).
-        const addr = parseIngressHost(req.headers.host, this.domain);
-        if (addr && (err as SpaceError).code === 'INGRESS_UNAUTHENTICATED') void this.opts.backend.route(addr.sandboxId, addr.port).then((r) => (route = r));
-        throw err;
-      }));
+      // Refusals of an exposed port are logged too (access "refused"); unknown hosts are not.
+      route = await this.find(req);
+      access = this.authorize(req, route);
       this.scrub(req);
       const address = await this.opts.backend.connect(route);
       this.proxy.web(req, res, { target: `http://${address}:${route.port}` }, (err) => {
@@ -243,7 +245,8 @@ export class IngressServer {
     const started = Date.now();
     socket.on('error', () => {});
     try {
-      const { route, access } = await this.admit(req);
+      const route = await this.find(req);
+      const access = this.authorize(req, route);
       this.scrub(req);
       const address = await this.opts.backend.connect(route);
       socket.once('close', () => {
