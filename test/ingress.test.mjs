@@ -8,7 +8,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { WebSocket, WebSocketServer } from 'ws';
-import { IngressServer, hashToken, makePass, newAccessToken } from '../packages/ingress/dist/index.js';
+import { IngressServer, hashToken, makePass } from '../packages/ingress/dist/index.js';
 
 const DOMAIN = 'localhost:7072';
 const A = 'sbaaaaaaaaaaaaaaaaaa';
@@ -70,8 +70,8 @@ describe('ingress listener', () => {
     wss.on('connection', (ws) => ws.on('message', (m, binary) => ws.send(m, { binary })));
     await new Promise((r) => upstream.listen(0, '127.0.0.1', r));
     upPort = upstream.address().port;
-    ({ token: tokenA } = newAccessToken());
-    ({ token: tokenB } = newAccessToken());
+    // Tokens as core issues them (sandboxes/ports.ts); the ingress only compares their hashes.
+    [tokenA, tokenB] = [0, 1].map(() => `sat_${randomBytes(32).toString('base64url')}`);
     routes.set(`${A}:${upPort}`, { sandboxId: A, tenantId: 't1', port: upPort, public: false, tokenHash: hashToken(tokenA) });
     routes.set(`${B}:${upPort}`, { sandboxId: B, tenantId: 't1', port: upPort, public: true, tokenHash: hashToken(tokenB) });
     ingress = new IngressServer({

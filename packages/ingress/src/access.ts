@@ -4,7 +4,7 @@
  * that the ingress turns into an HttpOnly cookie for that host. A pass dies with its expiry,
  * with the exposure (a new token changes the hash), and with the node's ingress secret.
  */
-import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 
 /** The header that carries a port's access token. */
 export const ACCESS_TOKEN_HEADER = 'x-space-access-token';
@@ -23,16 +23,7 @@ export interface PassSubject {
   tokenHash: string;
 }
 
-/**
- * A new access token (URL-safe, 256 bits) and the hash SPACE keeps of it.
- * @example const { token, tokenHash } = newAccessToken();
- */
-export function newAccessToken(): { token: string; tokenHash: string } {
-  const token = `sat_${randomBytes(32).toString('base64url')}`;
-  return { token, tokenHash: hashToken(token) };
-}
-
-/** SHA-256 (hex) of a token: what is stored and compared. */
+/** SHA-256 (hex) of a token: what core stores when it issues one (sandboxes/ports.ts) and what is compared. */
 export function hashToken(token: string): string {
   return createHash('sha256').update(token).digest('hex');
 }

@@ -12,5 +12,5 @@ export { IngressServer } from './server.js';
 export type { IngressBackend, IngressLogEntry, IngressRoute, IngressServerOptions } from './server.js';
 export { ingressHost, isPort, parseIngressHost } from './host.js';
 export type { IngressAddress } from './host.js';
-export { ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER, PASS_COOKIE, SIGNED_LINK_PATH, checkPass, cookieValue, hashToken, makePass, newAccessToken, tokenMatches, withoutCookie } from './access.js';
+export { ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER, PASS_COOKIE, SIGNED_LINK_PATH, checkPass, cookieValue, hashToken, makePass, tokenMatches, withoutCookie } from './access.js';
 export type { PassSubject } from './access.js';

@@ -199,14 +199,10 @@ export class IngressServer {
     let route: IngressRoute | undefined;
     let access: IngressLogEntry['access'] = 'refused';
     res.once('close', () => {
-      if (!route) return;
-      this.opts.backend.log?.({
-        at: new Date(started).toISOString(), tenantId: route.tenantId, sandboxId: route.sandboxId, port: route.port, method: req.method ?? '', path: (req.url ?? '').slice(0, 2048),
-        status: res.statusCode, bytesIn: sock.bytesRead - read0, bytesOut: sock.bytesWritten - written0, durationMs: Date.now() - started, client: sock.remoteAddress ?? '', access, websocket: false,
-      });
+      if (route) this.log(req, route, started, { status: res.statusCode, bytesIn: sock.bytesRead - read0, bytesOut: sock.bytesWritten - written0, access, websocket: false });
     });
     try {
-      if (req.url?.startsWith(`${SIGNED_LINK_PATH}?`) || req.url === SIGNED_LINK_PATH) return this.signedLink(req, res);
+      if (req.url?.startsWith(`${SIGNED_LINK_PATH}?`) || req.url === SIGNED_LINK_PATH) return await this.signedLink(req, res);
       // Refusals of an exposed port are logged too (access "refused"); unknown hosts are not.
       route = await this.find(req);
       access = this.authorize(req, route);
@@ -223,9 +219,7 @@ export class IngressServer {
   /** `GET /.space/auth?pass=…&next=/path`: a valid pass becomes a cookie for this host, then a redirect. */
   private async signedLink(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     const u = new URL(req.url!, 'http://ingress.invalid');
-    const addr = parseIngressHost(req.headers.host, this.domain);
-    const route = addr ? await this.opts.backend.route(addr.sandboxId, addr.port) : undefined;
-    if (!route) return this.refuse(req, res, new SpaceError('PORT_NOT_EXPOSED'));
+    const route = await this.find(req);
     const pass = u.searchParams.get('pass') ?? undefined;
     const exp = checkPass(this.opts.secret, route, pass);
     if (exp === undefined) return this.refuse(req, res, new SpaceError('INGRESS_UNAUTHENTICATED', 'This link has expired or is not valid for this port: ask for a new one (`space expose`)'));
@@ -249,12 +243,7 @@ export class IngressServer {
       const access = this.authorize(req, route);
       this.scrub(req);
       const address = await this.opts.backend.connect(route);
-      socket.once('close', () => {
-        this.opts.backend.log?.({
-          at: new Date(started).toISOString(), tenantId: route.tenantId, sandboxId: route.sandboxId, port: route.port, method: req.method ?? 'GET', path: (req.url ?? '').slice(0, 2048),
-          status: 101, bytesIn: socket.bytesRead, bytesOut: socket.bytesWritten, durationMs: Date.now() - started, client: socket.remoteAddress ?? '', access, websocket: true,
-        });
-      });
+      socket.once('close', () => this.log(req, route, started, { status: 101, bytesIn: socket.bytesRead, bytesOut: socket.bytesWritten, access, websocket: true }));
       this.proxy.ws(req, socket, head, { target: `ws://${address}:${route.port}` }, () => {
         if (socket.writable) socket.end(`HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
         else socket.destroy();
@@ -264,6 +253,14 @@ export class IngressServer {
       if (socket.writable) socket.end(`HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? ''}\r\nconnection: close\r\ncontent-type: application/json\r\n\r\n${JSON.stringify(e.toJSON())}`);
       else socket.destroy();
     }
+  }
+
+  /** Hands one finished request to the backend's audit log. */
+  private log(req: http.IncomingMessage, route: IngressRoute, started: number, e: Pick<IngressLogEntry, 'status' | 'bytesIn' | 'bytesOut' | 'access' | 'websocket'>): void {
+    this.opts.backend.log?.({
+      at: new Date(started).toISOString(), tenantId: route.tenantId, sandboxId: route.sandboxId, port: route.port, method: req.method ?? 'GET', path: (req.url ?? '').slice(0, 2048),
+      durationMs: Date.now() - started, client: req.socket.remoteAddress ?? '', ...e,
+    });
   }
 
   /** Answers with the error: JSON for programs, a short page for browsers. */
