@@ -5,8 +5,11 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 // SPACE_E2B_SDK points at another build of the SDK (scripts/check-e2b-latest.mjs: the newest).
 const { CommandExitError, NotFoundError, Sandbox, SandboxNotFoundError } = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
+import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { api, cliRunner, eventually, startTestDaemon } from './helpers.mjs';
+
+const curl = (args) => new Promise((resolve) => execFile('curl', ['-s', '--max-time', '60', ...args], (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr })));
 
 describe('E2B-compatible API (e2b SDK)', () => {
   let fx;
@@ -460,11 +463,65 @@ describe('E2B-compatible API (e2b SDK)', () => {
     await sb.kill();
   });
 
+  it('ports: getHost(port) reaches a server inside (public, as in E2B); allowPublicTraffic: false needs the trafficAccessToken; maskRequestHost; autoResume wakes it on a request', async () => {
+    // A server that answers with the Host header it got and a count kept in memory.
+    const server = `import http.server
+n = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global n
+        n += 1
+        body = f"{self.headers['host']} {n}".encode()
+        self.send_response(200); self.send_header('content-length', str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()
+`;
+    const serve = async (sb) => {
+      await sb.files.write('/tmp/serve.py', server);
+      await sb.commands.run('python3 /tmp/serve.py', { background: true });
+    };
+    const pub = await create();
+    await serve(pub);
+    const host = pub.getHost(8000);
+    assert.match(host, new RegExp(`^8000-${pub.sandboxId}\\.localhost:\\d+$`), 'the sandbox\'s domain is the ingress\'s');
+    assert.equal(pub.trafficAccessToken, undefined, 'a public sandbox has no traffic token');
+    // The URL as the SDK gives it (curl resolves *.localhost to loopback, as browsers do).
+    const first = await eventually(async () => {
+      const r = await curl([`http://${host}/`]);
+      return r.code === 0 && r.stdout.startsWith(host) && r;
+    });
+    assert.match(first.stdout, new RegExp(`^${host.replace(/\./g, '\\.')} \\d+$`), 'the client\'s Host reaches the server');
+    assert.equal((await pub.getInfo()).network?.allowPublicTraffic, true);
+
+    const priv = await create({ network: { allowPublicTraffic: false, maskRequestHost: 'localhost:${PORT}' }, lifecycle: { onTimeout: 'pause', autoResume: true } });
+    await serve(priv);
+    assert.match(priv.trafficAccessToken, /^tat_/);
+    const url = `http://${priv.getHost(8000)}/`;
+    const withToken = ['-H', `e2b-traffic-access-token: ${priv.trafficAccessToken}`, url];
+    await eventually(async () => (await curl(withToken)).stdout.startsWith('localhost:8000'));
+    assert.equal((await curl(['-o', '/dev/null', '-w', '%{http_code}', url])).stdout, '401', 'no token');
+    assert.equal((await curl(['-o', '/dev/null', '-w', '%{http_code}', '-H', `e2b-traffic-access-token: ${priv.envdAccessToken ?? 'x'.repeat(40)}`, url])).stdout, '401', 'the envd token opens no port');
+    const again = await Sandbox.connect(priv.sandboxId, opts);
+    assert.equal(again.trafficAccessToken, priv.trafficAccessToken, 'connect hands the same token out');
+    const info = await priv.getInfo();
+    assert.deepEqual([info.network?.allowPublicTraffic, info.network?.maskRequestHost, info.lifecycle?.autoResume, info.lifecycle?.onTimeout], [false, 'localhost:${PORT}', true, 'pause']);
+
+    // autoResume: paused (E2B's pause), a request wakes it and the server's memory is intact.
+    const before = Number((await curl(withToken)).stdout.split(' ')[1]);
+    await priv.pause();
+    assert.equal((await priv.getInfo()).state, 'paused');
+    const woken = await curl(withToken);
+    assert.equal(woken.stdout, `localhost:8000 ${before + 1}`, 'woken by the request, with its state');
+    assert.equal((await priv.getInfo()).state, 'running');
+    await Promise.all([pub.kill(), priv.kill()]);
+    assert.equal((await curl(['-o', '/dev/null', '-w', '%{http_code}', `http://${host}/`])).stdout, '404', 'a killed sandbox\'s ports are gone');
+  });
+
   it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {
     await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'], rules: { '*': [{ transform: { headers: { 'X-A': 'b' } } }] } } }), /bare "\*" is not a host/);
     await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['not a host!'] } }), /EGRESS_POLICY_INVALID|not a host|domain/i);
     await assert.rejects(Sandbox.create('no-such-template', opts), /TEMPLATE_NOT_FOUND/);
-    await assert.rejects(Sandbox.create('base', { ...opts, network: { maskRequestHost: 'localhost:${PORT}' } }), /maskRequestHost.*no ingress/);
+    await assert.rejects(Sandbox.create('base', { ...opts, network: { maskRequestHost: 'a b' } }), /Host header.*host name/);
     // A files-only pause is refused, never silently turned into a full one.
     await assert.rejects(Sandbox.create('base', { ...opts, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } }), /keepMemory: false.*keeps memory/);
     const sb = await create();

@@ -4,11 +4,13 @@
 // out of the sandbox.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
 import http from 'node:http';
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { WebSocket } from 'ws';
 import { cliRunner, eventually, startTestDaemon } from './helpers.mjs';
 
 /** A request to the ingress (on loopback) for `url`'s host; resolves to { status, body }. */
@@ -40,6 +42,9 @@ describe('ingress to a sandbox port (gVisor)', () => {
     await sb.files.write('/tmp/site/index.html', 'hello from the sandbox\n');
     await sb.commands.run('cd /tmp/site && python3 -m http.server 8000', { background: true });
     await other.commands.run('cd /tmp && python3 -m http.server 8000', { background: true });
+    // Both servers listen before any test starts (each test can run on its own).
+    const up = (x) => eventually(async () => (await x.commands.run('python3 -c "import urllib.request as u; u.urlopen(\'http://127.0.0.1:8000/\')"').catch(() => ({ exitCode: 1 }))).exitCode === 0);
+    await Promise.all([up(sb), up(other)]);
   });
   after(async () => {
     assert.deepEqual(await fx.close(), []);
@@ -61,7 +66,8 @@ describe('ingress to a sandbox port (gVisor)', () => {
     assert.equal(JSON.parse(none.body).error.code, 'INGRESS_UNAUTHENTICATED');
     const q = await other.ports.expose(8000);
     assert.equal((await get(ingressPort, p.url, { 'x-space-access-token': q.token })).status, 401, 'a token is for its own sandbox');
-    assert.equal((await get(ingressPort, q.url, { 'x-space-access-token': q.token })).status, 200);
+    // Its own token reaches it (its server started in the background too: 502 until it listens).
+    assert.ok(await eventually(async () => (await get(ingressPort, q.url, { 'x-space-access-token': q.token })).status === 200));
   });
 
   it('space expose prints a link that curl follows with a cookie jar; the bare origin answers 401', async () => {
@@ -80,6 +86,22 @@ describe('ingress to a sandbox port (gVisor)', () => {
     const ls = await space('ports', sb.id);
     assert.match(ls.stdout, /^PORT\s+ACCESS/);
     assert.match(ls.stdout, /8000\s+token/);
+    const token = /token:\s+(sat_\S+)/.exec(r.stdout)[1];
+    assert.equal((await get(ingressPort, `${new URL(link).origin}/`, { 'x-space-access-token': token })).status, 200);
+    // The audit log: the token, the refusal, the link (its pass left out), the pass, newest first.
+    const log = JSON.parse((await space('ingress', 'log', sb.id, '--json')).stdout);
+    // (Entries are written as requests end: a redirect and the request it leads to may end in either order.)
+    const row = (e) => JSON.stringify([e.access, e.status, e.method, e.path]);
+    assert.deepEqual(row(log[0]), row({ access: 'token', status: 200, method: 'GET', path: '/' }));
+    assert.deepEqual(log.slice(1, 5).map(row).sort(), [
+      ['refused', 401, 'GET', '/'],
+      ['pass', 200, 'GET', '/index.html'],
+      ['pass', 200, 'GET', '/'],
+      ['pass', 302, 'GET', '/.space/auth?pass=…&next=/'],
+    ].map((r) => JSON.stringify(r)).sort());
+    assert.ok(log.every((e) => e.sandboxId === sb.id && e.port === 8000 && e.client === '127.0.0.1'));
+    const text = await space('ingress', 'log', sb.id);
+    assert.match(text.stdout, /^TIME\s+PORT\s+ACCESS\s+METHOD\s+PATH\s+STATUS/);
   });
 
   it('unexpose closes it at once: the same 404 as an unknown port', async () => {
@@ -121,6 +143,156 @@ except Exception as e:
     } finally {
       listener.close();
     }
+  });
+});
+
+/** A Node 18 program for the sandbox (its `nodejs`): WebSocket echo (ws, bundled in), an event stream, uploads hashed, downloads of the last upload. */
+const STREAMS_SERVER = `
+const http = require('node:http');
+const fs = require('node:fs');
+const { createHash } = require('node:crypto');
+const { WebSocketServer } = require('ws');
+let release;
+const server = http.createServer((req, res) => {
+  if (req.url === '/events') {
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store' });
+    res.write('data: first\\n\\n');
+    release = () => res.end('data: last\\n\\n');
+  } else if (req.url === '/release') {
+    release?.();
+    res.end('released');
+  } else if (req.url === '/upload' && req.method === 'POST') {
+    const h = createHash('sha256');
+    let size = 0;
+    const out = fs.createWriteStream('/tmp/upload.bin');
+    req.on('data', (d) => { h.update(d); size += d.length; });
+    req.pipe(out);
+    out.on('finish', () => res.end(JSON.stringify({ size, sha256: h.digest('hex') })));
+  } else if (req.url === '/download') {
+    res.writeHead(200, { 'content-length': fs.statSync('/tmp/upload.bin').size });
+    fs.createReadStream('/tmp/upload.bin').pipe(res);
+  } else res.end('streams server');
+});
+new WebSocketServer({ server, path: '/ws' }).on('connection', (ws) => ws.on('message', (m, binary) => ws.send(m, { binary })));
+server.listen(8080, '0.0.0.0');
+`;
+
+describe('ingress streams to a real server in a sandbox (gVisor)', () => {
+  let fx, sb, p, ingressPort;
+  const host = () => new URL(p.url).host;
+  before(async () => {
+    fx = await startTestDaemon();
+    ingressPort = Number(new URL(fx.daemon.state.ingressUrl).port);
+    const { build } = await import('esbuild');
+    const bundle = await build({ stdin: { contents: STREAMS_SERVER, resolveDir: process.cwd() }, bundle: true, platform: 'node', target: 'node18', format: 'cjs', write: false, logLevel: 'silent' });
+    sb = await fx.create({ template: 'base', autoResume: true });
+    await sb.files.write('/tmp/streams.js', bundle.outputFiles[0].text);
+    await sb.commands.run('node /tmp/streams.js', { background: true });
+    p = await sb.ports.expose(8080);
+    await eventually(async () => (await get(ingressPort, p.url, { 'x-space-access-token': p.token })).status === 200);
+  });
+  after(async () => {
+    assert.deepEqual(await fx.close(), []);
+  });
+
+  it('a WebSocket echoes 1,000 messages; without the token it is refused', async () => {
+    const open = (headers) =>
+      new Promise((resolve, reject) => {
+        const ws = new WebSocket(`ws://127.0.0.1:${ingressPort}/ws`, { headers: { host: host(), ...headers } });
+        ws.once('open', () => resolve(ws));
+        ws.once('error', reject);
+      });
+    await assert.rejects(open({}), /401/);
+    const ws = await open({ 'x-space-access-token': p.token });
+    let got = 0;
+    const done = new Promise((resolve, reject) =>
+      ws.on('message', (m) => {
+        if (m.toString() !== `m${got}`) reject(new Error(`message ${got} came back as ${m}`));
+        if (++got === 1000) resolve();
+      }),
+    );
+    for (let i = 0; i < 1000; i++) ws.send(`m${i}`);
+    await done;
+    ws.close();
+    await new Promise((r) => ws.once('close', r));
+  });
+
+  it('an event stream arrives as it is written: the first event before the server ends it', async () => {
+    await new Promise((resolve, reject) => {
+      const req = http.request({ host: '127.0.0.1', port: ingressPort, path: '/events', headers: { host: host(), 'x-space-access-token': p.token }, setHost: false }, (res) => {
+        let text = '';
+        res.on('data', (d) => {
+          text += d;
+          // The server ends the stream only when asked, and this asks only once the first event is here.
+          if (text === 'data: first\n\n') get(ingressPort, `${p.url}release`, { 'x-space-access-token': p.token }).catch(reject);
+        });
+        res.on('end', () => (text === 'data: first\n\ndata: last\n\n' ? resolve() : reject(new Error(text))));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+  });
+
+  it('the signed link\'s cookie lets a WebSocket in without the token', async () => {
+    const link = await get(ingressPort, p.signedUrl);
+    assert.equal(link.status, 302);
+    const cookie = link.headers['set-cookie'][0].split(';')[0];
+    const ws = new WebSocket(`ws://127.0.0.1:${ingressPort}/ws`, { headers: { host: host(), cookie } });
+    await new Promise((r, j) => (ws.once('open', r), ws.once('error', j)));
+    ws.send('with a cookie');
+    assert.equal(String(await new Promise((r) => ws.once('message', r))), 'with a cookie');
+    ws.close();
+    await new Promise((r) => ws.once('close', r));
+  });
+
+  it('100 MB up and back down match by SHA-256', async () => {
+    const size = 100 * 1024 * 1024;
+    const up = randomBytes(size);
+    const sha = createHash('sha256').update(up).digest('hex');
+    const send = await new Promise((resolve, reject) => {
+      const req = http.request({ host: '127.0.0.1', port: ingressPort, method: 'POST', path: '/upload', headers: { host: host(), 'x-space-access-token': p.token, 'content-length': size }, setHost: false }, (res) => {
+        let body = '';
+        res.on('data', (d) => (body += d));
+        res.on('end', () => resolve(JSON.parse(body)));
+      });
+      req.on('error', reject);
+      req.end(up);
+    });
+    assert.deepEqual(send, { size, sha256: sha });
+    const down = await new Promise((resolve, reject) => {
+      const h = createHash('sha256');
+      let n = 0;
+      http
+        .get({ host: '127.0.0.1', port: ingressPort, path: '/download', headers: { host: host(), 'x-space-access-token': p.token }, setHost: false }, (res) => {
+          res.on('data', (d) => (h.update(d), (n += d.length)));
+          res.on('end', () => resolve({ n, sha: h.digest('hex') }));
+        })
+        .on('error', reject);
+    });
+    assert.deepEqual(down, { n: size, sha });
+  });
+
+  it('a burst of 1,000 requests at the paused sandbox (autoResume) resumes it once; all are answered and the daemon stays responsive', async () => {
+    await sb.pause();
+    assert.equal((await sb.refresh()).state, 'paused');
+    const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
+    const one = () =>
+      new Promise((resolve, reject) => {
+        http
+          .get({ agent, host: '127.0.0.1', port: ingressPort, path: '/', headers: { host: host(), 'x-space-access-token': p.token }, setHost: false }, (res) => {
+            let body = '';
+            res.on('data', (d) => (body += d));
+            res.on('end', () => resolve(`${res.statusCode} ${body}`));
+          })
+          .on('error', reject);
+      });
+    const answers = await Promise.all(Array.from({ length: 1000 }, one));
+    const counts = {};
+    for (const a of answers) counts[a] = (counts[a] ?? 0) + 1;
+    assert.deepEqual(counts, { '200 streams server': 1000 });
+    assert.equal((await sb.events()).filter((e) => e.type === 'resumed').length, 1, 'resumed once');
+    assert.equal((await sb.refresh()).state, 'running');
+    assert.equal((await fx.create({ template: 'minimal' }).then((x) => x.kill().then(() => 'ok'))), 'ok', 'the daemon still creates sandboxes');
   });
 });
 

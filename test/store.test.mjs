@@ -102,6 +102,14 @@ describe('SqliteStore', () => {
     assert.equal(await s.pruneEgressLog('2026-01-03T00:00:00.000Z'), 2);
     assert.equal((await s.listEgressLog('sb1', 10)).items.length, 3);
     await assert.rejects(s.listEgressLog('sb1', 3, '!!'), (e) => e.code === 'BAD_REQUEST');
+    // The ingress log is a log of its own: same paging and pruning, nothing shared with egress.
+    const hit = (i, at) => ({ sandboxId: 'sb1', tenantId: 't1', at, port: 8000, method: 'GET', path: `/in${i}`, status: 200, bytesIn: 1, bytesOut: i, durationMs: 1, client: '127.0.0.1', access: 'token', websocket: false });
+    for (let i = 0; i < 3; i++) await s.insertIngressLog(hit(i, `2026-01-0${i + 1}T00:00:00.000Z`));
+    const i1 = await s.listIngressLog('sb1', 2);
+    assert.deepEqual([i1.items.map((e) => e.path), (await s.listIngressLog('sb1', 2, i1.nextCursor)).items.map((e) => e.path)], [['/in2', '/in1'], ['/in0']]);
+    assert.equal((await s.listEgressLog('sb1', 10)).items.length, 3, 'egress untouched');
+    assert.equal(await s.pruneIngressLog('2026-01-02T00:00:00.000Z'), 1);
+    assert.deepEqual((await s.listIngressLog('sb1', 10)).items.map((e) => e.path), ['/in2', '/in1']);
 
     const first = await s.putTenantCaIfAbsent({ tenantId: 't1', certPem: 'one', sealedKey: sealed, createdAt: 'x' });
     const second = await s.putTenantCaIfAbsent({ tenantId: 't1', certPem: 'two', sealedKey: sealed, createdAt: 'y' });

@@ -10,4 +10,4 @@ export { ERRORS, SpaceError, asErrorCode, isErrorCode, toSpaceError } from './er
 export type { ErrorBody, ErrorCode, ErrorSpec, SpaceErrorOptions } from './errors.js';
 export { SANDBOX_STATES } from './sandbox.js';
 export type { CreateSandboxOpts, CreateTimings, EndReason, Sandbox, SandboxEvent, SandboxState, Snapshot, SnapshotPolicy, SnapshotTrigger } from './sandbox.js';
-export type { EgressLogEntry, EgressLogPage, EgressPolicy, ExposedPort, HeaderRule, SecretAttachment, SecretInfo } from './records.js';
+export type { EgressLogEntry, EgressLogPage, EgressPolicy, ExposedPort, HeaderRule, IngressLogEntry, IngressLogPage, SecretAttachment, SecretInfo } from './records.js';

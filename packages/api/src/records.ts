@@ -103,6 +103,34 @@ export interface EgressLogPage {
   nextCursor?: string;
 }
 
+/** One request through the ingress to a sandbox's port (answered, or refused after its port was found). */
+export interface IngressLogEntry {
+  at: string;
+  tenantId: string;
+  sandboxId: string;
+  port: number;
+  method: string;
+  /** The request target as the client sent it (at most 2,048 characters). */
+  path: string;
+  /** What the client got: the sandbox's status, or the ingress's own refusal (401, 409, 502, 504). */
+  status: number;
+  /** Bytes from the client / to the client, headers included. */
+  bytesIn: number;
+  bytesOut: number;
+  durationMs: number;
+  /** The client's address as the ingress saw it. */
+  client: string;
+  /** How the request was let in: a public port, the port's token, a pass (signed link cookie), or not at all. */
+  access: 'public' | 'token' | 'pass' | 'refused';
+  websocket: boolean;
+}
+
+/** A page of the ingress log, newest first. */
+export interface IngressLogPage {
+  items: (IngressLogEntry & { seq: number })[];
+  nextCursor?: string;
+}
+
 /**
  * An exposed port of a sandbox, as the API returns it: reachable through the ingress at
  * {@link url} (with the access token in `X-Space-Access-Token`, unless public) or through
@@ -112,11 +140,14 @@ export interface EgressLogPage {
  * const p: ExposedPort = { port: 8000, public: false, url: 'http://8000-sb….localhost:7072/', signedUrl: 'http://8000-sb….localhost:7072/.space/auth?pass=…&next=/', signedUrlExpiresAt: '…', createdAt: '…' };
  */
 export interface ExposedPort {
+  /** The port; 0 for every port (a sandbox made through the E2B-compatible API, where each port has a host). */
   port: number;
   public: boolean;
+  /** The port's origin; for port 0 a template, `{port}` standing for the port. */
   url: string;
-  signedUrl: string;
-  signedUrlExpiresAt: string;
+  /** Opens the port in a browser (absent for port 0). */
+  signedUrl?: string;
+  signedUrlExpiresAt?: string;
   createdAt: string;
   /** When the exposure ends; absent: while the sandbox lives. */
   expiresAt?: string;

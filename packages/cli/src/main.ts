@@ -84,6 +84,7 @@ interface DaemonFlags {
   drivers?: string;
   microvmAccel?: string;
   e2bInternet?: string;
+  e2bPublicTraffic?: string;
 }
 
 /** The flags `up` and `daemon` share, passed on to spaced. */
@@ -99,11 +100,12 @@ function daemonCommand(name: string, description: string): Command {
     .option('--driver <name>', 'default isolation driver of the sandboxes: gvisor or microvm')
     .option('--drivers <list>', 'drivers a sandbox may choose at creation, e.g. gvisor,microvm')
     .option('--microvm-accel <mode>', 'microvm acceleration: auto, kvm or tcg')
-    .option('--e2b-internet <allow|deny>', "what E2B's allowInternetAccess: true gives E2B-created sandboxes: allow (public destinations through the egress proxy) or deny");
+    .option('--e2b-internet <allow|deny>', "what E2B's allowInternetAccess: true gives E2B-created sandboxes: allow (public destinations through the egress proxy) or deny")
+    .option('--e2b-public-traffic <allow|deny>', "whether E2B-created sandboxes' ports may be reached without their traffic token (E2B's allowPublicTraffic): allow (E2B's default) or deny");
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : [])];
 }
 
 /**
@@ -400,7 +402,7 @@ program
     const p = await sb.ports.expose(port, { ...(o.public ? { public: true } : {}), ...(o.ttl ? { ttlS: Math.ceil(parseDuration(o.ttl) / 1000) } : {}) });
     if (o.json) return void process.stdout.write(JSON.stringify(p, null, 2) + '\n');
     process.stdout.write(
-      `${p.public ? p.url : p.signedUrl}\n` +
+      `${p.public ? p.url : (p.signedUrl ?? p.url)}\n` +
         (p.public ? `  public: anyone with the URL reaches port ${p.port}\n` : `  url:    ${p.url} (send X-Space-Access-Token)\n  token:  ${p.token} (shown once)\n  link:   valid until ${p.signedUrlExpiresAt}; it sets a cookie for that host (curl: -L -b jar -c jar)\n`) +
         (p.expiresAt ? `  ends:   ${p.expiresAt}\n` : ''),
     );
@@ -415,16 +417,32 @@ program
     const ports = await sb.ports.list();
     if (o.json) return void process.stdout.write(JSON.stringify(ports, null, 2) + '\n');
     if (!ports.length) return void process.stdout.write(`no exposed ports: \`space expose ${id} PORT\` exposes one\n`);
-    process.stdout.write(table([['PORT', 'ACCESS', 'URL', 'ENDS', 'SIGNED LINK'], ...ports.map((p) => [String(p.port), p.public ? 'public' : 'token', p.url, p.expiresAt ?? '-', p.public ? '-' : p.signedUrl])]) + '\n');
+    process.stdout.write(table([['PORT', 'ACCESS', 'URL', 'ENDS', 'SIGNED LINK'], ...ports.map((p) => [p.port === 0 ? 'every' : String(p.port), p.public ? 'public' : 'token', p.url, p.expiresAt ?? '-', p.public ? '-' : (p.signedUrl ?? '-')])]) + '\n');
+  });
+
+program
+  .command('ingress')
+  .description('the ingress: requests to sandboxes\' ports')
+  .command('log <id>')
+  .description('every request through the ingress to a sandbox\'s ports, newest first (refusals of an exposed port included)')
+  .option('--limit <n>', 'entries', Number, 50)
+  .option('--json', 'print JSON')
+  .action(async (id: string, o: { limit: number; json?: boolean }) => {
+    const page = await (await Sandbox.connect(id, connection())).ports.log({ limit: o.limit });
+    if (o.json) return void process.stdout.write(JSON.stringify(page.items, null, 2) + '\n');
+    if (!page.items.length) return void process.stdout.write('no ingress requests yet\n');
+    process.stdout.write(table([['TIME', 'PORT', 'ACCESS', 'METHOD', 'PATH', 'STATUS', 'IN', 'OUT', 'MS', 'CLIENT'], ...page.items.map((e) => [e.at, String(e.port), e.access, e.websocket ? 'WS' : e.method, e.path.slice(0, 60), String(e.status), String(e.bytesIn), String(e.bytesOut), String(e.durationMs), e.client])]) + '\n');
   });
 
 program
   .command('unexpose <id> <port>')
-  .description('stop exposing a port; its token and links stop working at once')
+  .description('stop exposing a port ("every": close the opening of every port an E2B-made sandbox has); its token and links stop working at once')
   .action(async (id: string, portText: string) => {
+    const port = portText === 'every' ? 0 : Number(portText);
+    if (!Number.isInteger(port) || port < 0 || port > 65535) throw new SpaceError('INVALID_PORT', `port must be a number from 1 to 65535, or "every"; got ${JSON.stringify(portText)}`);
     const sb = await Sandbox.connect(id, connection());
-    await sb.ports.unexpose(Number(portText));
-    process.stdout.write(`${id} port ${portText} no longer exposed\n`);
+    await sb.ports.unexpose(port);
+    process.stdout.write(`${id} ${port === 0 ? 'every port' : `port ${port}`} no longer exposed\n`);
   });
 
 program

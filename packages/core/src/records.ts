@@ -4,7 +4,7 @@
  */
 import type { SecretInfo } from '@space/api';
 
-export type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, SecretAttachment, SecretInfo } from '@space/api';
+export type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, IngressLogEntry, IngressLogPage, SecretAttachment, SecretInfo } from '@space/api';
 
 
 
@@ -60,4 +60,9 @@ export interface PortExposure {
   createdAt: string;
   /** When the exposure ends (ISO 8601); absent: while the sandbox lives. */
   expiresAt?: string;
+  /**
+   * The Host header requests reach the sandbox with, `${PORT}` standing for the port (E2B's
+   * `maskRequestHost`); absent: the client's own.
+   */
+  hostHeader?: string;
 }

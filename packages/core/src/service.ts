@@ -20,7 +20,7 @@ import { Journal } from './ports/intent-journal.js';
 import type { Logger } from './logger.js';
 import { TERMINAL_STATES, assertAllowed, type Sandbox, type SandboxAction, type SandboxEvent, type Snapshot, type SnapshotPolicy } from './model.js';
 import { WarmPool } from './templates/warm-pool.js';
-import type { EgressPolicy, PortExposure, SecretAttachment } from './records.js';
+import type { EgressPolicy, IngressLogEntry, IngressLogPage, PortExposure, SecretAttachment } from './records.js';
 import type { RootfsBuilder } from './ports/rootfs-builder.js';
 import type { MetadataStore, SandboxPage } from './ports/metadata-store.js';
 import { TemplateService } from './templates/template-service.js';
@@ -32,7 +32,7 @@ import { Checkpoints } from './sandboxes/checkpoint.js';
 import type { LifecycleHooks, SandboxContext, SandboxEgressOptions } from './sandboxes/context.js';
 import { Creates, type CreateSandboxOpts } from './sandboxes/create.js';
 import { EgressSettings } from './sandboxes/egress-settings.js';
-import { Ports, type ExposeRequest } from './sandboxes/ports.js';
+import { Ports, type ExposeEveryRequest, type ExposeRequest } from './sandboxes/ports.js';
 import { Endings } from './sandboxes/endings.js';
 import { FaultPoints, type FaultAction } from './sandboxes/faults.js';
 import { Forks, type ForkResult } from './sandboxes/fork.js';
@@ -544,6 +544,14 @@ export class SandboxService {
     return this.ports.expose(tenantId, id, req);
   }
 
+  /**
+   * Opens every port of a sandbox through the ingress (E2B's model), public or behind `token`.
+   * @example await svc.exposeEveryPort('tenant1', id, { public: false, token });
+   */
+  exposeEveryPort(tenantId: string, id: string, req: ExposeEveryRequest): Promise<PortExposure> {
+    return this.ports.exposeEvery(tenantId, id, req);
+  }
+
   /** A sandbox's exposed ports (unexpired). */
   exposedPorts(tenantId: string, id: string): Promise<PortExposure[]> {
     return this.ports.list(tenantId, id);
@@ -552,6 +560,19 @@ export class SandboxService {
   /** Stops exposing a port. */
   unexposePort(tenantId: string, id: string, port: number): Promise<void> {
     return this.ports.unexpose(tenantId, id, port);
+  }
+
+  /** For the ingress: records one request in the audit log. */
+  recordIngress(e: IngressLogEntry): Promise<void> {
+    return this.ports.audit(e);
+  }
+
+  /**
+   * Every request through the ingress to a sandbox's ports, newest first.
+   * @example const { items, nextCursor } = await svc.ingressLog('tenant1', id, 100);
+   */
+  ingressLog(tenantId: string, id: string, limit: number, cursor?: string): Promise<IngressLogPage> {
+    return this.ports.log(tenantId, id, limit, cursor);
   }
 
   /** For the ingress, before forwarding: the sandbox running (woken if it sleeps and has autoResume), or a SpaceError. */

@@ -25,6 +25,15 @@ export class AccessTokens {
     return `${Buffer.from(tenantId).toString('base64url')}.${this.mac(tenantId, sandboxId)}`;
   }
 
+  /**
+   * The traffic access token of a tenant's sandbox (E2B's `trafficAccessToken`): what requests
+   * to a private sandbox's ports carry in `e2b-traffic-access-token`. Derived, so connect and
+   * info can hand it out again; it opens ports only, never the envd API.
+   */
+  traffic(tenantId: string, sandboxId: string): string {
+    return `tat_${createHmac('sha256', this.secret).update(`traffic\0${tenantId}\0${sandboxId}`).digest('base64url')}`;
+  }
+
   /** The tenant a valid token for `sandboxId` belongs to; `UNAUTHENTICATED` otherwise. */
   verify(sandboxId: string | undefined, token: string | undefined): string {
     if (!sandboxId || !token || token.length > 200) throw new SpaceError('UNAUTHENTICATED', 'Missing E2b-Sandbox-Id or X-Access-Token header');

@@ -22,6 +22,10 @@ export interface E2bAppDeps {
   logger: false | FastifyBaseLogger;
   /** What E2B's `allowInternetAccess: true` does (see {@link ControlDeps.internet}). @default "allow" */
   internet?: 'allow' | 'deny';
+  /** The ingress domain, the `domain` of every sandbox (see {@link ControlDeps.ingressDomain}); absent: ingress off. */
+  ingressDomain?: string;
+  /** Whether ports may be public (see {@link ControlDeps.publicTraffic}). @default "allow" */
+  publicTraffic?: 'allow' | 'deny';
 }
 
 /** E2B's error shape: `{ code: <HTTP status>, message }`. */

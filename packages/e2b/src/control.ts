@@ -7,7 +7,7 @@
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import net from 'node:net';
-import { SpaceError, asErrorCode, checkHeaderRules, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
+import { EVERY_PORT, SpaceError, asErrorCode, checkHostHeader, checkHeaderRules, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
 import type { AccessTokens } from './access.js';
 
 /** The envd version SPACE reports: new enough that the SDK enables every feature it speaks. */
@@ -27,6 +27,19 @@ export interface ControlDeps {
    * default deny, and such creates are refused saying so). @default "allow"
    */
   internet?: 'allow' | 'deny';
+  /**
+   * The ingress domain (`PORT-ID.<domain>` reaches a sandbox's port): the `domain` of every
+   * sandbox, so the SDK's `getHost(port)` works. Absent: the ingress is off, and E2B sandboxes
+   * have no ports to reach.
+   */
+  ingressDomain?: string;
+  /**
+   * What E2B's `allowPublicTraffic` may be: `allow` (E2B's meaning and default: every port of
+   * the sandbox reachable without a token) or `deny` (the operator keeps E2B sandboxes private:
+   * every port needs the `trafficAccessToken`, and `allowPublicTraffic: true` is refused).
+   * @default "allow"
+   */
+  publicTraffic?: 'allow' | 'deny';
 }
 
 type Body = Record<string, unknown>;
@@ -53,8 +66,7 @@ export function networkPolicy(network: unknown, internet: boolean): Partial<Egre
   if (typeof network !== 'object' || network === null || Array.isArray(network)) throw new SpaceError('BAD_REQUEST', 'network must be an object with allowOut and denyOut');
   const n = network as Record<string, unknown>;
   if (n.egressProxy !== undefined && n.egressProxy !== null) throw unsupported('network.egressProxy', 'every SPACE sandbox already reaches the network only through SPACE\'s egress proxy');
-  for (const k of Object.keys(n)) if (!['allowOut', 'denyOut', 'rules', 'egressProxy', 'maskRequestHost'].includes(k)) throw new SpaceError('BAD_REQUEST', `Unknown network option ${JSON.stringify(k)}`);
-  if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) throw unsupported('network.maskRequestHost', 'it sets the Host header of requests coming into the sandbox through E2B\'s public URLs; SPACE has no ingress yet, so there is no such traffic to mask. Reach a port with `space exec` or `space shell` until ingress lands');
+  for (const k of Object.keys(n)) if (!['allowOut', 'denyOut', 'rules', 'egressProxy', 'maskRequestHost', 'allowPublicTraffic'].includes(k)) throw new SpaceError('BAD_REQUEST', `Unknown network option ${JSON.stringify(k)}`);
   const split = (v: unknown, field: string) => {
     if (v === undefined || v === null) return undefined;
     if (!Array.isArray(v) || v.length > 256 || v.some((x) => typeof x !== 'string')) throw new SpaceError('BAD_REQUEST', `network.${field} must be a list of at most 256 addresses, CIDRs or host names`);
@@ -119,6 +131,28 @@ function seconds(v: unknown, what: string): number | undefined {
   return v * 1000;
 }
 
+/** What an E2B sandbox's ports are: E2B's `allowPublicTraffic` and `maskRequestHost`. */
+interface IngressWish {
+  public?: boolean;
+  hostHeader?: string;
+}
+
+/** E2B's `network.allowPublicTraffic` and `network.maskRequestHost` (undefined: not given). */
+export function ingressWish(network: unknown): IngressWish {
+  if (typeof network !== 'object' || network === null) return {};
+  const n = network as Record<string, unknown>;
+  const out: IngressWish = {};
+  if (n.allowPublicTraffic !== undefined && n.allowPublicTraffic !== null) {
+    if (typeof n.allowPublicTraffic !== 'boolean') throw new SpaceError('BAD_REQUEST', 'network.allowPublicTraffic must be true or false');
+    out.public = n.allowPublicTraffic;
+  }
+  if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) {
+    checkHostHeader(n.maskRequestHost);
+    out.hostHeader = n.maskRequestHost as string;
+  }
+  return out;
+}
+
 /** Registers the control-plane routes on `app`. */
 export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
   const { service: svc, tokens } = deps;
@@ -127,13 +161,33 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     return (await deps.keys.verify(typeof key === 'string' ? key : undefined)).tenantId;
   };
 
-  const created = (sb: Sandbox) => ({
+  // ---- ingress: every port of an E2B sandbox has a host (E2B's model), public or behind its traffic token
+  const ingressOff = 'the ingress is off on this SPACE node (spaced --ingress-listen off, or no sandbox network), so no port of a sandbox can be reached';
+  /** Opens every port of `sb` as E2B would: public unless asked (or the operator says) otherwise. */
+  /** Refuses what this node cannot give (checked before anything changes). */
+  const checkWish = (wish: IngressWish): void => {
+    if (!deps.ingressDomain && (wish.public || wish.hostHeader)) throw unsupported(wish.public ? 'network.allowPublicTraffic: true' : 'network.maskRequestHost', ingressOff);
+    if (wish.public && deps.publicTraffic === 'deny') throw new SpaceError('BAD_REQUEST', 'Public traffic to sandboxes is switched off for E2B sandboxes on this SPACE node (--e2b-public-traffic deny): create with network.allowPublicTraffic: false and send the sandbox\'s trafficAccessToken in the e2b-traffic-access-token header');
+  };
+  const openPorts = async (sb: Sandbox, wish: IngressWish): Promise<void> => {
+    checkWish(wish);
+    if (!deps.ingressDomain) return;
+    const pub = wish.public ?? deps.publicTraffic !== 'deny';
+    await svc.exposeEveryPort(sb.tenantId, sb.id, { public: pub, token: tokens.traffic(sb.tenantId, sb.id), ...(wish.hostHeader ? { hostHeader: wish.hostHeader } : {}) });
+  };
+  /** The ports' opening of `sb` (E2B's view): undefined when none. */
+  const portsOf = async (sb: Sandbox) => (deps.ingressDomain ? (await svc.exposedPorts(sb.tenantId, sb.id)).find((e) => e.port === EVERY_PORT) : undefined);
+  const access = async (sb: Sandbox) => {
+    const every = await portsOf(sb);
+    return { domain: deps.ingressDomain ?? null, trafficAccessToken: every && !every.public ? tokens.traffic(sb.tenantId, sb.id) : null };
+  };
+  const created = async (sb: Sandbox) => ({
     sandboxID: sb.id,
     templateID: sb.template,
     clientID: 'space',
     envdVersion: ENVD_VERSION,
     envdAccessToken: tokens.issue(sb.tenantId, sb.id),
-    domain: null,
+    ...(await access(sb)),
   });
   const listed = (sb: Sandbox) => ({
     templateID: sb.template,
@@ -148,7 +202,16 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     state: e2bState(sb),
     envdVersion: ENVD_VERSION,
   });
-  const detail = (sb: Sandbox) => ({ ...listed(sb), envdAccessToken: tokens.issue(sb.tenantId, sb.id), domain: null });
+  const detail = async (sb: Sandbox) => {
+    const every = await portsOf(sb);
+    return {
+      ...listed(sb),
+      envdAccessToken: tokens.issue(sb.tenantId, sb.id),
+      ...(await access(sb)),
+      network: { allowPublicTraffic: every?.public ?? false, ...(every?.hostHeader ? { maskRequestHost: every.hostHeader } : {}) },
+      lifecycle: { onTimeout: sb.onTimeout === 'hibernate' ? 'pause' : 'kill', autoResume: !!sb.autoResume },
+    };
+  };
 
   // ---- create
   const create = async (req: FastifyRequest) => {
@@ -164,7 +227,12 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     if (internet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', `Internet access (allowInternetAccess: true, which E2B SDKs before 2.51 send by default) is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): create with allowInternetAccess: false and ${egressHint}`);
     if (b.allow_internet_access !== undefined && b.allow_internet_access !== null && typeof b.allow_internet_access !== 'boolean') throw new SpaceError('BAD_REQUEST', 'allow_internet_access must be true or false');
     if (b.autoPauseMemory === false) throw unsupported(KEEP_MEMORY_FALSE, KEEP_MEMORY_WHY);
-    if ((b.autoResume as { enabled?: boolean } | undefined)?.enabled) throw unsupported('Resuming on traffic (autoResume)');
+    const autoResume = (b.autoResume as { enabled?: unknown } | undefined)?.enabled;
+    if (autoResume !== undefined && typeof autoResume !== 'boolean') throw new SpaceError('BAD_REQUEST', 'autoResume.enabled must be true or false');
+    if (autoResume && b.autoPause !== true) throw new SpaceError('BAD_REQUEST', "autoResume can only be true when onTimeout action is 'pause'");
+    if (autoResume && !deps.ingressDomain) throw unsupported('Resuming on traffic (autoResume)', ingressOff);
+    const wish = ingressWish(b.network);
+    checkWish(wish);
     if (b.secure === false) throw unsupported('Sandboxes without an access token (secure: false)');
     const template = b.templateID === undefined ? DEFAULT_TEMPLATE : b.templateID;
     if (typeof template !== 'string') throw new SpaceError('BAD_REQUEST', 'templateID must be a string');
@@ -177,11 +245,20 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
       if (headers?.length) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot keeps the snapshot\'s network rules: create it without network.rules and set them with updateNetwork');
       if (env || metadata) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot has the snapshot\'s environment and labels: create it without envs and metadata');
       const snapshot = await svc.getSnapshot(tenantId, template);
+      if (autoResume) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot keeps the snapshot\'s lifecycle: create it without autoResume');
       const [r] = await svc.fork(tenantId, snapshot.sandboxId, { count: 1, snapshotId: snapshot.id });
       if (!r || 'error' in r) throw new SpaceError(asErrorCode(r?.error.code), r?.error.message ?? 'the fork returned nothing');
-      return created(await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs));
+      const sb = await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs);
+      await openPorts(sb, wish);
+      return created(sb);
     }
-    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(egress ? { egress } : {}), ...(headers?.length ? { headers } : {}) });
+    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(autoResume ? { autoResume: true } : {}), ...(egress ? { egress } : {}), ...(headers?.length ? { headers } : {}) });
+    try {
+      await openPorts(sb, wish);
+    } catch (err) {
+      await svc.kill(tenantId, sb.id).catch(() => {});
+      throw err;
+    }
     return created(sb);
   };
   app.post('/sandboxes', async (req, reply) => reply.code(201).send(await create(req)));
@@ -192,12 +269,18 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const tenantId = await tenantOf(req);
     const sb = await svc.get(tenantId, req.params.id);
     const policy = networkPolicy(req.body ?? {}, !!sb.egress?.publicInternet);
+    const wish = ingressWish(req.body);
+    checkWish(wish);
     if (policy.publicInternet && !sb.egress?.publicInternet && deps.internet === 'deny') throw new SpaceError('BAD_REQUEST', 'Internet access is switched off for E2B sandboxes on this SPACE node (--e2b-internet deny): list the destinations instead');
     // Checked before anything changes: a bad rule leaves the policy as it was.
     const rules = checkHeaderRules(networkRules(req.body ?? {}) ?? []);
     await svc.setEgress(tenantId, sb.id, { ...(sb.egress ?? {}), ...policy, ...(policy.publicInternet ? {} : { publicInternet: false }), ...(policy.deny ? {} : { deny: undefined }) });
     // E2B: the update replaces the rules too; leaving them out clears them.
     if (rules.length || sb.secrets?.some((a) => a.rule)) await svc.setHeaderRules(tenantId, sb.id, rules);
+    if (wish.public !== undefined || wish.hostHeader !== undefined) {
+      const every = await portsOf(sb);
+      await openPorts(sb, { public: wish.public ?? every?.public ?? deps.publicTraffic !== 'deny', ...((wish.hostHeader ?? every?.hostHeader) ? { hostHeader: (wish.hostHeader ?? every?.hostHeader)! } : {}) });
+    }
     return reply.code(204).send();
   });
 
@@ -221,7 +304,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const timeoutMs = seconds(b.timeout, 'timeout');
     const endsAt = sb.expiresAt ? Date.parse(sb.expiresAt) : Number.POSITIVE_INFINITY;
     if (timeoutMs !== undefined && Date.now() + timeoutMs > endsAt) sb = await svc.setTimeout(tenantId, sb.id, timeoutMs);
-    return { resumed, body: created(sb) };
+    return { resumed, body: await created(sb) };
   };
   for (const p of ['/sandboxes/:id/connect', '/v2/sandboxes/:id/connect']) {
     app.post<{ Params: { id: string } }>(p, async (req, reply) => {
@@ -259,7 +342,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
   app.get<{ Params: { id: string } }>('/sandboxes/:id', async (req) => {
     const sb = await svc.get(await tenantOf(req), req.params.id);
     if (sb.state === 'killed' || sb.state === 'dead') throw new SpaceError('SANDBOX_NOT_FOUND', `Sandbox ${sb.id} has ended`);
-    return detail(sb);
+    return await detail(sb);
   });
 
   /** E2B's metrics: a series of samples (one per 5 s) between `start` and `end` (unix seconds). */
@@ -357,7 +440,13 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const out = [];
     for (const r of results) {
       if ('error' in r) out.push({ error: { code: new SpaceError(asErrorCode(r.error.code)).status, message: r.error.message } });
-      else out.push({ sandbox: created(timeoutMs !== undefined ? await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs) : r.sandbox) });
+      else {
+        const child = timeoutMs !== undefined ? await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs) : r.sandbox;
+        // A fork's ports are open as its parent's were.
+        const every = await portsOf(parent);
+        if (every) await openPorts(child, { public: every.public, ...(every.hostHeader ? { hostHeader: every.hostHeader } : {}) });
+        out.push({ sandbox: await created(child) });
+      }
     }
     return out;
   });

@@ -10,7 +10,9 @@ import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
 import { createProxyServer } from 'http-proxy-3';
-import { SpaceError, toSpaceError, type ErrorCode } from '@space/api';
+import { SpaceError, toSpaceError, type ErrorCode, type IngressLogEntry } from '@space/api';
+
+export type { IngressLogEntry };
 import { ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER, PASS_COOKIE, SIGNED_LINK_PATH, checkPass, cookieValue, tokenMatches, withoutCookie } from './access.js';
 import { parseIngressHost } from './host.js';
 
@@ -25,24 +27,8 @@ export interface IngressRoute {
   tokenHash: string;
   /** When the exposure ends (ISO 8601); none: while the sandbox lives. */
   expiresAt?: string;
-}
-
-/** One request through the ingress, for the audit log. */
-export interface IngressLogEntry {
-  at: string;
-  tenantId: string;
-  sandboxId: string;
-  port: number;
-  method: string;
-  path: string;
-  status: number;
-  bytesIn: number;
-  bytesOut: number;
-  durationMs: number;
-  client: string;
-  /** How the request was let in. */
-  access: 'public' | 'token' | 'pass' | 'refused';
-  websocket: boolean;
+  /** The Host header the sandbox gets, `${PORT}` replaced by the port (E2B's `maskRequestHost`); none: the client's. */
+  hostHeader?: string;
 }
 
 /** What the ingress asks the daemon. */
@@ -184,8 +170,12 @@ export class IngressServer {
     throw new SpaceError('INGRESS_UNAUTHENTICATED');
   }
 
-  /** The request as the sandbox gets it: no token, no pass. */
-  private scrub(req: http.IncomingMessage): void {
+  /** The request as the sandbox gets it: no token, no pass, the route's Host if it sets one (the client's in X-Forwarded-Host). */
+  private scrub(req: http.IncomingMessage, route: IngressRoute): void {
+    if (route.hostHeader) {
+      req.headers['x-forwarded-host'] = req.headers.host;
+      req.headers.host = route.hostHeader.replaceAll('${PORT}', String(route.port));
+    }
     for (const h of HOP_TOKEN_HEADERS) delete req.headers[h];
     const cookie = withoutCookie(req.headers.cookie, PASS_COOKIE);
     if (cookie === undefined) delete req.headers.cookie;
@@ -202,11 +192,14 @@ export class IngressServer {
       if (route) this.log(req, route, started, { status: res.statusCode, bytesIn: sock.bytesRead - read0, bytesOut: sock.bytesWritten - written0, access, websocket: false });
     });
     try {
-      if (req.url?.startsWith(`${SIGNED_LINK_PATH}?`) || req.url === SIGNED_LINK_PATH) return await this.signedLink(req, res);
       // Refusals of an exposed port are logged too (access "refused"); unknown hosts are not.
       route = await this.find(req);
+      if (req.url?.startsWith(`${SIGNED_LINK_PATH}?`) || req.url === SIGNED_LINK_PATH) {
+        if (this.signedLink(req, res, route)) access = 'pass';
+        return;
+      }
       access = this.authorize(req, route);
-      this.scrub(req);
+      this.scrub(req, route);
       const address = await this.opts.backend.connect(route);
       this.proxy.web(req, res, { target: `http://${address}:${route.port}` }, (err) => {
         this.refuse(req, res, new SpaceError('INGRESS_UPSTREAM_FAILED', `Nothing answered on port ${route!.port} inside ${route!.sandboxId}: ${(err as Error).message}`, { cause: err }));
@@ -216,13 +209,18 @@ export class IngressServer {
     }
   }
 
-  /** `GET /.space/auth?pass=…&next=/path`: a valid pass becomes a cookie for this host, then a redirect. */
-  private async signedLink(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+  /**
+   * `GET /.space/auth?pass=…&next=/path`: a valid pass becomes a cookie for this host, then a
+   * redirect. Returns whether the pass was valid.
+   */
+  private signedLink(req: http.IncomingMessage, res: http.ServerResponse, route: IngressRoute): boolean {
     const u = new URL(req.url!, 'http://ingress.invalid');
-    const route = await this.find(req);
     const pass = u.searchParams.get('pass') ?? undefined;
     const exp = checkPass(this.opts.secret, route, pass);
-    if (exp === undefined) return this.refuse(req, res, new SpaceError('INGRESS_UNAUTHENTICATED', 'This link has expired or is not valid for this port: ask for a new one (`space expose`)'));
+    if (exp === undefined) {
+      this.refuse(req, res, new SpaceError('INGRESS_UNAUTHENTICATED', 'This link has expired or is not valid for this port: ask for a new one (`space expose`)'));
+      return false;
+    }
     const next = u.searchParams.get('next') ?? '/';
     const location = next.startsWith('/') && !next.startsWith('//') && !next.includes('\\') ? next : '/';
     const maxAge = exp - Math.floor(Date.now() / 1000);
@@ -233,6 +231,7 @@ export class IngressServer {
       'content-length': '0',
     });
     res.end();
+    return true;
   }
 
   private async upgrade(req: http.IncomingMessage, socket: net.Socket, head: Buffer): Promise<void> {
@@ -241,7 +240,7 @@ export class IngressServer {
     try {
       const route = await this.find(req);
       const access = this.authorize(req, route);
-      this.scrub(req);
+      this.scrub(req, route);
       const address = await this.opts.backend.connect(route);
       socket.once('close', () => this.log(req, route, started, { status: 101, bytesIn: socket.bytesRead, bytesOut: socket.bytesWritten, access, websocket: true }));
       this.proxy.ws(req, socket, head, { target: `ws://${address}:${route.port}` }, () => {
@@ -258,7 +257,7 @@ export class IngressServer {
   /** Hands one finished request to the backend's audit log. */
   private log(req: http.IncomingMessage, route: IngressRoute, started: number, e: Pick<IngressLogEntry, 'status' | 'bytesIn' | 'bytesOut' | 'access' | 'websocket'>): void {
     this.opts.backend.log?.({
-      at: new Date(started).toISOString(), tenantId: route.tenantId, sandboxId: route.sandboxId, port: route.port, method: req.method ?? 'GET', path: (req.url ?? '').slice(0, 2048),
+      at: new Date(started).toISOString(), tenantId: route.tenantId, sandboxId: route.sandboxId, port: route.port, method: req.method ?? 'GET', path: redactPass(req.url ?? '').slice(0, 2048),
       durationMs: Date.now() - started, client: req.socket.remoteAddress ?? '', ...e,
     });
   }
@@ -275,6 +274,9 @@ export class IngressServer {
     res.end(body);
   }
 }
+
+/** A signed link's path with its pass (a credential until it expires) left out, for the log. */
+const redactPass = (url: string) => (url.startsWith(SIGNED_LINK_PATH) ? url.replace(/([?&]pass=)[^&]*/, '$1…') : url);
 
 const esc = (s: string) => s.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 

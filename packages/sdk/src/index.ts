@@ -14,7 +14,7 @@ export type { CommandResult, CommandRunOpts, OutputEvent, ProcessInfo } from './
 export { Files } from './files.js';
 export type { EntryInfo, WriteData } from './files.js';
 export { Ports } from './ports.js';
-export type { ExposedPort, ExposeOpts } from './ports.js';
+export type { ExposedPort, ExposeOpts, IngressLogPage } from './ports.js';
 export { Pty, PtyHandle } from './pty.js';
 export type { PtyCreateOpts } from './pty.js';
 export { Secrets } from './secrets.js';

@@ -1,8 +1,8 @@
 /** `sandbox.ports`: expose a sandbox's ports through the daemon's ingress. */
-import type { ExposedPort } from '@space/api';
+import type { ExposedPort, IngressLogPage } from '@space/api';
 import type { ApiClient } from './client.js';
 
-export type { ExposedPort };
+export type { ExposedPort, IngressLogPage };
 
 /** Options of {@link Ports.expose}. */
 export interface ExposeOpts {
@@ -35,6 +35,14 @@ export class Ports {
   /** The exposed ports, each with a fresh signed link. */
   async list(): Promise<ExposedPort[]> {
     return (await this.api.json<{ ports: ExposedPort[] }>('GET', `/v1/sandboxes/${this.sandboxId}/ports`)).ports;
+  }
+
+  /**
+   * The audit log of requests to the sandbox's ports through the ingress, newest first.
+   * @example const { items } = await sandbox.ports.log({ limit: 20 });
+   */
+  log(opts: { limit?: number; cursor?: string } = {}): Promise<IngressLogPage> {
+    return this.api.json<IngressLogPage>('GET', `/v1/sandboxes/${this.sandboxId}/ingress/log`, { query: { limit: opts.limit, cursor: opts.cursor } });
   }
 
   /** Stops exposing `port`: its token and links stop working at once. */

@@ -51,6 +51,13 @@ export interface DaemonOptions {
    * @default "allow" (or SPACE_E2B_INTERNET)
    */
   e2bInternet?: 'allow' | 'deny';
+  /**
+   * What E2B sandboxes' ports are: `allow` (E2B's meaning: every port reachable through the
+   * ingress without a token unless the sandbox asks for `allowPublicTraffic: false`) or `deny`
+   * (every port needs the sandbox's `trafficAccessToken`; `allowPublicTraffic: true` is refused).
+   * @default "allow" (or SPACE_E2B_PUBLIC_TRAFFIC)
+   */
+  e2bPublicTraffic?: 'allow' | 'deny';
   /** The ingress: preview URLs of sandboxes' ports. @default listen on the API's host, port + 2 ("off" for none) */
   ingress?: IngressOptions;
   /** Directory of key files the operator provides (local key provider). @default `${dataDir}/keys` */
@@ -88,6 +95,12 @@ export function parseAccel(s: string): 'auto' | 'kvm' | 'tcg' {
   return s;
 }
 
+/** Checks the E2B public traffic setting (flag `--e2b-public-traffic`, `SPACE_E2B_PUBLIC_TRAFFIC`). */
+export function parseE2bPublicTraffic(s: string): 'allow' | 'deny' {
+  if (s !== 'allow' && s !== 'deny') throw new SpaceError('CONFIG_INVALID', `Unknown --e2b-public-traffic ${JSON.stringify(s)}: use allow (E2B's default: every port of an E2B sandbox reachable through the ingress without a token) or deny (each needs the sandbox's traffic token)`);
+  return s;
+}
+
 /** Checks the E2B internet setting (flag `--e2b-internet`, `SPACE_E2B_INTERNET`). */
 export function parseE2bInternet(s: string): 'allow' | 'deny' {
   if (s !== 'allow' && s !== 'deny') throw new SpaceError('CONFIG_INVALID', `Unknown --e2b-internet ${JSON.stringify(s)}: use allow (E2B's allowInternetAccess opens public destinations through the egress proxy) or deny`);
@@ -117,7 +130,7 @@ export function parsePools(s: string): Record<string, number> {
   return out;
 }
 
-/** Days the egress audit log is kept. */
+/** Days the egress and ingress audit logs are kept. */
 const EGRESS_LOG_DAYS = 30;
 
 /** The blob keys of every stored snapshot and template image (what garbage collection must keep). */
@@ -264,6 +277,14 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
 
   const maxUploadBytes = opts.maxUploadBytes ?? 4 * 1024 ** 3;
   const hostUrl = (h: string, p: number) => `http://${h.includes(':') ? `[${h}]` : h}:${p}`;
+  // The ingress on a listener of its own (host names route to sandboxes' ports); before the E2B
+  // API, whose sandboxes carry its domain.
+  const ingressListen = opts.ingress?.listen ?? process.env.SPACE_INGRESS_LISTEN ?? (port === 0 ? `${host.includes(':') ? `[${host}]` : host}:0` : `${host.includes(':') ? `[${host}]` : host}:${port + 2}`);
+  const ingress = await startIngress(
+    { service, network: egress?.network, secret: await encryptionKeys.daemonSecret('ingress-passes'), logger: logger.child({ api: 'ingress' }) },
+    { listen: ingressListen, ...(opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN ? { domain: opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN } : {}), ...(opts.ingress?.certFile ? { certFile: opts.ingress.certFile } : {}), ...(opts.ingress?.keyFile ? { keyFile: opts.ingress.keyFile } : {}) },
+  );
+  if (ingress) daemonPorts.add(Number(new URL(ingress.url).port));
   // The E2B-compatible API on its own listener (see @space/e2b for why).
   const e2bListen = opts.e2bListen ?? process.env.SPACE_E2B_LISTEN ?? (port === 0 ? `${host.includes(':') ? `[${host}]` : host}:0` : `${host.includes(':') ? `[${host}]` : host}:${port + 1}`);
   let e2b: Awaited<ReturnType<typeof buildE2bApp>> | undefined;
@@ -271,7 +292,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   if (e2bListen !== 'off') {
     const l = parseListen(e2bListen);
     const internet = opts.e2bInternet ?? (process.env.SPACE_E2B_INTERNET ? parseE2bInternet(process.env.SPACE_E2B_INTERNET) : 'allow');
-    e2b = await buildE2bApp({ service, keys, tokens: new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens')), maxUploadBytes, internet, logger: logger.child({ api: 'e2b' }) });
+    const publicTraffic = opts.e2bPublicTraffic ?? (process.env.SPACE_E2B_PUBLIC_TRAFFIC ? parseE2bPublicTraffic(process.env.SPACE_E2B_PUBLIC_TRAFFIC) : 'allow');
+    e2b = await buildE2bApp({ service, keys, tokens: new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens')), maxUploadBytes, internet, publicTraffic, ...(ingress ? { ingressDomain: ingress.domain } : {}), logger: logger.child({ api: 'e2b' }) });
     await e2b.listen({ host: l.host, port: l.port });
     const a = e2b.server.address();
     e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);
@@ -283,6 +305,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     if (deleted) logger.info({ deleted }, 'snapshot chunks collected');
     const pruned = await store.pruneEgressLog(new Date(Date.now() - EGRESS_LOG_DAYS * 86_400_000).toISOString());
     if (pruned) logger.info({ pruned }, 'old egress log entries deleted');
+    const prunedIngress = await store.pruneIngressLog(new Date(Date.now() - EGRESS_LOG_DAYS * 86_400_000).toISOString());
+    if (prunedIngress) logger.info({ pruned: prunedIngress }, 'old ingress log entries deleted');
     return deleted;
   };
   // In the background: reading every manifest must not delay the listener. Close waits for it.
@@ -293,13 +317,6 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   gcLater();
   const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
-  // The ingress on a listener of its own (host names route to sandboxes' ports).
-  const ingressListen = opts.ingress?.listen ?? process.env.SPACE_INGRESS_LISTEN ?? (port === 0 ? `${host.includes(':') ? `[${host}]` : host}:0` : `${host.includes(':') ? `[${host}]` : host}:${port + 2}`);
-  const ingress = await startIngress(
-    { service, network: egress?.network, secret: await encryptionKeys.daemonSecret('ingress-passes'), logger: logger.child({ api: 'ingress' }) },
-    { listen: ingressListen, ...(opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN ? { domain: opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN } : {}), ...(opts.ingress?.certFile ? { certFile: opts.ingress.certFile } : {}), ...(opts.ingress?.keyFile ? { keyFile: opts.ingress.keyFile } : {}) },
-  );
-  if (ingress) daemonPorts.add(Number(new URL(ingress.url).port));
   const instance = randomUUID();
   const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}) });
   await app.listen({ host, port });

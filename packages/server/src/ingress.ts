@@ -4,7 +4,7 @@
  * links the API hands out.
  */
 import { readFileSync } from 'node:fs';
-import { SpaceError, type Logger, type PortExposure, type SandboxNetwork, type SandboxService } from '@space/core';
+import { EVERY_PORT, SpaceError, type Logger, type PortExposure, type SandboxNetwork, type SandboxService } from '@space/core';
 import { IngressServer, SIGNED_LINK_PATH, ingressHost, makePass, type IngressRoute } from '@space/ingress';
 
 /** Ingress settings (flags `--ingress-listen`, `--ingress-domain`, `--ingress-cert`, `--ingress-key`). */
@@ -20,11 +20,11 @@ export interface IngressOptions {
 
 /** A port's addresses as the API returns them. */
 export interface PortUrls {
-  /** The port's origin, e.g. `http://8000-sb….localhost:7072/`. */
+  /** The port's origin, e.g. `http://8000-sb….localhost:7072/` (every port: `http://{port}-sb….localhost:7072/`). */
   url: string;
-  /** A link that sets the pass cookie and redirects to `/`: valid until `signedUrlExpiresAt`. */
-  signedUrl: string;
-  signedUrlExpiresAt: string;
+  /** A link that sets the pass cookie and redirects to `/`: valid until `signedUrlExpiresAt` (none for every port). */
+  signedUrl?: string;
+  signedUrlExpiresAt?: string;
 }
 
 /** How long a request waits for its sandbox to wake (autoResume) before it gets 504. */
@@ -64,7 +64,7 @@ export async function startIngress(deps: { service: SandboxService; network: San
   } catch (err) {
     throw new SpaceError('CONFIG_INVALID', `Cannot read the ingress certificate or key: ${(err as Error).message}`, { cause: err });
   }
-  const toRoute = (e: PortExposure, tenantId: string): IngressRoute => ({ sandboxId: e.sandboxId, tenantId, port: e.port, public: e.public, tokenHash: e.tokenHash, ...(e.expiresAt ? { expiresAt: e.expiresAt } : {}) });
+  const toRoute = (e: PortExposure, tenantId: string): IngressRoute => ({ sandboxId: e.sandboxId, tenantId, port: e.port, public: e.public, tokenHash: e.tokenHash, ...(e.expiresAt ? { expiresAt: e.expiresAt } : {}), ...(e.hostHeader ? { hostHeader: e.hostHeader } : {}) });
   let domain = opts.domain ?? '';
   const server = new IngressServer({
     domain: '',
@@ -90,7 +90,10 @@ export async function startIngress(deps: { service: SandboxService; network: San
         if (!address) throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${route.sandboxId} has no network link right now; try again in a moment`);
         return address;
       },
-      log: (e) => logger.info({ ingress: e }, 'ingress request'),
+      log(e) {
+        logger.debug({ ingress: e }, 'ingress request');
+        service.recordIngress(e).catch((err: unknown) => logger.error({ err, ingress: e }, 'ingress audit entry not written'));
+      },
     },
   });
   const host = m[1]!.replace(/^\[|\]$/g, '');
@@ -103,6 +106,7 @@ export async function startIngress(deps: { service: SandboxService; network: San
     url,
     domain,
     urls(e) {
+      if (e.port === EVERY_PORT) return { url: `${scheme}://{port}-${e.sandboxId}.${domain}/` };
       const origin = `${scheme}://${ingressHost(e.port, e.sandboxId, domain)}/`;
       const exp = e.expiresAt ? Math.floor(Date.parse(e.expiresAt) / 1000) : Math.floor(Date.now() / 1000) + SIGNED_LINK_S;
       const pass = makePass(secret, { sandboxId: e.sandboxId, port: e.port, tokenHash: e.tokenHash }, exp);

@@ -3,7 +3,7 @@
  * `spaced` — the SPACE daemon, in the foreground. Logs JSON lines to stdout; SIGTERM/SIGINT
  * stop it gracefully (sandboxes keep running and are re-adopted on the next start).
  *
- * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off] [--e2b-internet allow|deny]
+ * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off] [--e2b-internet allow|deny] [--e2b-public-traffic allow|deny]
  *        [--pkcs11-module LIB --pkcs11-token LABEL --pkcs11-pin-file FILE]
  *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
  *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
@@ -11,7 +11,7 @@
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
-import { parseAccel, parseDriver, parseDrivers, parseE2bInternet, parsePools, startDaemon } from './daemon.js';
+import { parseAccel, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
 import { parseEgressHosts } from './networking.js';
 
 const { values } = parseArgs({
@@ -26,6 +26,7 @@ const { values } = parseArgs({
     pool: { type: 'string' },
     'e2b-listen': { type: 'string' },
     'e2b-internet': { type: 'string' },
+    'e2b-public-traffic': { type: 'string' },
     'pkcs11-module': { type: 'string' },
     'pkcs11-token': { type: 'string' },
     'pkcs11-pin-file': { type: 'string' },
@@ -76,6 +77,7 @@ try {
     ...(values.pool ? { pools: parsePools(values.pool) } : {}),
     ...(values['e2b-listen'] ? { e2bListen: values['e2b-listen'] } : {}),
     ...(values['e2b-internet'] ? { e2bInternet: parseE2bInternet(values['e2b-internet']) } : {}),
+    ...(values['e2b-public-traffic'] ? { e2bPublicTraffic: parseE2bPublicTraffic(values['e2b-public-traffic']) } : {}),
     ...(values['pkcs11-module'] ? { pkcs11: { module: values['pkcs11-module'], tokenLabel: values['pkcs11-token'] ?? '', pin: values['pkcs11-pin-file'] ? readFileSync(values['pkcs11-pin-file'], 'utf8').trim() : (process.env.SPACE_PKCS11_PIN ?? '') } } : {}),
   });
   const stop = () => void d.close().then(() => process.exit(0), () => process.exit(1));

@@ -115,6 +115,9 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     requireIngress();
     return { ports: (await svc.exposedPorts(req.principal.tenantId, req.params.id)).map((e) => exposed(e)) };
   });
+  app.get('/v1/sandboxes/:id/ingress/log', { schema: { tags: ['ingress'], params: S.IdParams, querystring: S.EgressLogQuery, description: 'Every request through the ingress to the sandbox\'s ports (refusals of an exposed port included), newest first.' } }, async (req) =>
+    svc.ingressLog(req.principal.tenantId, req.params.id, req.query.limit ?? 100, req.query.cursor),
+  );
   app.delete('/v1/sandboxes/:id/ports/:port', { schema: { tags: ['ingress'], params: S.PortParams, description: 'Stops exposing a port; its token and links stop working at once.' } }, async (req, reply) => {
     await svc.unexposePort(req.principal.tenantId, req.params.id, req.params.port);
     return reply.code(204).send();

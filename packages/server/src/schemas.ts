@@ -147,7 +147,7 @@ export const CreateSandboxBody = Type.Object(
 );
 
 export const IdParams = Type.Object({ id: Type.String({ maxLength: 64 }) });
-export const PortParams = Type.Object({ id: Type.String({ maxLength: 64 }), port: Type.Integer({ minimum: 1, maximum: 65535 }) });
+export const PortParams = Type.Object({ id: Type.String({ maxLength: 64 }), port: Type.Integer({ minimum: 0, maximum: 65535, description: '0: the opening of every port (a sandbox made through the E2B-compatible API)' }) });
 
 export const ExposeBody = Type.Object(
   {
@@ -159,11 +159,11 @@ export const ExposeBody = Type.Object(
 );
 
 export const ExposedPortSchema = Type.Object({
-  port: Type.Integer(),
+  port: Type.Integer({ description: '0: every port (E2B\'s model: a sandbox made through the E2B-compatible API)' }),
   public: Type.Boolean(),
-  url: Type.String({ description: 'The port\'s origin through the ingress' }),
-  signedUrl: Type.String({ description: 'Opens the port in a browser: sets a cookie for its host, then redirects to /' }),
-  signedUrlExpiresAt: Type.String(),
+  url: Type.String({ description: 'The port\'s origin through the ingress (port 0: a template, {port} standing for the port)' }),
+  signedUrl: Type.Optional(Type.String({ description: 'Opens the port in a browser: sets a cookie for its host, then redirects to / (none for port 0)' })),
+  signedUrlExpiresAt: Type.Optional(Type.String()),
   createdAt: Type.String(),
   expiresAt: Type.Optional(Type.String()),
   token: Type.Optional(Type.String({ description: 'The access token (send as X-Space-Access-Token): only in the answer to the expose request' })),

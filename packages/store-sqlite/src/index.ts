@@ -4,7 +4,7 @@
  */
 import Database from 'better-sqlite3';
 import { Kysely, SqliteDialect, sql, type Generated } from 'kysely';
-import type { Intent, ApiKeyRecord, PortExposure, DataKeyRecord, EgressLogEntry, EgressLogPage, MetadataStore, SecretRecord, TenantCaRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
+import type { Intent, ApiKeyRecord, PortExposure, DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, MetadataStore, SecretRecord, TenantCaRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
 import { SpaceError } from '@space/core';
 
 interface SandboxTable {
@@ -67,6 +67,10 @@ interface SecretTable {
   doc: string;
   sealed: Buffer;
 }
+/** The audit logs' tables. */
+type LogTable = 'egress_log' | 'ingress_log';
+
+/** The shape of both audit logs (egress_log, ingress_log). */
 interface EgressLogTable {
   seq: Generated<number>;
   sandbox_id: string;
@@ -97,6 +101,7 @@ interface Schema {
   intents: IntentTable;
   secrets: SecretTable;
   egress_log: EgressLogTable;
+  ingress_log: EgressLogTable;
   tenant_cas: TenantCaTable;
   tenant_keys: TenantKeyTable;
   data_keys: DataKeyTable;
@@ -192,6 +197,13 @@ const MIGRATIONS: string[] = [
      port INTEGER NOT NULL,
      doc TEXT NOT NULL,
      PRIMARY KEY (sandbox_id, port));`,
+  `CREATE TABLE ingress_log (
+     seq INTEGER PRIMARY KEY AUTOINCREMENT,
+     sandbox_id TEXT NOT NULL,
+     at TEXT NOT NULL,
+     doc TEXT NOT NULL);
+   CREATE INDEX ingress_log_sandbox ON ingress_log(sandbox_id, seq);
+   CREATE INDEX ingress_log_at ON ingress_log(at);`,
 ];
 
 function toKey(r: ApiKeyTable): ApiKeyRecord {
@@ -386,12 +398,37 @@ export class SqliteStore implements MetadataStore {
     await this.db.deleteFrom('secrets').where('tenant_id', '=', tenantId).where('name', '=', name).execute();
   }
 
-  async insertEgressLog(e: EgressLogEntry): Promise<void> {
-    await this.db.insertInto('egress_log').values({ sandbox_id: e.sandboxId, at: e.at, doc: JSON.stringify(e) }).execute();
+  insertEgressLog(e: EgressLogEntry): Promise<void> {
+    return this.insertLog('egress_log', e);
   }
 
-  async listEgressLog(sandboxId: string, limit: number, cursor?: string): Promise<EgressLogPage> {
-    let qb = this.db.selectFrom('egress_log').select(['seq', 'doc']).where('sandbox_id', '=', sandboxId);
+  listEgressLog(sandboxId: string, limit: number, cursor?: string): Promise<EgressLogPage> {
+    return this.listLog<EgressLogEntry>('egress_log', sandboxId, limit, cursor);
+  }
+
+  pruneEgressLog(before: string): Promise<number> {
+    return this.pruneLog('egress_log', before);
+  }
+
+  insertIngressLog(e: IngressLogEntry): Promise<void> {
+    return this.insertLog('ingress_log', e);
+  }
+
+  listIngressLog(sandboxId: string, limit: number, cursor?: string): Promise<IngressLogPage> {
+    return this.listLog<IngressLogEntry>('ingress_log', sandboxId, limit, cursor);
+  }
+
+  pruneIngressLog(before: string): Promise<number> {
+    return this.pruneLog('ingress_log', before);
+  }
+
+  private async insertLog(table: LogTable, e: { sandboxId: string; at: string }): Promise<void> {
+    await this.db.insertInto(table).values({ sandbox_id: e.sandboxId, at: e.at, doc: JSON.stringify(e) }).execute();
+  }
+
+  /** A page of an audit log, newest first: the cursor is the last entry's seq. */
+  private async listLog<T>(table: LogTable, sandboxId: string, limit: number, cursor?: string): Promise<{ items: (T & { seq: number })[]; nextCursor?: string }> {
+    let qb = this.db.selectFrom(table).select(['seq', 'doc']).where('sandbox_id', '=', sandboxId);
     if (cursor) {
       const before = Number.parseInt(Buffer.from(cursor, 'base64url').toString(), 10);
       if (!Number.isSafeInteger(before)) throw new SpaceError('BAD_REQUEST', 'Invalid cursor: pass the nextCursor of a previous page unchanged');
@@ -400,13 +437,13 @@ export class SqliteStore implements MetadataStore {
     const rows = await qb.orderBy('seq', 'desc').limit(limit + 1).execute();
     const page = rows.slice(0, limit);
     return {
-      items: page.map((r) => ({ ...(JSON.parse(r.doc) as EgressLogEntry), seq: r.seq })),
+      items: page.map((r) => ({ ...(JSON.parse(r.doc) as T), seq: r.seq })),
       ...(rows.length > limit ? { nextCursor: Buffer.from(String(page[page.length - 1]!.seq)).toString('base64url') } : {}),
     };
   }
 
-  async pruneEgressLog(before: string): Promise<number> {
-    const r = await this.db.deleteFrom('egress_log').where('at', '<', before).executeTakeFirst();
+  private async pruneLog(table: LogTable, before: string): Promise<number> {
+    const r = await this.db.deleteFrom(table).where('at', '<', before).executeTakeFirst();
     return Number(r.numDeletedRows);
   }
 

@@ -2,7 +2,7 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
-import type { DataKeyRecord, EgressLogEntry, EgressLogPage, PortExposure, SecretRecord, TenantKey } from '../records.js';
+import type { DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, PortExposure, SecretRecord, TenantKey } from '../records.js';
 import type { IntentStore } from './intent-journal.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from '../model.js';
 
@@ -121,6 +121,13 @@ export interface MetadataStore extends IntentStore {
   listEgressLog(sandboxId: string, limit: number, cursor?: string): Promise<EgressLogPage>;
   /** Deletes log entries older than `before` (ISO time); returns how many. */
   pruneEgressLog(before: string): Promise<number>;
+
+  /** Appends to the ingress audit log. */
+  insertIngressLog(e: IngressLogEntry): Promise<void>;
+  /** A sandbox's ingress log, newest first; `cursor` from a previous page. */
+  listIngressLog(sandboxId: string, limit: number, cursor?: string): Promise<IngressLogPage>;
+  /** Deletes ingress log entries older than `before` (ISO time); returns how many. */
+  pruneIngressLog(before: string): Promise<number>;
 
   /** The tenant's egress CA: its certificate and its private key sealed under a tenant data key. */
   getTenantCa(tenantId: string): Promise<TenantCaRecord | undefined>;

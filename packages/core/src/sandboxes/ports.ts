@@ -6,7 +6,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { SpaceError } from '../errors.js';
 import { TERMINAL_STATES, assertAllowed, type Sandbox } from '../model.js';
-import type { PortExposure } from '../records.js';
+import type { IngressLogEntry, IngressLogPage, PortExposure } from '../records.js';
 import type { SandboxContext } from './context.js';
 
 /** What {@link Ports.expose} takes. */
@@ -18,6 +18,34 @@ export interface ExposeRequest {
   expiresInS?: number;
 }
 
+/**
+ * The port number of an exposure that opens every port of its sandbox: E2B's model, where each
+ * port has a host (`sandbox.getHost(port)`), public or behind the sandbox's traffic token. Only
+ * the E2B-compatible API makes one ({@link Ports.exposeEvery}).
+ */
+export const EVERY_PORT = 0;
+
+/**
+ * Checks a Host header for requests into a sandbox (E2B's `maskRequestHost`): a host name with
+ * an optional port, `${PORT}` standing for the port. Throws BAD_REQUEST.
+ * @example checkHostHeader('localhost:${PORT}');
+ */
+export function checkHostHeader(h: unknown): void {
+  if (typeof h !== 'string' || h.length === 0 || h.length > 255 || !/^(?:[A-Za-z0-9._-]|\$\{PORT\})+(?::(?:\d{1,5}|\$\{PORT\}))?$/.test(h)) {
+    throw new SpaceError('BAD_REQUEST', `The Host header for requests into the sandbox must be a host name with an optional port, \`\${PORT}\` standing for the port (e.g. "localhost:\${PORT}"); got ${JSON.stringify(h)}`);
+  }
+}
+
+/** What {@link Ports.exposeEvery} takes. */
+export interface ExposeEveryRequest {
+  /** Reachable without the token (E2B's `allowPublicTraffic`). */
+  public: boolean;
+  /** The access token (the caller derives it, e.g. E2B's `trafficAccessToken`); only its hash is kept. */
+  token: string;
+  /** The Host header requests reach the sandbox with, `${PORT}` replaced by the port (E2B's `maskRequestHost`); absent: the client's. */
+  hostHeader?: string;
+}
+
 /** Longest exposure a request may ask for: 30 days. */
 export const MAX_EXPOSURE_S = 30 * 24 * 3600;
 
@@ -27,8 +55,10 @@ export const MAX_EXPOSURE_S = 30 * 24 * 3600;
  */
 function newToken(): { token: string; tokenHash: string } {
   const token = `sat_${randomBytes(32).toString('base64url')}`;
-  return { token, tokenHash: createHash('sha256').update(token).digest('hex') };
+  return { token, tokenHash: hashToken(token) };
 }
+
+const hashToken = (token: string) => createHash('sha256').update(token).digest('hex');
 
 const live = (e: PortExposure) => !e.expiresAt || Date.parse(e.expiresAt) > Date.now();
 
@@ -58,20 +88,50 @@ export class Ports {
     });
   }
 
+  /**
+   * Opens every port of a sandbox ({@link EVERY_PORT}), public or behind `token`; a port exposed
+   * on its own keeps its own token. Used by the E2B-compatible API, whose sandboxes work so.
+   * @example await ports.exposeEvery(tenantId, id, { public: false, token: trafficAccessToken });
+   */
+  exposeEvery(tenantId: string, id: string, req: ExposeEveryRequest): Promise<PortExposure> {
+    if (typeof req.token !== 'string' || req.token.length < 32) throw new SpaceError('BAD_REQUEST', 'An access token must be a string of at least 32 characters');
+    const h = req.hostHeader;
+    if (h !== undefined) checkHostHeader(h);
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'exposePort');
+      const exposure: PortExposure = { sandboxId: id, port: EVERY_PORT, public: req.public, tokenHash: hashToken(req.token), createdAt: new Date().toISOString(), ...(h ? { hostHeader: h } : {}) };
+      await this.c.store.putExposure(exposure);
+      await this.c.event(id, 'port-exposed', `every port exposed${exposure.public ? ' publicly' : ' behind the traffic token'}`);
+      return exposure;
+    });
+  }
+
   /** A sandbox's exposed ports that have not expired. */
   async list(tenantId: string, id: string): Promise<PortExposure[]> {
     await this.c.hooks.get(tenantId, id);
     return (await this.c.store.listExposures(id)).filter(live);
   }
 
-  /** Closes `port` (PORT_NOT_EXPOSED when it was not exposed). */
+  /** Closes `port` ({@link EVERY_PORT}: the opening of every port) (PORT_NOT_EXPOSED when it was not exposed). */
   unexpose(tenantId: string, id: string, port: number): Promise<void> {
     return this.c.withLock(id, async () => {
       await this.c.hooks.get(tenantId, id);
       if (!(await this.c.store.getExposure(id, port))) throw new SpaceError('PORT_NOT_EXPOSED', `Port ${port} of ${id} is not exposed`);
       await this.c.store.deleteExposures(id, port);
-      await this.c.event(id, 'port-closed', `port ${port} no longer exposed`);
+      await this.c.event(id, 'port-closed', port === EVERY_PORT ? 'every port closed (ports exposed on their own stay open)' : `port ${port} no longer exposed`);
     });
+  }
+
+  /** Appends one ingress request to the audit log. */
+  async audit(e: IngressLogEntry): Promise<void> {
+    await this.c.store.insertIngressLog(e);
+  }
+
+  /** A sandbox's ingress log, newest first (an ended sandbox's too, until it is pruned). */
+  async log(tenantId: string, id: string, limit: number, cursor?: string): Promise<IngressLogPage> {
+    await this.c.hooks.get(tenantId, id);
+    return this.c.store.listIngressLog(id, limit, cursor);
   }
 
   /**
@@ -96,11 +156,18 @@ export class Ports {
 
   /**
    * For the ingress: the exposure of `port` and its sandbox, or undefined when there is none
-   * (no such sandbox, an ended one, a port not exposed or expired — all alike).
+   * (no such sandbox, an ended one, a port not exposed or expired — all alike). A port exposed
+   * on its own comes before the opening of every port ({@link EVERY_PORT}), whose exposure is
+   * returned with `port` set to the port asked for.
    */
   async route(id: string, port: number): Promise<{ exposure: PortExposure; sandbox: Sandbox } | undefined> {
-    const exposure = await this.c.store.getExposure(id, port);
-    if (!exposure || !live(exposure)) return undefined;
+    if (port === EVERY_PORT) return undefined;
+    let exposure = await this.c.store.getExposure(id, port);
+    if (!exposure || !live(exposure)) {
+      const every = await this.c.store.getExposure(id, EVERY_PORT);
+      exposure = every && live(every) ? { ...every, port } : undefined;
+    }
+    if (!exposure) return undefined;
     const sandbox = await this.c.store.getSandbox(id);
     if (!sandbox || TERMINAL_STATES.includes(sandbox.state)) return undefined;
     return { exposure, sandbox };
