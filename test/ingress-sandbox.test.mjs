@@ -12,6 +12,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { WebSocket } from 'ws';
 import { cliRunner, eventually, startTestDaemon } from './helpers.mjs';
+import { startStreamsServer } from './streams-server.mjs';
 
 /** A request to the ingress (on loopback) for `url`'s host; resolves to { status, body }. */
 function get(ingressPort, url, headers = {}) {
@@ -146,48 +147,14 @@ except Exception as e:
   });
 });
 
-/** A Node 18 program for the sandbox (its `nodejs`): WebSocket echo (ws, bundled in), an event stream, uploads hashed, downloads of the last upload. */
-const STREAMS_SERVER = `
-const http = require('node:http');
-const fs = require('node:fs');
-const { createHash } = require('node:crypto');
-const { WebSocketServer } = require('ws');
-let release;
-const server = http.createServer((req, res) => {
-  if (req.url === '/events') {
-    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store' });
-    res.write('data: first\\n\\n');
-    release = () => res.end('data: last\\n\\n');
-  } else if (req.url === '/release') {
-    release?.();
-    res.end('released');
-  } else if (req.url === '/upload' && req.method === 'POST') {
-    const h = createHash('sha256');
-    let size = 0;
-    const out = fs.createWriteStream('/tmp/upload.bin');
-    req.on('data', (d) => { h.update(d); size += d.length; });
-    req.pipe(out);
-    out.on('finish', () => res.end(JSON.stringify({ size, sha256: h.digest('hex') })));
-  } else if (req.url === '/download') {
-    res.writeHead(200, { 'content-length': fs.statSync('/tmp/upload.bin').size });
-    fs.createReadStream('/tmp/upload.bin').pipe(res);
-  } else res.end('streams server');
-});
-new WebSocketServer({ server, path: '/ws' }).on('connection', (ws) => ws.on('message', (m, binary) => ws.send(m, { binary })));
-server.listen(8080, '0.0.0.0');
-`;
-
 describe('ingress streams to a real server in a sandbox (gVisor)', () => {
   let fx, sb, p, ingressPort;
   const host = () => new URL(p.url).host;
   before(async () => {
     fx = await startTestDaemon();
     ingressPort = Number(new URL(fx.daemon.state.ingressUrl).port);
-    const { build } = await import('esbuild');
-    const bundle = await build({ stdin: { contents: STREAMS_SERVER, resolveDir: process.cwd() }, bundle: true, platform: 'node', target: 'node18', format: 'cjs', write: false, logLevel: 'silent' });
     sb = await fx.create({ template: 'base', autoResume: true });
-    await sb.files.write('/tmp/streams.js', bundle.outputFiles[0].text);
-    await sb.commands.run('node /tmp/streams.js', { background: true });
+    await startStreamsServer(sb);
     p = await sb.ports.expose(8080);
     await eventually(async () => (await get(ingressPort, p.url, { 'x-space-access-token': p.token })).status === 200);
   });
