@@ -533,3 +533,31 @@ http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()
     assert.deepEqual(Object.keys(await bad.json()).sort(), ['code', 'message']);
   });
 });
+
+describe('E2B-compatible API with --e2b-public-traffic deny', () => {
+  let fx, opts;
+  before(async () => {
+    fx = await startTestDaemon({ e2bPublicTraffic: 'deny' });
+    const key = await api(fx, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b' } });
+    const url = (await api(fx, 'GET', '/v1/e2b')).body.url;
+    opts = { apiKey: key.body.key, apiUrl: url, sandboxUrl: url };
+  });
+  after(async () => assert.deepEqual(await fx.close(), []));
+
+  it('every port needs the traffic token, which create hands out; allowPublicTraffic: true is refused and makes nothing', async () => {
+    const before = (await api(fx, 'GET', '/v1/sandboxes')).body.items.length;
+    await assert.rejects(Sandbox.create('base', { ...opts, network: { allowPublicTraffic: true } }), /--e2b-public-traffic deny/);
+    assert.equal((await api(fx, 'GET', '/v1/sandboxes')).body.items.length, before, 'no sandbox was made');
+    const sb = await Sandbox.create('base', opts);
+    fx.track(sb.sandboxId);
+    assert.match(sb.trafficAccessToken, /^tat_/, 'private by the operator\'s rule');
+    await sb.commands.run('cd /tmp && python3 -m http.server 8000', { background: true });
+    const url = `http://${sb.getHost(8000)}/`;
+    await eventually(async () => (await curl(['-o', '/dev/null', '-w', '%{http_code}', '-H', `e2b-traffic-access-token: ${sb.trafficAccessToken}`, url])).stdout === '200');
+    assert.equal((await curl(['-o', '/dev/null', '-w', '%{http_code}', url])).stdout, '401');
+    const ports = (await api(fx, 'GET', `/v1/sandboxes/${sb.sandboxId}/ports`)).body.ports;
+    assert.deepEqual(ports.map((p) => [p.port, p.public, p.signedUrl]), [[0, false, undefined]]);
+    assert.match(ports[0].url, new RegExp(`^http://\\{port\\}-${sb.sandboxId}\\.localhost:\\d+/$`));
+    await sb.kill();
+  });
+});
