@@ -7,7 +7,7 @@
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import net from 'node:net';
-import { EVERY_PORT, SpaceError, asErrorCode, checkHostHeader, checkHeaderRules, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
+import { EVERY_PORT, SpaceError, asErrorCode, checkHostHeader, checkHeaderRules, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type PortExposure, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
 import type { AccessTokens } from './access.js';
 
 /** The envd version SPACE reports: new enough that the SDK enables every feature it speaks. */
@@ -163,12 +163,12 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
 
   // ---- ingress: every port of an E2B sandbox has a host (E2B's model), public or behind its traffic token
   const ingressOff = 'the ingress is off on this SPACE node (spaced --ingress-listen off, or no sandbox network), so no port of a sandbox can be reached';
-  /** Opens every port of `sb` as E2B would: public unless asked (or the operator says) otherwise. */
   /** Refuses what this node cannot give (checked before anything changes). */
   const checkWish = (wish: IngressWish): void => {
     if (!deps.ingressDomain && (wish.public || wish.hostHeader)) throw unsupported(wish.public ? 'network.allowPublicTraffic: true' : 'network.maskRequestHost', ingressOff);
     if (wish.public && deps.publicTraffic === 'deny') throw new SpaceError('BAD_REQUEST', 'Public traffic to sandboxes is switched off for E2B sandboxes on this SPACE node (--e2b-public-traffic deny): create with network.allowPublicTraffic: false and send the sandbox\'s trafficAccessToken in the e2b-traffic-access-token header');
   };
+  /** Opens every port of `sb` as E2B would: public unless asked (or the operator says) otherwise. */
   const openPorts = async (sb: Sandbox, wish: IngressWish): Promise<void> => {
     checkWish(wish);
     if (!deps.ingressDomain) return;
@@ -177,17 +177,15 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
   };
   /** The ports' opening of `sb` (E2B's view): undefined when none. */
   const portsOf = async (sb: Sandbox) => (deps.ingressDomain ? (await svc.exposedPorts(sb.tenantId, sb.id)).find((e) => e.port === EVERY_PORT) : undefined);
-  const access = async (sb: Sandbox) => {
-    const every = await portsOf(sb);
-    return { domain: deps.ingressDomain ?? null, trafficAccessToken: every && !every.public ? tokens.traffic(sb.tenantId, sb.id) : null };
-  };
+  /** `domain` and `trafficAccessToken` of a response about `sb`, whose opening of every port is `every`. */
+  const access = (sb: Sandbox, every: PortExposure | undefined) => ({ domain: deps.ingressDomain ?? null, trafficAccessToken: every && !every.public ? tokens.traffic(sb.tenantId, sb.id) : null });
   const created = async (sb: Sandbox) => ({
     sandboxID: sb.id,
     templateID: sb.template,
     clientID: 'space',
     envdVersion: ENVD_VERSION,
     envdAccessToken: tokens.issue(sb.tenantId, sb.id),
-    ...(await access(sb)),
+    ...access(sb, await portsOf(sb)),
   });
   const listed = (sb: Sandbox) => ({
     templateID: sb.template,
@@ -207,7 +205,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     return {
       ...listed(sb),
       envdAccessToken: tokens.issue(sb.tenantId, sb.id),
-      ...(await access(sb)),
+      ...access(sb, every),
       network: { allowPublicTraffic: every?.public ?? false, ...(every?.hostHeader ? { maskRequestHost: every.hostHeader } : {}) },
       lifecycle: { onTimeout: sb.onTimeout === 'hibernate' ? 'pause' : 'kill', autoResume: !!sb.autoResume },
     };
@@ -244,8 +242,8 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     if (/^sn[a-z0-9]{18}$/.test(template)) {
       if (headers?.length) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot keeps the snapshot\'s network rules: create it without network.rules and set them with updateNetwork');
       if (env || metadata) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot has the snapshot\'s environment and labels: create it without envs and metadata');
-      const snapshot = await svc.getSnapshot(tenantId, template);
       if (autoResume) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot keeps the snapshot\'s lifecycle: create it without autoResume');
+      const snapshot = await svc.getSnapshot(tenantId, template);
       const [r] = await svc.fork(tenantId, snapshot.sandboxId, { count: 1, snapshotId: snapshot.id });
       if (!r || 'error' in r) throw new SpaceError(asErrorCode(r?.error.code), r?.error.message ?? 'the fork returned nothing');
       const sb = await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs);
@@ -279,7 +277,8 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     if (rules.length || sb.secrets?.some((a) => a.rule)) await svc.setHeaderRules(tenantId, sb.id, rules);
     if (wish.public !== undefined || wish.hostHeader !== undefined) {
       const every = await portsOf(sb);
-      await openPorts(sb, { public: wish.public ?? every?.public ?? deps.publicTraffic !== 'deny', ...((wish.hostHeader ?? every?.hostHeader) ? { hostHeader: (wish.hostHeader ?? every?.hostHeader)! } : {}) });
+      const hostHeader = wish.hostHeader ?? every?.hostHeader;
+      await openPorts(sb, { public: wish.public ?? every?.public ?? deps.publicTraffic !== 'deny', ...(hostHeader ? { hostHeader } : {}) });
     }
     return reply.code(204).send();
   });
@@ -437,13 +436,13 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const parent = await svc.get(tenantId, req.params.id);
     if (parent.state === 'killed' || parent.state === 'dead') throw new SpaceError('SANDBOX_NOT_FOUND', `Sandbox ${parent.id} has ended`);
     const results = await svc.fork(tenantId, req.params.id, { count });
+    // A fork's ports are open as its parent's were.
+    const every = await portsOf(parent);
     const out = [];
     for (const r of results) {
       if ('error' in r) out.push({ error: { code: new SpaceError(asErrorCode(r.error.code)).status, message: r.error.message } });
       else {
         const child = timeoutMs !== undefined ? await svc.setTimeout(tenantId, r.sandbox.id, timeoutMs) : r.sandbox;
-        // A fork's ports are open as its parent's were.
-        const every = await portsOf(parent);
         if (every) await openPorts(child, { public: every.public, ...(every.hostHeader ? { hostHeader: every.hostHeader } : {}) });
         out.push({ sandbox: await created(child) });
       }
