@@ -118,6 +118,33 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     await svc.kill(T, idle.id);
   });
 
+  it('idle hibernation never cuts an open call, and a wake slower than the idle timeout is not followed by a hibernation at once', async (t) => {
+    // (The fake's sleep and core's timers keep nothing alive; this test waits on them.)
+    const alive = setInterval(() => {}, 1000);
+    t.after(() => clearInterval(alive));
+    const sb = await svc.create(T, { idleTimeoutMs: 1000 });
+    // A command open for several idle periods: the sandbox is busy, and the command runs to its end.
+    const long = await run(sb.id, 'sleep 2');
+    assert.equal(long.exitCode, 0, 'the open command was not cut by a checkpoint');
+    const evs = await svc.events(T, sb.id);
+    assert.ok(!evs.some((e) => e.type === 'hibernated'), `no hibernation while the command was open: ${evs.map((e) => e.type)}`);
+    await until(async () => (await svc.get(T, sb.id)).state === 'hibernated', 'idle hibernation once the command ended');
+    // A wake that takes longer than the idle timeout (as under load): the call that woke it
+    // must be served, not cut by an idle hibernation that counts the wake as idle time.
+    const restore = driver.restore.bind(driver);
+    driver.restore = async (...a) => {
+      await new Promise((r) => setTimeout(r, 1500));
+      return restore(...a);
+    };
+    try {
+      assert.equal(await out(sb.id, 'tick'), '1\n');
+      assert.equal((await svc.get(T, sb.id)).state, 'running');
+    } finally {
+      driver.restore = restore;
+    }
+    await svc.kill(T, sb.id);
+  });
+
   it('a sandbox that dies of OOM ends dead with reason oom; a crash with a snapshot recovers from it', async () => {
     const oom = await svc.create(T, {});
     await run(oom.id, 'die oom').catch(() => {});

@@ -85,6 +85,8 @@ export interface SessionHooks {
   /** Wakes a hibernated sandbox (resumes a paused one when asked); others as they are. Concurrent callers wake it once. */
   awaken(tenantId: string, id: string, resumePaused?: boolean): Promise<Sandbox>;
   markWoken(sb: Sandbox): Promise<Sandbox>;
+  /** The idle timer's hibernation (see Sessions.hibernateIfIdle). */
+  hibernateIfIdle(id: string, idleMs: number): Promise<'hibernated' | 'active' | 'gone'>;
 }
 
 /** Starting sandboxes from templates, and their pools (template-starts.ts). */

@@ -103,20 +103,49 @@ export class Sessions implements SessionHooks {
     return this.c.withLock(id, async () => {
       const sb = await this.c.hooks.get(tenantId, id);
       assertAllowed(sb, 'hibernate');
-      const t0 = Date.now();
-      const { snapshot, imageDir, intent } = await this.c.hooks.checkpoints.takeSnapshot(sb, 'hibernate', undefined, false);
-      await fs.rm(imageDir, { recursive: true, force: true });
-      await this.c.faults.fault('hibernate:after-snapshot');
-      const e = this.c.live.entry(id);
-      clearTimeout(e.policyTimer);
-      clearTimeout(e.idleTimer);
-      await this.c.driver.retire(id);
-      e.quiescing = false;
-      await this.c.event(id, 'hibernated', `hibernated to snapshot ${snapshot.id} in ${Date.now() - t0} ms`);
-      const r = await this.c.store.updateSandbox(id, { state: 'hibernated' });
-      await this.c.journal.done(intent);
-      return r;
+      return this.hibernateLocked(sb);
     });
+  }
+
+  /**
+   * The idle timer's hibernation, decided under the sandbox's lock: only a sandbox still running,
+   * untouched by API calls for `idleMs`, with no agent call open (a command streaming its output
+   * is activity, and a checkpoint would cut it), and with the gate closed from that check on, so
+   * that no call slips in before the checkpoint. `active` says to look again later.
+   */
+  hibernateIfIdle(id: string, idleMs: number): Promise<'hibernated' | 'active' | 'gone'> {
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.store.getSandbox(id);
+      if (!sb || sb.state !== 'running' || this.c.stopping()) return 'gone';
+      const e = this.c.live.entry(id);
+      if (Date.now() - (e.lastActive ?? 0) < idleMs || (e.channel?.openCalls ?? 0) > 0) return 'active';
+      const release = e.closeGate();
+      try {
+        await this.c.event(id, 'idle', `no API call for ${idleMs} ms: hibernating`);
+        await this.hibernateLocked(sb);
+        return 'hibernated';
+      } finally {
+        release();
+      }
+    });
+  }
+
+  /** Hibernates `sb` (its lock held). */
+  private async hibernateLocked(sb: Sandbox): Promise<Sandbox> {
+    const id = sb.id;
+    const t0 = Date.now();
+    const { snapshot, imageDir, intent } = await this.c.hooks.checkpoints.takeSnapshot(sb, 'hibernate', undefined, false);
+    await fs.rm(imageDir, { recursive: true, force: true });
+    await this.c.faults.fault('hibernate:after-snapshot');
+    const e = this.c.live.entry(id);
+    clearTimeout(e.policyTimer);
+    clearTimeout(e.idleTimer);
+    await this.c.driver.retire(id);
+    e.quiescing = false;
+    await this.c.event(id, 'hibernated', `hibernated to snapshot ${snapshot.id} in ${Date.now() - t0} ms`);
+    const r = await this.c.store.updateSandbox(id, { state: 'hibernated' });
+    await this.c.journal.done(intent);
+    return r;
   }
 
   /** Restores a hibernated sandbox from its snapshot. */
@@ -152,6 +181,8 @@ export class Sessions implements SessionHooks {
 
   /** Records a woken sandbox as running; the timeout starts afresh (like creating), or a timeout that hibernated it would fire at once. */
   async markWoken(sb: Sandbox): Promise<Sandbox> {
+    // Its idle time starts now: a wake that took longer than the idle timeout must not hibernate it at once.
+    this.c.live.entry(sb.id).lastActive = Date.now();
     const woke = await this.c.store.updateSandbox(sb.id, { state: 'running', ...(sb.timeoutMs ? { expiresAt: new Date(Date.now() + sb.timeoutMs).toISOString() } : {}) });
     this.c.hooks.timers.arm(woke);
     return woke;

@@ -50,14 +50,29 @@ export class Timers implements TimerHooks {
     if (!sb.idleTimeoutMs || this.c.stopping()) return;
     e.lastActive ??= Date.now();
     const due = e.lastActive + sb.idleTimeoutMs - Date.now();
-    e.idleTimer = setTimeout(async () => {
-      const cur = await this.c.store.getSandbox(sb.id);
-      if (!cur || cur.state !== 'running') return;
-      if (Date.now() - (e.lastActive ?? 0) < sb.idleTimeoutMs!) return this.scheduleIdle(cur);
-      await this.c.event(sb.id, 'idle', `no API call for ${sb.idleTimeoutMs} ms: hibernating`);
-      await this.c.hooks.sessions.hibernate(cur.tenantId, cur.id).catch((err) => this.c.log.error({ err, sandboxId: sb.id }, 'idle hibernate failed'));
-    }, Math.max(0, due));
+    e.idleTimer = setTimeout(() => void this.idleTick(sb), Math.max(0, due));
     e.idleTimer.unref();
+  }
+
+  /**
+   * The idle timer fired: hibernate, or look again later — after the idle time from the last
+   * call, from now when a call is still open, and from now after a refusal (say a socket this
+   * runsc cannot checkpoint), which is recorded.
+   */
+  private async idleTick(sb: Sandbox): Promise<void> {
+    const e = this.c.live.entry(sb.id);
+    try {
+      const r = await this.c.hooks.sessions.hibernateIfIdle(sb.id, sb.idleTimeoutMs!);
+      if (r !== 'active') return;
+      if ((e.channel?.openCalls ?? 0) > 0) e.lastActive = Date.now();
+    } catch (err) {
+      e.lastActive = Date.now();
+      const code = err instanceof SpaceError ? err.code : 'ERROR';
+      this.c.log.warn({ err, sandboxId: sb.id }, 'idle hibernation refused');
+      await this.c.event(sb.id, 'idle-hibernate-refused', `idle, but not hibernated: ${code}: ${err instanceof Error ? err.message : String(err)}; trying again after ${sb.idleTimeoutMs} ms`).catch(() => {});
+    }
+    const cur = await this.c.store.getSandbox(sb.id);
+    if (cur?.state === 'running') this.scheduleIdle(cur);
   }
 
   /** One tick of the rolling policy: snapshot, expire the oldest scheduled ones, re-arm. A refusal is recorded and retried next tick. */
