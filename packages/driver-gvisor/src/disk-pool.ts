@@ -1,0 +1,235 @@
+/**
+ * Sandbox disks on one node-wide btrfs (issue 23): a sparse image file, loop-mounted, holding a
+ * read-only subvolume per template and a writable subvolume per sandbox disk. A disk is a
+ * snapshot of its template's subvolume (no bytes copied) with a qgroup limit on what it
+ * references — its size, template files included — so a writer that fills it gets `EDQUOT`
+ * and nothing else happens to the sandbox. Point-in-time copies (for snapshots and forks) are
+ * read-only subvolume snapshots, and a fork's disk a writable snapshot of one: forks share every
+ * unchanged block. Why btrfs: measured on this kernel, it is the one file system with both a
+ * per-directory size limit and block sharing (docs/architecture.md, "Disks").
+ *
+ * Layout under the mount point: `templates/<name>`, `disks/<id>`, `copies/<id>`.
+ * Everything is done with the `btrfs` command (btrfs-progs), the tool made for it.
+ */
+import { execFile } from 'node:child_process';
+import { existsSync, promises as fs, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { SpaceError } from '@space/core';
+
+const run = promisify(execFile);
+
+/** Options of {@link DiskPool.open}. */
+export interface DiskPoolOptions {
+  /** Directory of the pool: its image (`pool.img`) and mount point (`mnt`). */
+  dir: string;
+  /** Size of the pool's (sparse) image, bytes; only used when the image is made. */
+  sizeBytes: number;
+  /** Each btrfs command must finish within this. @default 60000 */
+  timeoutMs?: number;
+}
+
+/** What a disk holds, as btrfs counts it. */
+export interface DiskUsage {
+  /** Bytes the disk references (its template's shared blocks included): what its limit bounds. */
+  usedBytes: number;
+  /** Bytes only this disk holds: what it adds to the node. */
+  exclusiveBytes: number;
+  /** Its limit; undefined when unlimited. */
+  limitBytes?: number;
+}
+
+const NAME = /^[a-z0-9][a-z0-9._-]{0,127}$/;
+
+function checkName(kind: string, name: string): void {
+  if (!NAME.test(name)) throw new SpaceError('BAD_REQUEST', `Invalid ${kind} name ${JSON.stringify(name)}: use 1 to 128 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit`);
+}
+
+/** Whether `dir` is a mount point, from /proc/self/mountinfo. */
+function isMountPoint(dir: string): boolean {
+  const target = path.resolve(dir);
+  return readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .some((l) => l.split(' ')[4] === target);
+}
+
+/**
+ * The node's pool of sandbox disks.
+ *
+ * @example
+ * const pool = await DiskPool.open({ dir: '/var/lib/space/disks', sizeBytes: 100 * 2 ** 30 });
+ * await pool.importTemplate('base', '/var/lib/space/templates/base/rootfs');
+ * const root = await pool.createDisk('sb123', 'base', 4 * 2 ** 30); // the sandbox's root directory
+ */
+export class DiskPool {
+  private constructor(
+    /** Where the pool is mounted. */
+    readonly mountPoint: string,
+    private readonly image: string,
+    private readonly timeoutMs: number,
+  ) {}
+
+  /**
+   * Opens the pool in `opts.dir`: makes its image and file system the first time, mounts it if
+   * it is not mounted (after a reboot), and switches quotas on. Throws `CONFIG_INVALID` when
+   * btrfs cannot be used here (no btrfs-progs, no loop devices, no btrfs in the kernel).
+   */
+  static async open(opts: DiskPoolOptions): Promise<DiskPool> {
+    const timeoutMs = opts.timeoutMs ?? 60_000;
+    const image = path.join(opts.dir, 'pool.img');
+    const mnt = path.join(opts.dir, 'mnt');
+    const pool = new DiskPool(mnt, image, timeoutMs);
+    await fs.mkdir(mnt, { recursive: true });
+    try {
+      if (!existsSync(image)) {
+        // Made under another name and renamed: a crash never leaves a half-made image behind.
+        const part = `${image}.part`;
+        await fs.rm(part, { force: true });
+        const h = await fs.open(part, 'w');
+        await h.truncate(opts.sizeBytes);
+        await h.close();
+        await pool.cmd('mkfs.btrfs', ['-q', '-L', 'space-disks', part]);
+        await fs.rename(part, image);
+      }
+      if (!isMountPoint(mnt)) await pool.cmd('mount', ['-o', 'loop,noatime', image, mnt]);
+      await pool.cmd('btrfs', ['quota', 'enable', mnt]);
+      for (const d of ['templates', 'disks', 'copies']) await fs.mkdir(path.join(mnt, d), { recursive: true });
+    } catch (err) {
+      if (err instanceof SpaceError && err.code === 'CONFIG_INVALID') throw err;
+      throw new SpaceError('CONFIG_INVALID', `Cannot set up the disk pool in ${opts.dir}: ${(err as Error).message}. Sandbox disks need btrfs-progs, loop devices and btrfs in the kernel (./space up installs btrfs-progs)`, { cause: err });
+    }
+    return pool;
+  }
+
+  private async cmd(file: string, args: string[]): Promise<string> {
+    try {
+      return (await run(file, args, { timeout: this.timeoutMs, encoding: 'utf8' })).stdout;
+    } catch (err) {
+      const e = err as NodeJS.ErrnoException & { stderr?: string };
+      if (e.code === 'ENOENT') throw new SpaceError('CONFIG_INVALID', `${file} is not installed (apt-get install btrfs-progs)`, { cause: err });
+      throw new SpaceError('DRIVER_FAILED', `${file} ${args.join(' ')} failed: ${(e.stderr ?? e.message).trim()}`, { cause: err });
+    }
+  }
+
+  private at(kind: 'templates' | 'disks' | 'copies', name: string): string {
+    checkName({ templates: 'template', disks: 'disk', copies: 'disk copy' }[kind], name);
+    return path.join(this.mountPoint, kind, name);
+  }
+
+  /** The template's subvolume (read-only), if imported. */
+  templatePath(name: string): string | undefined {
+    const p = this.at('templates', name);
+    return existsSync(p) ? p : undefined;
+  }
+
+  /**
+   * Imports a template's root file system (a directory) as a read-only subvolume, once: filled
+   * under a temporary name and renamed when complete, so a crash leaves no partial template.
+   */
+  async importTemplate(name: string, fromDir: string): Promise<string> {
+    const final = this.at('templates', name);
+    if (existsSync(final)) return final;
+    const part = `${final}.part`;
+    if (existsSync(part)) await this.cmd('btrfs', ['subvolume', 'delete', part]);
+    await this.cmd('btrfs', ['subvolume', 'create', part]);
+    await this.cmd('cp', ['-a', '--reflink=auto', `${fromDir}/.`, part]);
+    await this.cmd('btrfs', ['property', 'set', '-ts', part, 'ro', 'true']);
+    await fs.rename(part, final);
+    return final;
+  }
+
+  /** Sets (or changes) the limit of what a subvolume may reference. */
+  private limit(p: string, bytes: number): Promise<string> {
+    if (!Number.isSafeInteger(bytes) || bytes <= 0) throw new SpaceError('INVALID_LIMITS', `A disk size must be a positive number of bytes; got ${bytes}`);
+    return this.cmd('btrfs', ['qgroup', 'limit', String(bytes), p]);
+  }
+
+  /**
+   * A new disk for sandbox `id`: a writable snapshot of the template (no bytes copied) limited to
+   * `sizeBytes`, template files included. Returns its directory (the sandbox's root).
+   */
+  async createDisk(id: string, template: string, sizeBytes: number): Promise<string> {
+    const from = this.templatePath(template);
+    if (!from) throw new SpaceError('TEMPLATE_NOT_FOUND', `Template ${template} is not in the disk pool`);
+    return this.snapshotInto(from, this.at('disks', id), sizeBytes);
+  }
+
+  /** A read-only point-in-time copy `copyId` of disk `id` (take it while the sandbox is stopped). */
+  async copyDisk(id: string, copyId: string): Promise<string> {
+    const to = this.at('copies', copyId);
+    if (existsSync(to)) throw new SpaceError('INTERNAL', `Disk copy ${copyId} exists already`);
+    await this.cmd('btrfs', ['subvolume', 'snapshot', '-r', this.at('disks', id), to]);
+    return to;
+  }
+
+  /** A new writable disk `id` from copy `copyId` (a fork or a rollback), limited to `sizeBytes`. */
+  diskFromCopy(copyId: string, id: string, sizeBytes: number): Promise<string> {
+    return this.snapshotInto(this.at('copies', copyId), this.at('disks', id), sizeBytes);
+  }
+
+  private async snapshotInto(from: string, to: string, sizeBytes: number): Promise<string> {
+    if (existsSync(to)) throw new SpaceError('INTERNAL', `Disk ${path.basename(to)} exists already`);
+    await this.cmd('btrfs', ['subvolume', 'snapshot', from, to]);
+    try {
+      await this.limit(to, sizeBytes);
+    } catch (err) {
+      await this.cmd('btrfs', ['subvolume', 'delete', to]).catch(() => {});
+      throw err;
+    }
+    return to;
+  }
+
+  /** Changes the size of disk `id` (smaller than what it holds: writes fail until it shrinks). */
+  async resizeDisk(id: string, sizeBytes: number): Promise<void> {
+    await this.limit(this.at('disks', id), sizeBytes);
+  }
+
+  /** What disk `id` holds and may hold. */
+  async usage(id: string): Promise<DiskUsage> {
+    const p = this.at('disks', id);
+    // Counts are exact only after btrfs has accounted the last transaction.
+    await this.cmd('btrfs', ['filesystem', 'sync', p]);
+    const out = await this.cmd('btrfs', ['qgroup', 'show', '-rf', '--raw', p]);
+    // Header lines, then: qgroupid rfer excl max_rfer (one row: this subvolume's own qgroup).
+    const row = out
+      .split('\n')
+      .map((l) => l.trim().split(/\s+/))
+      .find((f) => /^0\/\d+$/.test(f[0] ?? ''));
+    if (!row) throw new SpaceError('DRIVER_FAILED', `btrfs qgroup show gave no row for ${id}: ${out.trim()}`);
+    const limit = row[3] && row[3] !== 'none' ? Number(row[3]) : undefined;
+    return { usedBytes: Number(row[1]), exclusiveBytes: Number(row[2]), ...(limit !== undefined ? { limitBytes: limit } : {}) };
+  }
+
+  /** Removes disk `id` (gone already: nothing to do). */
+  removeDisk(id: string): Promise<void> {
+    return this.remove(this.at('disks', id));
+  }
+
+  /** Removes copy `copyId` (gone already: nothing to do). */
+  removeCopy(copyId: string): Promise<void> {
+    return this.remove(this.at('copies', copyId));
+  }
+
+  private async remove(p: string): Promise<void> {
+    if (!existsSync(p)) return;
+    await this.cmd('btrfs', ['subvolume', 'delete', p]);
+    // A deleted subvolume's qgroup stays behind; drop it so that the pool's list stays short.
+    await this.cmd('btrfs', ['qgroup', 'clear-stale', this.mountPoint]).catch(() => {});
+  }
+
+  /** Disks and copies that exist (after a crash: compare with what the daemon knows). */
+  async list(): Promise<{ disks: string[]; copies: string[] }> {
+    const names = async (d: string) => (await fs.readdir(path.join(this.mountPoint, d))).filter((n) => !n.endsWith('.part')).sort();
+    return { disks: await names('disks'), copies: await names('copies') };
+  }
+
+  /** Unmounts the pool (its disks must be out of use). */
+  async close(): Promise<void> {
+    if (isMountPoint(this.mountPoint)) await this.cmd('umount', [this.mountPoint]);
+  }
+
+  /** The pool's image file (sparse: it takes only what its file system uses). */
+  get imagePath(): string {
+    return this.image;
+  }
+}

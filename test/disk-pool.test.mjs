@@ -1,0 +1,101 @@
+// The node's pool of sandbox disks (issue 23's first part) on a real btrfs in a loop-mounted
+// sparse image: a disk is its template's files without a copy, a limit that stops a writer with
+// EDQUOT, point-in-time copies and forks that share unchanged blocks, and a pool that survives
+// being unmounted (as after a reboot).
+import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { DiskPool } from '../packages/driver-gvisor/dist/index.js';
+
+const MiB = 1024 * 1024;
+
+describe('disk pool (btrfs)', () => {
+  let dir, pool, template;
+  const allocated = () => statSync(pool.imagePath).blocks * 512;
+  // btrfs allocates lazily: make its numbers current before reading them.
+  const settle = () => execFileSync('btrfs', ['filesystem', 'sync', pool.mountPoint]);
+  /** Writes `mb` MiB of random data to `file` with dd; resolves to dd's exit status and stderr. */
+  const fill = (file, mb) => {
+    const r = spawnSync('dd', ['if=/dev/urandom', `of=${file}`, 'bs=1M', `count=${mb}`, 'conv=fsync'], { encoding: 'utf8' });
+    return { status: r.status, stderr: r.stderr };
+  };
+
+  before(async () => {
+    dir = mkdtempSync('/tmp/spt-disks-');
+    template = path.join(dir, 'rootfs');
+    mkdirSync(path.join(template, 'etc'), { recursive: true });
+    writeFileSync(path.join(template, 'etc', 'os-release'), 'NAME=test\n');
+    writeFileSync(path.join(template, 'big.bin'), Buffer.alloc(20 * MiB, 7));
+    pool = await DiskPool.open({ dir: path.join(dir, 'pool'), sizeBytes: 2048 * MiB });
+    await pool.importTemplate('tpl', template);
+  });
+  after(async () => {
+    await pool?.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('a disk has its template\'s files without a copy; a writer stops at its limit with EDQUOT and the rest goes on', async () => {
+    settle();
+    const before = allocated();
+    const root = await pool.createDisk('sba', 'tpl', 64 * MiB);
+    settle();
+    assert.equal(readFileSync(path.join(root, 'etc', 'os-release'), 'utf8'), 'NAME=test\n');
+    assert.ok(allocated() - before < 4 * MiB, `a new disk adds ${allocated() - before} bytes, not the template's 20 MiB`);
+    const r = fill(path.join(root, 'fill.bin'), 100);
+    assert.notEqual(r.status, 0);
+    assert.match(r.stderr, /Disk quota exceeded/);
+    const u = await pool.usage('sba');
+    assert.equal(u.limitBytes, 64 * MiB);
+    assert.ok(u.usedBytes <= 64 * MiB && u.usedBytes > 40 * MiB, `used ${u.usedBytes}`);
+    // The writer was stopped, the disk still works: delete and write again.
+    rmSync(path.join(root, 'fill.bin'));
+    writeFileSync(path.join(root, 'after.txt'), 'still writable\n');
+    assert.equal(readFileSync(path.join(root, 'after.txt'), 'utf8'), 'still writable\n');
+    await assert.rejects(pool.createDisk('sba', 'tpl', 64 * MiB), /exists already/);
+    await assert.rejects(pool.createDisk('sbb', 'no-such', 64 * MiB), (e) => e.code === 'TEMPLATE_NOT_FOUND');
+    await assert.rejects(pool.createDisk('../x', 'tpl', 64 * MiB), (e) => e.code === 'BAD_REQUEST');
+    await assert.rejects(pool.createDisk('sbc', 'tpl', 0), (e) => e.code === 'INVALID_LIMITS');
+    assert.deepEqual((await pool.list()).disks, ['sba'], 'a refused create leaves nothing');
+  });
+
+  it('copies and forks share unchanged blocks: a fork of 100 MiB of files adds almost nothing, and they diverge', async () => {
+    const root = await pool.createDisk('sbparent', 'tpl', 512 * MiB);
+    assert.equal(fill(path.join(root, 'data.bin'), 100).status, 0);
+    const sum = () => execFileSync('sha256sum', [path.join(root, 'data.bin')], { encoding: 'utf8' }).split(' ')[0];
+    const parentSum = sum();
+    settle();
+    const before = allocated();
+    const t0 = process.hrtime.bigint();
+    await pool.copyDisk('sbparent', 'snap1');
+    const forks = [await pool.diskFromCopy('snap1', 'sbfork1', 512 * MiB), await pool.diskFromCopy('snap1', 'sbfork2', 512 * MiB)];
+    const ms = Number(process.hrtime.bigint() - t0) / 1e6;
+    settle();
+    const added = allocated() - before;
+    assert.ok(added < 8 * MiB, `a copy and two forks of 100 MiB added ${(added / MiB).toFixed(1)} MiB`);
+    for (const f of forks) assert.equal(execFileSync('sha256sum', [path.join(f, 'data.bin')], { encoding: 'utf8' }).split(' ')[0], parentSum);
+    writeFileSync(path.join(forks[0], 'data.bin'), 'fork 1 changed it\n');
+    writeFileSync(path.join(forks[1], 'only-in-fork-2'), 'x');
+    assert.equal(readFileSync(path.join(forks[0], 'data.bin'), 'utf8'), 'fork 1 changed it\n');
+    assert.equal(sum(), parentSum, 'the parent is unchanged');
+    assert.throws(() => statSync(path.join(root, 'only-in-fork-2')));
+    const u = await pool.usage('sbfork2');
+    assert.ok(u.usedBytes > 100 * MiB && u.exclusiveBytes < 2 * MiB, `a fork references the data (${u.usedBytes}) but holds little of its own (${u.exclusiveBytes})`);
+    // The copy is read-only: a point in time.
+    assert.throws(() => writeFileSync(path.join(pool.mountPoint, 'copies', 'snap1', 'x'), 'x'), /EROFS|read-only/i);
+    console.log(`# copy + 2 forks of a disk holding 100 MiB: ${ms.toFixed(0)} ms, ${(added / MiB).toFixed(2)} MiB added`);
+    for (const d of ['sbparent', 'sbfork1', 'sbfork2']) await pool.removeDisk(d);
+    await pool.removeCopy('snap1');
+    await pool.removeCopy('snap1');
+    assert.deepEqual(await pool.list(), { disks: ['sba'], copies: [] });
+  });
+
+  it('the pool survives being unmounted: opened again, its disks and templates are there', async () => {
+    await pool.close();
+    pool = await DiskPool.open({ dir: path.join(dir, 'pool'), sizeBytes: 2048 * MiB });
+    assert.deepEqual((await pool.list()).disks, ['sba']);
+    assert.ok(pool.templatePath('tpl'));
+    assert.equal((await pool.usage('sba')).limitBytes, 64 * MiB, 'limits are kept');
+  });
+});
