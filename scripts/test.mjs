@@ -63,8 +63,13 @@ function othersSandboxes() {
   return ids;
 }
 
+// Listed before and after the other daemons' sandboxes: what is in both lists existed all along,
+// so its directory did too when they were read (a busy daemon creating and killing sandboxes in
+// the meantime is no leak of the suite's).
+const first = sandboxResources();
 const others = othersSandboxes();
-const leaked = [...sandboxResources()].filter((x) => !before.has(x) && ![...others].some((id) => x.includes(`space-${id}`) || x.includes(`/space/${id}`)));
+const second = sandboxResources();
+const leaked = [...first].filter((x) => second.has(x) && !before.has(x) && ![...others].some((id) => x.includes(`space-${id}`) || x.includes(`/space/${id}`)));
 if (leaked.length) {
   console.error(`\nLEAK: the suite left these sandbox resources behind:\n  ${leaked.join('\n  ')}`);
   process.exit(1);
