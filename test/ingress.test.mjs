@@ -97,6 +97,9 @@ describe('ingress listener', () => {
     assert.equal(got.headers.host, host(B));
     assert.equal(got.headers['x-forwarded-for'], '127.0.0.1');
     assert.equal(got.headers['x-forwarded-proto'], 'http');
+    // The ingress is the edge: what a client claims in forwarding headers is replaced, not passed on.
+    const spoof = json(await request(port, { host: host(B), headers: { 'x-forwarded-for': '10.9.9.9', 'x-forwarded-host': 'evil.example', 'x-forwarded-proto': 'https', forwarded: 'for=10.9.9.9', 'x-real-ip': '10.9.9.9' } }));
+    assert.deepEqual([spoof.headers['x-forwarded-for'], spoof.headers['x-forwarded-host'], spoof.headers['x-forwarded-proto'], spoof.headers.forwarded, spoof.headers['x-real-ip']], ['127.0.0.1', host(B), 'http', undefined, undefined]);
   });
 
   it('a private port: no token 401, a wrong token 401, another sandbox\'s token 401, its own 200 — and the sandbox never sees it', async () => {

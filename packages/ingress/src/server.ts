@@ -65,6 +65,9 @@ export interface IngressServerOptions {
 
 const HOP_TOKEN_HEADERS = [ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER];
 
+/** What a client could claim about where a request came from; the ingress says it instead. */
+const CLIENT_FORWARDING_HEADERS = ['forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-proto', 'x-forwarded-port', 'x-real-ip'];
+
 /**
  * The agent for connections to sandboxes: no idle connections kept, and each one closed with a
  * reset, never a FIN. This runsc cannot checkpoint a sandbox holding an established connection
@@ -170,8 +173,13 @@ export class IngressServer {
     throw new SpaceError('INGRESS_UNAUTHENTICATED');
   }
 
-  /** The request as the sandbox gets it: no token, no pass, the route's Host if it sets one (the client's in X-Forwarded-Host). */
+  /**
+   * The request as the sandbox gets it: no token, no pass, no forwarding headers of the client's
+   * own (the ingress is the edge: it sets X-Forwarded-* itself), the route's Host if it sets one
+   * (the client's in X-Forwarded-Host).
+   */
   private scrub(req: http.IncomingMessage, route: IngressRoute): void {
+    for (const h of CLIENT_FORWARDING_HEADERS) delete req.headers[h];
     if (route.hostHeader) {
       req.headers['x-forwarded-host'] = req.headers.host;
       req.headers.host = route.hostHeader.replaceAll('${PORT}', String(route.port));
