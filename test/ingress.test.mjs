@@ -224,6 +224,10 @@ describe('ingress listener', () => {
     assert.ok(entry, JSON.stringify(logs.slice(0, 3)));
     assert.equal(entry.access, 'public');
     assert.equal(entry.status, 200);
+    // Bytes in count the request line and headers: a GET without a body is not 0.
+    assert.ok(entry.bytesIn >= `GET /hello?x=1 HTTP/1.1\r\nhost: ${host(B)}\r\n\r\n`.length && entry.bytesOut > 0, JSON.stringify(entry));
+    const upload = logs.find((l) => l.method === 'POST' && l.path === '/upload');
+    assert.ok(upload.bytesIn > 32 * 1024 * 1024, 'an upload counts its body');
     assert.ok(logs.some((l) => l.sandboxId === A && l.access === 'token'));
     assert.ok(logs.some((l) => l.sandboxId === A && l.access === 'refused' && l.status === 401), 'refusals of an exposed port are logged');
     assert.ok(!logs.some((l) => l.sandboxId === 'sbcccccccccccccccccc'), 'unknown hosts are not');

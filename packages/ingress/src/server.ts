@@ -65,6 +65,9 @@ export interface IngressServerOptions {
 
 const HOP_TOKEN_HEADERS = [ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER];
 
+/** On a client's socket: its bytesRead when its last request ended. */
+const COUNTED = Symbol('space.ingress.counted');
+
 /** What a client could claim about where a request came from; the ingress says it instead. */
 const CLIENT_FORWARDING_HEADERS = ['forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-proto', 'x-forwarded-port', 'x-real-ip'];
 
@@ -193,10 +196,14 @@ export class IngressServer {
   private async web(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     const started = Date.now();
     const sock = req.socket;
-    const [read0, written0] = [sock.bytesRead, sock.bytesWritten];
+    // Counted from where the connection's previous request ended (its start for the first), so
+    // that the request's own line and headers, read before this handler runs, are included.
+    const c = sock as net.Socket & { [COUNTED]?: number };
+    const [read0, written0] = [c[COUNTED] ?? 0, sock.bytesWritten];
     let route: IngressRoute | undefined;
     let access: IngressLogEntry['access'] = 'refused';
     res.once('close', () => {
+      c[COUNTED] = sock.bytesRead;
       if (route) this.log(req, route, started, { status: res.statusCode, bytesIn: sock.bytesRead - read0, bytesOut: sock.bytesWritten - written0, access, websocket: false });
     });
     try {
