@@ -126,7 +126,19 @@ export class DiskPool {
    * Imports a template's root file system (a directory) as a read-only subvolume, once: filled
    * under a temporary name and renamed when complete, so a crash leaves no partial template.
    */
-  async importTemplate(name: string, fromDir: string): Promise<string> {
+  importTemplate(name: string, fromDir: string): Promise<string> {
+    // Concurrent imports of one template (two creates at once) share the first.
+    let p = this.importing.get(name);
+    if (!p) {
+      p = this.importOnce(name, fromDir).finally(() => this.importing.delete(name));
+      this.importing.set(name, p);
+    }
+    return p;
+  }
+
+  private readonly importing = new Map<string, Promise<string>>();
+
+  private async importOnce(name: string, fromDir: string): Promise<string> {
     const final = this.at('templates', name);
     if (existsSync(final)) return final;
     const part = `${final}.part`;
