@@ -115,7 +115,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     requireIngress();
     return { ports: (await svc.exposedPorts(req.principal.tenantId, req.params.id)).map((e) => exposed(e)) };
   });
-  app.get('/v1/sandboxes/:id/ingress/log', { schema: { tags: ['ingress'], params: S.IdParams, querystring: S.EgressLogQuery, description: 'Every request through the ingress to the sandbox\'s ports (refusals of an exposed port included), newest first.' } }, async (req) =>
+  app.get('/v1/sandboxes/:id/ingress/log', { schema: { tags: ['ingress'], params: S.IdParams, querystring: S.AuditLogQuery, description: 'Every request through the ingress to the sandbox\'s ports (refusals of an exposed port included), newest first.' } }, async (req) =>
     svc.ingressLog(req.principal.tenantId, req.params.id, req.query.limit ?? 100, req.query.cursor),
   );
   app.delete('/v1/sandboxes/:id/ports/:port', { schema: { tags: ['ingress'], params: S.PortParams, description: 'Stops exposing a port; its token and links stop working at once.' } }, async (req, reply) => {
@@ -134,7 +134,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   app.delete('/v1/sandboxes/:id/secrets/:name', { schema: { tags: ['egress'], params: S.SandboxSecretParams, description: 'Detaches a secret; the proxy stops swapping its placeholder at the next request.', ...sbOut } }, async (req) =>
     svc.detachSecret(req.principal.tenantId, req.params.id, req.params.name),
   );
-  app.get('/v1/sandboxes/:id/egress/log', { schema: { tags: ['egress'], params: S.IdParams, querystring: S.EgressLogQuery, description: 'Every request through the egress proxy, newest first.' } }, async (req) => {
+  app.get('/v1/sandboxes/:id/egress/log', { schema: { tags: ['egress'], params: S.IdParams, querystring: S.AuditLogQuery, description: 'Every request through the egress proxy, newest first.' } }, async (req) => {
     const sb = await svc.get(req.principal.tenantId, req.params.id);
     return requireSecrets().log(sb.id, req.query.limit ?? 100, req.query.cursor);
   });

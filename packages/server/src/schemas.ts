@@ -63,7 +63,8 @@ export const SecretParams = Type.Object({ name: Type.String({ maxLength: 128 }) 
 export const SandboxSecretParams = Type.Object({ id: Type.String({ maxLength: 64 }), name: Type.String({ maxLength: 128 }) });
 export const AttachSecretsBody = Type.Object({ names: Type.Array(Type.String({ maxLength: 128 }), { maxItems: 64 }) }, { additionalProperties: false });
 
-export const EgressLogQuery = Type.Object({
+/** Paging of the egress and ingress audit logs. */
+export const AuditLogQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 100 })),
   cursor: Type.Optional(Type.String({ maxLength: 64 })),
 });
