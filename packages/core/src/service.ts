@@ -575,9 +575,9 @@ export class SandboxService {
     return this.ports.log(tenantId, id, limit, cursor);
   }
 
-  /** For the ingress, before forwarding: the sandbox running (woken if it sleeps and has autoResume), or a SpaceError. */
-  ingressReady(id: string, port: number): Promise<Sandbox> {
-    return this.ports.ready(id, port);
+  /** For the ingress, before forwarding: the sandbox {@link ingressRoute} found, running (woken if it sleeps and has autoResume), or a SpaceError. */
+  ingressReady(found: Sandbox): Promise<Sandbox> {
+    return this.ports.ready(found);
   }
 
   /** For the ingress: an exposed port of a live sandbox, or undefined. */

@@ -11,10 +11,10 @@ import https from 'node:https';
 import net from 'node:net';
 import { createProxyServer } from 'http-proxy-3';
 import { SpaceError, toSpaceError, type ErrorCode, type IngressLogEntry } from '@space/api';
-
-export type { IngressLogEntry };
 import { ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER, PASS_COOKIE, SIGNED_LINK_PATH, checkPass, cookieValue, tokenMatches, withoutCookie } from './access.js';
 import { parseIngressHost } from './host.js';
+
+export type { IngressLogEntry };
 
 /** An exposed port, as the backend knows it. */
 export interface IngressRoute {

@@ -4,7 +4,7 @@
  * links the API hands out.
  */
 import { readFileSync } from 'node:fs';
-import { EVERY_PORT, SpaceError, type Logger, type PortExposure, type SandboxNetwork, type SandboxService } from '@space/core';
+import { EVERY_PORT, SpaceError, type Logger, type PortExposure, type Sandbox, type SandboxNetwork, type SandboxService } from '@space/core';
 import { IngressServer, SIGNED_LINK_PATH, ingressHost, makePass, type IngressRoute } from '@space/ingress';
 
 /** Ingress settings (flags `--ingress-listen`, `--ingress-domain`, `--ingress-cert`, `--ingress-key`). */
@@ -65,6 +65,8 @@ export async function startIngress(deps: { service: SandboxService; network: San
     throw new SpaceError('CONFIG_INVALID', `Cannot read the ingress certificate or key: ${(err as Error).message}`, { cause: err });
   }
   const toRoute = (e: PortExposure, tenantId: string): IngressRoute => ({ sandboxId: e.sandboxId, tenantId, port: e.port, public: e.public, tokenHash: e.tokenHash, ...(e.expiresAt ? { expiresAt: e.expiresAt } : {}), ...(e.hostHeader ? { hostHeader: e.hostHeader } : {}) });
+  // The sandbox each route was found with, for connect (no second read of the store per request).
+  const found = new WeakMap<IngressRoute, Sandbox>();
   let domain = opts.domain ?? '';
   const server = new IngressServer({
     domain: '',
@@ -73,7 +75,10 @@ export async function startIngress(deps: { service: SandboxService; network: San
     backend: {
       async route(id, port) {
         const r = await service.ingressRoute(id, port);
-        return r ? toRoute(r.exposure, r.sandbox.tenantId) : undefined;
+        if (!r) return undefined;
+        const route = toRoute(r.exposure, r.sandbox.tenantId);
+        found.set(route, r.sandbox);
+        return route;
       },
       async connect(route) {
         // A sleeping sandbox is woken for the request (autoResume); the request waits that long at most.
@@ -82,7 +87,9 @@ export async function startIngress(deps: { service: SandboxService; network: San
           timer = setTimeout(() => reject(new SpaceError('TIMEOUT', `Sandbox ${route.sandboxId} did not wake within ${wakeTimeoutMs} ms; it goes on waking: try again in a moment`)), wakeTimeoutMs);
         });
         try {
-          await Promise.race([service.ingressReady(route.sandboxId, route.port), wakeLimit]);
+          const sb = found.get(route);
+          if (!sb) throw new SpaceError('PORT_NOT_EXPOSED');
+          await Promise.race([service.ingressReady(sb), wakeLimit]);
         } finally {
           clearTimeout(timer);
         }

@@ -135,15 +135,14 @@ export class Ports {
   }
 
   /**
-   * For the ingress, before it forwards a request: the sandbox running, woken first when it
-   * sleeps and was created with `autoResume` (concurrent first requests wake it once); counts as
-   * activity for its idle timeout. Throws PORT_NOT_EXPOSED, or SANDBOX_INVALID_STATE (409) with
-   * what to do.
+   * For the ingress, before it forwards a request: `found` (the sandbox {@link route} gave for
+   * the request, not read again) running, woken first when it sleeps and was created with
+   * `autoResume` (concurrent first requests wake it once); counts as activity for its idle
+   * timeout. Throws SANDBOX_INVALID_STATE (409) with what to do.
    */
-  async ready(id: string, port: number): Promise<Sandbox> {
-    const r = await this.route(id, port);
-    if (!r) throw new SpaceError('PORT_NOT_EXPOSED');
-    let sb = r.sandbox;
+  async ready(found: Sandbox): Promise<Sandbox> {
+    const id = found.id;
+    let sb = found;
     this.c.live.entry(id).lastActive = Date.now();
     if ((sb.state === 'hibernated' || sb.state === 'paused') && sb.autoResume) sb = await this.c.hooks.sessions.awaken(sb.tenantId, id, true);
     if (sb.state !== 'running') {
