@@ -47,13 +47,26 @@ export async function startTestDaemon(opts = {}) {
     async close() {
       for (const m of made) await Sandbox.kill(m.id, m.conn).catch(() => {});
       await daemon.close();
-      const leaks = leftovers(dataDir, made.map((m) => m.id));
+      const leaks = [...closeDiskPool(dataDir), ...leftovers(dataDir, made.map((m) => m.id))];
       // SPACE_TEST_KEEP=1 keeps the data directory (runsc logs, database) to debug a failure.
       if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
       return leaks;
     },
   };
   return fx;
+}
+
+/**
+ * Unmounts the disk pool of a stopped daemon (`--disks on`) that made it in its data directory,
+ * returning the sandbox disks still in it (leaks: every sandbox was killed). The pool stays
+ * mounted after a daemon stops, as its sandboxes run on; a test's data directory goes.
+ */
+export function closeDiskPool(dataDir) {
+  const mnt = path.join(dataDir, 'disks', 'mnt');
+  if (!readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === mnt)) return [];
+  const disks = readdirSync(path.join(mnt, 'disks')).map((d) => `disk ${d}`);
+  execFileSync('umount', [mnt]);
+  return disks;
 }
 
 /** Writes the node's encryption key into a data directory, as an operator (or `space up`) would. */

@@ -47,6 +47,15 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     assert.equal(driver.machine(sb.id), undefined, 'the runtime is destroyed');
   });
 
+  it('a disk size on a driver without disks is DISKS_UNAVAILABLE and leaves nothing', async () => {
+    const before = (await svc.list(T, { limit: 200 })).items.length;
+    await assert.rejects(svc.create(T, { diskMb: 4096 }), (e) => e.code === 'DISKS_UNAVAILABLE' && /--disks/.test(e.message));
+    assert.equal((await svc.list(T, { limit: 200 })).items.length, before);
+    const sb = await svc.create(T, {});
+    assert.equal(sb.diskMb, undefined, 'without disks a sandbox records none');
+    await svc.kill(T, sb.id);
+  });
+
   it('pause refuses calls until resume; the machine is untouched', async () => {
     const sb = await svc.create(T, {});
     assert.equal(await out(sb.id, 'tick'), '1\n');

@@ -11,3 +11,4 @@ export type { ErrorBody, ErrorCode, ErrorSpec, SpaceErrorOptions } from './error
 export { SANDBOX_STATES } from './sandbox.js';
 export type { CreateSandboxOpts, CreateTimings, EndReason, Sandbox, SandboxEvent, SandboxState, Snapshot, SnapshotPolicy, SnapshotTrigger } from './sandbox.js';
 export type { EgressLogEntry, EgressLogPage, EgressPolicy, ExposedPort, HeaderRule, IngressLogEntry, IngressLogPage, SecretAttachment, SecretInfo } from './records.js';
+export { parseSizeMb } from './sizes.js';

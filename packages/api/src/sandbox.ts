@@ -73,6 +73,11 @@ export interface Sandbox {
   endDetail?: string;
   cpu: number;
   memoryMb: number;
+  /**
+   * Size of its disk, MiB: the root file system's files (template files included) live on a
+   * disk of this size, not in memory. Absent: the daemon keeps sandbox files in memory (`--disks off`).
+   */
+  diskMb?: number;
   /** Milliseconds after creation when the sandbox is killed; 0 = never. */
   timeoutMs: number;
   env: Record<string, string>;
@@ -133,6 +138,11 @@ export interface CreateSandboxOpts {
   cpu?: number;
   /** Memory limit, MiB. @default 512 */
   memoryMb?: number;
+  /**
+   * Disk size, MiB, template files included; a full disk fails the write (`ENOSPC`), not the
+   * sandbox. Only on daemons with disks (`spaced --disks on`). @default 5120
+   */
+  diskMb?: number;
   /** Kill the sandbox this many ms after creation; 0 = never. @default 1800000 (30 min) */
   timeoutMs?: number;
   /** Environment variables of every process. */

@@ -9,6 +9,7 @@ import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
+import { parseSizeMb } from '@space/api';
 import { ApiClient, Commands, Sandbox, Secrets, SpaceError, Templates, type BuildProgress, type EgressPolicy, type SandboxInfo, type TemplateInfo } from '@space/sdk';
 import { defaultDataDir } from '@space/server/state';
 import { checkContextName, connection, e2bKeys, parseDuration, parsePairs, readConfig, selectedContext, upCommand, writeConfig } from './config.js';
@@ -85,6 +86,10 @@ interface DaemonFlags {
   microvmAccel?: string;
   e2bInternet?: string;
   e2bPublicTraffic?: string;
+  disks?: string;
+  diskPool?: string;
+  diskDefault?: string;
+  diskMax?: string;
 }
 
 /** The flags `up` and `daemon` share, passed on to spaced. */
@@ -101,11 +106,15 @@ function daemonCommand(name: string, description: string): Command {
     .option('--drivers <list>', 'drivers a sandbox may choose at creation, e.g. gvisor,microvm')
     .option('--microvm-accel <mode>', 'microvm acceleration: auto, kvm or tcg')
     .option('--e2b-internet <allow|deny>', "what E2B's allowInternetAccess: true gives E2B-created sandboxes: allow (public destinations through the egress proxy) or deny")
-    .option('--e2b-public-traffic <allow|deny>', "whether E2B-created sandboxes' ports may be reached without their traffic token (E2B's allowPublicTraffic): allow (E2B's default) or deny");
+    .option('--e2b-public-traffic <allow|deny>', "whether E2B-created sandboxes' ports may be reached without their traffic token (E2B's allowPublicTraffic): allow (E2B's default) or deny")
+    .option('--disks <on|off>', 'on: sandbox files on bounded disks in a btrfs pool (not in memory); off: in memory (the default for now)')
+    .option('--disk-pool <dir>', 'directory of the disk pool (default: DATA_DIR/disks)')
+    .option('--disk-default <size>', 'disk size of a sandbox whose create gives none, e.g. 5G')
+    .option('--disk-max <size>', 'largest disk a create may ask for, e.g. 64G');
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : [])];
 }
 
 /**
@@ -288,6 +297,7 @@ program
   .option('--driver <name>', 'isolation driver: gvisor or microvm (one the daemon enables; default: the daemon\'s)')
   .option('--cpu <n>', 'CPU cores', Number)
   .option('--memory <mb>', 'memory limit in MiB', Number)
+  .option('--disk <size>', "disk size, template files included, e.g. 4G (daemons with --disks on; default: the daemon's)")
   .option('--timeout <duration>', 'kill it after this long (0 = never)', '30m')
   .option('--on-timeout <action>', 'kill or hibernate when the timeout is reached', 'kill')
   .option('--idle-timeout <duration>', 'hibernate after this long without API calls')
@@ -299,8 +309,9 @@ program
   .option('--allow-port <port>', 'egress: allow a destination port (repeatable; default 80 and 443)', collectList)
   .option('--passthrough <host:port>', 'egress: raw TCP to this destination, no TLS interception (repeatable)', collectList)
   .option('--json', 'print the sandbox as JSON')
-  .action(async (o: { template: string; driver?: string; cpu?: number; memory?: number; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; secret?: string[]; json?: boolean } & EgressFlags) => {
+  .action(async (o: { template: string; driver?: string; cpu?: number; memory?: number; disk?: string; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; secret?: string[]; json?: boolean } & EgressFlags) => {
     if (o.onTimeout !== 'kill' && o.onTimeout !== 'hibernate') throw new Error('--on-timeout takes kill or hibernate');
+    const diskMb = o.disk !== undefined ? parseSizeMb(o.disk, '--disk') : undefined;
     await ensureTemplate(o.template);
     const env = parsePairs(o.env, 'env');
     const metadata = parsePairs(o.label, 'label');
@@ -310,6 +321,7 @@ program
       ...(o.driver ? { driver: o.driver } : {}),
       ...(o.cpu !== undefined ? { cpu: o.cpu } : {}),
       ...(o.memory !== undefined ? { memoryMb: o.memory } : {}),
+      ...(diskMb !== undefined ? { diskMb } : {}),
       timeoutMs: parseDuration(o.timeout),
       onTimeout: o.onTimeout,
       ...(o.idleTimeout ? { idleTimeoutMs: parseDuration(o.idleTimeout) } : {}),

@@ -13,7 +13,7 @@ export { newSnapshotId } from './model.js';
 export type { BlobInfo, BlobStore } from './ports/blob-store.js';
 export { SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, packSnapshot, readSnapshot } from './storage/snapshot-format.js';
 export type { SnapshotMeta } from './storage/snapshot-format.js';
-export type { DriverCreateSpec, DriverEvents, DriverReport, ImageFileCodec, RuntimeStatus, SandboxDriver, SandboxUsage } from './ports/driver.js';
+export type { DriverCreateSpec, DriverDisks, DriverEvents, DriverReport, ImageFileCodec, RuntimeStatus, SandboxDriver, SandboxUsage } from './ports/driver.js';
 export type { ApiKeyRecord, MetadataStore, SandboxPage, SandboxQuery, TenantCaRecord } from './ports/metadata-store.js';
 export { AgentCall, AgentChannel } from './agent/channel.js';
 export type { OutputChunk } from './agent/channel.js';

@@ -30,6 +30,27 @@ export function range(name: 'cpu' | 'memoryMb' | 'timeoutMs', v: number | undefi
   return name === 'cpu' ? v : Math.floor(v);
 }
 
+/**
+ * Validates a disk size (MiB) for a driver with `disks` (undefined: the driver keeps files in
+ * memory, and any size is refused with `DISKS_UNAVAILABLE`). The disk holds the template's files
+ * too, so it must be larger than `templateBytes` (with 64 MiB to spare) when that is known.
+ * Undefined gives the driver's default (or undefined without disks).
+ * @example diskSize(4096, { defaultMb: 5120, maxMb: 65536 }, 861e6) // 4096
+ */
+export function diskSize(v: number | undefined, disks: { defaultMb: number; maxMb: number } | undefined, templateBytes?: number): number | undefined {
+  if (!disks) {
+    if (v !== undefined) throw new SpaceError('DISKS_UNAVAILABLE', 'This daemon keeps sandbox files in memory (--disks off): diskMb cannot be given', { details: { field: 'diskMb' } });
+    return undefined;
+  }
+  // The default grows for a template larger than it.
+  const minMb = templateBytes ? Math.ceil(templateBytes / 1048576) + 64 : 64;
+  const mb = v ?? Math.max(disks.defaultMb, minMb);
+  if (typeof mb !== 'number' || !Number.isInteger(mb) || mb < minMb || mb > disks.maxMb) {
+    throw new SpaceError('INVALID_LIMITS', `diskMb must be a whole number of MiB from ${minMb}${templateBytes ? ' (the template\'s files and 64 MiB)' : ''} to ${disks.maxMb} (this node's maximum); got ${v}`, { details: { field: 'diskMb', min: minMb, max: disks.maxMb } });
+  }
+  return mb;
+}
+
 /** Validates a path sent by a client. */
 export function checkPath(p: unknown, field = 'path'): string {
   if (typeof p !== 'string' || p.length === 0 || p.length > 4096 || p.includes('\0')) {

@@ -91,7 +91,8 @@ export class DiskPool {
         await pool.cmd('mkfs.btrfs', ['-q', '-L', 'space-disks', part]);
         await fs.rename(part, image);
       }
-      if (!isMountPoint(mnt)) await pool.cmd('mount', ['-o', 'loop,noatime', image, mnt]);
+      // commit=5: quota counts (what a disk holds) are settled at each commit, at most 5 s old.
+      if (!isMountPoint(mnt)) await pool.cmd('mount', ['-o', 'loop,noatime,commit=5', image, mnt]);
       await pool.cmd('btrfs', ['quota', 'enable', mnt]);
       for (const d of ['templates', 'disks', 'copies']) await fs.mkdir(path.join(mnt, d), { recursive: true });
     } catch (err) {
@@ -114,6 +115,16 @@ export class DiskPool {
   private at(kind: 'templates' | 'disks' | 'copies', name: string): string {
     checkName({ templates: 'template', disks: 'disk', copies: 'disk copy' }[kind], name);
     return path.join(this.mountPoint, kind, name);
+  }
+
+  /** Directory of disk `id` (whether or not it exists). */
+  diskPath(id: string): string {
+    return this.at('disks', id);
+  }
+
+  /** Directory of copy `copyId` (whether or not it exists). */
+  copyPath(copyId: string): string {
+    return this.at('copies', copyId);
   }
 
   /** The template's subvolume (read-only), if imported. */
@@ -196,11 +207,13 @@ export class DiskPool {
     await this.limit(this.at('disks', id), sizeBytes);
   }
 
-  /** What disk `id` holds and may hold. */
-  async usage(id: string): Promise<DiskUsage> {
+  /**
+   * What disk `id` holds and may hold. Counts are exact after btrfs has accounted the last
+   * transaction: `exact` waits for it (a sync of the pool); without it they may lag by seconds.
+   */
+  async usage(id: string, exact = true): Promise<DiskUsage> {
     const p = this.at('disks', id);
-    // Counts are exact only after btrfs has accounted the last transaction.
-    await this.cmd('btrfs', ['filesystem', 'sync', p]);
+    if (exact) await this.cmd('btrfs', ['filesystem', 'sync', p]);
     const out = await this.cmd('btrfs', ['qgroup', 'show', '-rf', '--raw', p]);
     // Header lines, then: qgroupid rfer excl max_rfer (one row: this subvolume's own qgroup).
     const row = out

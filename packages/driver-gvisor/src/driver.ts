@@ -6,16 +6,18 @@
  * is given), and the agent as its first process. The agent dials out to a
  * unix socket the daemon listens on in a per-sandbox host directory (`--host-uds=open`).
  */
-import { existsSync, promises as fs, openSync, closeSync, readFileSync } from 'node:fs';
+import { existsSync, promises as fs, openSync, closeSync, readFileSync, statSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
-import { CHECKPOINT_COMPLETE, SpaceError, randomString, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
+import { CHECKPOINT_COMPLETE, SpaceError, randomString, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage, type DriverDisks, type ImageFileCodec } from '@space/core';
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
 import { AGENT_ARGV, RUNTIME, ensureRuntime } from '@space/core';
 import { StatefileCodec } from './statefile-codec.js';
+import { DiskPool, type DiskUsage } from './disk-pool.js';
+import { DISK_MARK, DiskCodec, parseDiskMark, type DiskMark } from './disk-codec.js';
 
 /** Options of {@link GvisorDriver}. */
 export interface GvisorDriverOptions {
@@ -36,7 +38,28 @@ export interface GvisorDriverOptions {
    * (runsc `--network=sandbox`). Without it sandboxes have no network but their loopback.
    */
   network?: SandboxNetwork;
+  /**
+   * Sandbox disks: each sandbox's root file system is a btrfs subvolume of the node's
+   * {@link DiskPool} (`<dir>`), bounded by a quota, instead of an overlay held in memory
+   * (docs/architecture.md, "Disks"). Absent: files live in memory.
+   */
+  disks?: GvisorDiskOptions;
 }
+
+/** The disks of {@link GvisorDriverOptions}. */
+export interface GvisorDiskOptions {
+  /** Directory of the disk pool. @default "<dataDir>/disks" */
+  dir?: string;
+  /** Size of the pool's sparse image, bytes. @default the size of the file system holding it */
+  poolBytes?: number;
+  /** Disk size when a create gives none, MiB. @default 5120 */
+  defaultMb?: number;
+  /** Largest disk, MiB. @default 65536 */
+  maxMb?: number;
+  /** Creates are refused while the host file system under the pool has less free than this, bytes. @default 1 GiB */
+  reserveBytes?: number;
+}
+
 
 /** Name of the sandbox's link inside its namespace. */
 const SANDBOX_IF = 'eth0';
@@ -68,6 +91,8 @@ export class GvisorDriver implements SandboxDriver {
   readonly name = 'gvisor';
   /** runsc's state file stored with its blocks decompressed, so consecutive snapshots deduplicate. */
   readonly imageCodec = new StatefileCodec();
+  /** The state file's codec; with disks, the disk copy's too (its files into the encrypted store). */
+  readonly imageCodecs: readonly ImageFileCodec[];
   private events?: DriverEvents;
   private readonly servers = new Map<string, net.Server>();
   private readonly rids = new Map<string, string>();
@@ -78,11 +103,22 @@ export class GvisorDriver implements SandboxDriver {
   private readonly runsc: string;
   private readonly stateDir: string;
   private readonly boxesDir: string;
+  /** Sandbox disks, when enabled (see {@link GvisorDriverOptions.disks}). */
+  readonly disks?: DriverDisks;
+  private pool?: DiskPool;
 
   constructor(private readonly opts: GvisorDriverOptions) {
     this.runsc = opts.runsc ?? 'runsc';
     this.stateDir = path.join(opts.dataDir, 'runsc');
     this.boxesDir = path.join(opts.dataDir, 'sandboxes');
+    if (opts.disks) this.disks = { defaultMb: opts.disks.defaultMb ?? 5120, maxMb: opts.disks.maxMb ?? 65536 };
+    this.imageCodecs = opts.disks ? [new DiskCodec(() => this.pool), this.imageCodec] : [this.imageCodec];
+  }
+
+  /** The disk pool; throws before {@link init}. */
+  private disksPool(): DiskPool {
+    if (!this.pool) throw new SpaceError('INTERNAL', 'init() first');
+    return this.pool;
   }
 
   bind(events: DriverEvents): void {
@@ -90,12 +126,19 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   private flags(): string[] {
-    return ['--root', this.stateDir, `--platform=${this.opts.platform ?? 'ptrace'}`, `--network=${this.opts.network ? 'sandbox' : 'none'}`, '--host-uds=open', '--overlay2=root:memory'];
+    // With disks, the root is the sandbox's own disk, served as it is (no overlay in memory).
+    return ['--root', this.stateDir, `--platform=${this.opts.platform ?? 'ptrace'}`, `--network=${this.opts.network ? 'sandbox' : 'none'}`, '--host-uds=open', this.disks ? '--overlay2=none' : '--overlay2=root:memory'];
   }
 
   async init(): Promise<void> {
     await fs.mkdir(this.stateDir, { recursive: true, mode: 0o700 });
     await fs.mkdir(this.boxesDir, { recursive: true, mode: 0o700 });
+    if (this.opts.disks) {
+      const dir = this.opts.disks.dir ?? path.join(this.opts.dataDir, 'disks');
+      await fs.mkdir(dir, { recursive: true, mode: 0o700 });
+      const fsStat = await fs.statfs(dir);
+      this.pool = await DiskPool.open({ dir, sizeBytes: this.opts.disks.poolBytes ?? fsStat.blocks * fsStat.bsize });
+    }
     this.runtimeDir = await ensureRuntime(path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, [AGENT_HELPER, AGENT_COMPAT_LIB]);
   }
 
@@ -118,7 +161,9 @@ export class GvisorDriver implements SandboxDriver {
     const codec = this.imageCodec.available();
     checks.push({ name: 'space-statefile', ok: codec, detail: codec ? 'checkpoint images are stored decompressed, so snapshots deduplicate' : 'missing: snapshots are stored as runsc compresses them (no deduplication); rebuild with golang-go installed' });
     checks.push({ name: 'root', ok: process.getuid?.() === 0, detail: process.getuid?.() === 0 ? 'running as root' : 'runsc with cgroups and namespaces needs root' });
-    const required = ['runsc', 'cgroup v1 memory', 'cgroup v1 cpu', 'network namespaces', 'busybox-static', 'root'];
+    const btrfs = await tryRun('btrfs', ['--version'], 5_000);
+    checks.push({ name: 'btrfs-progs', ok: !!btrfs, detail: btrfs ? `${btrfs.stdout.trim()}${this.disks ? '' : ' (disks are off: --disks on uses it)'}` : 'apt-get install btrfs-progs (sandbox disks, --disks on)' });
+    const required = ['runsc', 'cgroup v1 memory', 'cgroup v1 cpu', 'network namespaces', 'busybox-static', 'root', ...(this.disks ? ['btrfs-progs'] : [])];
     return { driver: this.name, available: checks.filter((c) => required.includes(c.name)).every((c) => c.ok), checks };
   }
 
@@ -165,9 +210,23 @@ export class GvisorDriver implements SandboxDriver {
     this.servers.set(id, server);
   }
 
+  /** With disks: imports the template's files into the pool (a full copy, once per template: base takes ~35 s here). */
+  async prepare(spec: DriverCreateSpec): Promise<void> {
+    if (this.pool) await this.importTemplate(spec.rootfs);
+  }
+
   async create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void> {
     const rid = newRid(spec.id);
-    const b = await this.prepare(spec, rid, signal);
+    if (this.pool) {
+      await this.checkHostRoom();
+      const template = await this.importTemplate(spec.rootfs);
+      await this.setDiskTemplate(spec.id, template);
+      const disk = await this.pool.createDisk(rid, template, this.diskBytes(spec));
+      // /tmp on the disk too (gVisor would put a tmpfs of its own, held in memory, there).
+      await fs.mkdir(path.join(disk, 'tmp'), { recursive: true });
+      await fs.chmod(path.join(disk, 'tmp'), 0o1777);
+    }
+    const b = await this.prepareBundle(spec, rid, signal);
     await fs.writeFile(b.ridFile, rid);
     this.rids.set(spec.id, rid);
     await this.runDetached(['run', '--detach', '--bundle', b.bundle, rid], b.log, b.netns);
@@ -180,7 +239,13 @@ export class GvisorDriver implements SandboxDriver {
     // (One already being released is stopped; runsc would make us wait for its lock.)
     if (old && !this.retiring.has(old)) await tryRun(this.runsc, ['--root', this.stateDir, 'kill', old, 'KILL'], 10_000);
     const rid = newRid(spec.id);
-    const b = await this.prepare(spec, rid, signal);
+    if (this.pool) {
+      const mark = await this.diskMarkOf(imageDir);
+      await this.setDiskTemplate(spec.id, mark.template);
+      await this.pool.diskFromCopy(mark.copy, rid, this.diskBytes(spec));
+    }
+    else if (existsSync(path.join(imageDir, DISK_MARK))) throw new SpaceError('SNAPSHOT_CORRUPT', 'This image was taken with a disk (by a daemon with --disks on): start the daemon with --disks on to restore it');
+    const b = await this.prepareBundle(spec, rid, signal);
     await fs.writeFile(b.ridFile, rid);
     this.rids.set(spec.id, rid);
     await this.runDetached(['restore', '--image-path', imageDir, '--detach', '--bundle', b.bundle, rid], b.log, b.netns);
@@ -230,8 +295,64 @@ export class GvisorDriver implements SandboxDriver {
    */
   async checkpoint(id: string, imageDir: string): Promise<void> {
     await fs.mkdir(imageDir, { recursive: true, mode: 0o700 });
-    const argv = ['--root', this.stateDir, 'checkpoint', '--image-path', imageDir, this.rid(id)];
-    await this.spawnOwnSession('sh', ['-c', '"$@" && : > "$SPACE_COMPLETE_MARK"', 'sh', this.runsc, ...argv], this.box(id).log, 300_000, 'checkpoint', { SPACE_COMPLETE_MARK: path.join(imageDir, CHECKPOINT_COMPLETE) });
+    const rid = this.rid(id);
+    const argv = ['--root', this.stateDir, 'checkpoint', '--image-path', imageDir, rid];
+    const env: Record<string, string> = { SPACE_COMPLETE_MARK: path.join(imageDir, CHECKPOINT_COMPLETE) };
+    let script = '"$@" && : > "$SPACE_COMPLETE_MARK"';
+    if (this.pool) {
+      // The disk as the checkpoint left it (the container stopped), copied before the image is
+      // marked complete: an image is never complete without its copy.
+      const copy = imageId(imageDir);
+      await this.pool.removeCopy(copy); // a template image taken again under its key
+      const mark: DiskMark = { copy, template: (await fs.readFile(path.join(this.box(id).dir, 'disk-template'), 'utf8')).trim() };
+      await fs.writeFile(path.join(imageDir, DISK_MARK), JSON.stringify(mark));
+      Object.assign(env, { SPACE_DISK: this.pool.diskPath(rid), SPACE_DISK_COPY: this.pool.copyPath(copy) });
+      script = '"$@" && btrfs subvolume snapshot -r "$SPACE_DISK" "$SPACE_DISK_COPY" && : > "$SPACE_COMPLETE_MARK"';
+    }
+    await this.spawnOwnSession('sh', ['-c', script, 'sh', this.runsc, ...argv], this.box(id).log, 300_000, 'checkpoint', env);
+  }
+
+  /** The disk copy a checkpoint image was taken with (SNAPSHOT_CORRUPT when it has none, or it is gone). */
+  private async diskMarkOf(imageDir: string): Promise<DiskMark> {
+    let text: string;
+    try {
+      text = await fs.readFile(path.join(imageDir, DISK_MARK), 'utf8');
+    } catch (err) {
+      throw new SpaceError('SNAPSHOT_CORRUPT', 'This image was taken without a disk (by a daemon keeping files in memory): it cannot be restored with --disks on', { cause: err });
+    }
+    const mark = parseDiskMark(text);
+    if (!existsSync(this.disksPool().copyPath(mark.copy))) throw new SpaceError('SNAPSHOT_CORRUPT', `The disk copy ${mark.copy} of this image is not on this node`);
+    return mark;
+  }
+
+  /** Records which of the pool's templates the sandbox's disk grew from (named in its checkpoints' marks). */
+  private async setDiskTemplate(id: string, template: string): Promise<void> {
+    const dir = this.box(id).dir;
+    await fs.mkdir(dir, { recursive: true, mode: 0o700 });
+    await fs.writeFile(path.join(dir, 'disk-template'), template);
+  }
+
+  async forgetImage(id: string): Promise<void> {
+    if (this.pool && IMAGE_ID.test(id)) await this.pool.removeCopy(id);
+  }
+
+  /** The template's root file system in the disk pool, imported on first use (a full copy, once per template and node). */
+  private importTemplate(rootfs: string): Promise<string> {
+    // Named by its directory's key and inode: a template built again under its key is a new directory.
+    const name = `${path.basename(path.dirname(rootfs))}.${statSync(rootfs).ino}`.toLowerCase();
+    return this.disksPool().importTemplate(name, rootfs).then(() => name);
+  }
+
+  private diskBytes(spec: DriverCreateSpec): number {
+    return (spec.diskMb ?? this.disks!.defaultMb) * 1048576;
+  }
+
+  /** CAPACITY_EXHAUSTED when the host file system under the pool is nearly full (running sandboxes go on). */
+  private async checkHostRoom(): Promise<void> {
+    const st = await fs.statfs(path.dirname(this.disksPool().imagePath));
+    const free = st.bavail * st.bsize;
+    const reserve = this.opts.disks?.reserveBytes ?? 2 ** 30;
+    if (free < reserve) throw new SpaceError('CAPACITY_EXHAUSTED', `The node's disk is nearly full (${Math.round(free / 1048576)} MiB free under ${path.dirname(this.disksPool().imagePath)}, ${Math.round(reserve / 1048576)} MiB kept in reserve): no new sandbox disks until space is freed`, { details: { retryAfterS: 60, resource: 'disk' } });
   }
 
   /** Waits for the checkpoints and restores of `id` that a previous daemon started; kills them after `timeoutMs`. */
@@ -268,12 +389,12 @@ export class GvisorDriver implements SandboxDriver {
 
   /** Asked once: every snapshot records it, and the binary does not change under a running daemon. */
   version(): Promise<string> {
-    this.versionP ??= tryRun(this.runsc, ['--version'], 10_000).then((v) => `runsc ${v?.stdout.split('\n')[0]?.replace('runsc version ', '') ?? 'unknown'} runtime ${path.basename(this.runtimeDir)}${this.opts.network ? ' net' : ''}`);
+    this.versionP ??= tryRun(this.runsc, ['--version'], 10_000).then((v) => `runsc ${v?.stdout.split('\n')[0]?.replace('runsc version ', '') ?? 'unknown'} runtime ${path.basename(this.runtimeDir)}${this.opts.network ? ' net' : ''}${this.disks ? ' disk' : ''}`);
     return this.versionP;
   }
 
   /** Directories, agent socket, netns and OCI bundle for a sandbox about to be run or restored. */
-  private async prepare(spec: DriverCreateSpec, rid: string, signal?: AbortSignal) {
+  private async prepareBundle(spec: DriverCreateSpec, rid: string, signal?: AbortSignal) {
     if (!this.events) throw new Error('bind() first');
     const rootfs = spec.rootfs;
     const b = { ...this.box(spec.id), netns: `${NETNS_PREFIX}${rid}` };
@@ -315,7 +436,7 @@ export class GvisorDriver implements SandboxDriver {
         // This runsc never honours set-id bits anyway; `sudo` works through the agent's broker.
         noNewPrivileges: true,
       },
-      root: { path: rootfs, readonly: false },
+      root: { path: this.pool ? this.pool.diskPath(rid) : rootfs, readonly: false },
       hostname: spec.id,
       mounts: [
         { destination: '/proc', type: 'proc', source: 'proc' },
@@ -326,6 +447,7 @@ export class GvisorDriver implements SandboxDriver {
         { destination: AGENT_SOCKET_DIR, type: 'bind', source: b.sock, options: ['rbind', 'rw'] },
         { destination: '/etc/ld.so.preload', type: 'bind', source: preload, options: ['rbind', 'ro'] },
         ...(sudo ? [{ destination: '/usr/bin/sudo', type: 'bind', source: path.join(this.runtimeDir, 'space-helper'), options: ['rbind', 'ro'] }] : []),
+        ...(this.pool ? [{ destination: '/tmp', type: 'bind', source: path.join(this.pool.diskPath(rid), 'tmp'), options: ['rbind', 'rw'] }] : []),
       ],
       linux: {
         namespaces: [{ type: 'pid' }, { type: 'network', path: `/var/run/netns/${b.netns}` }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }],
@@ -432,10 +554,32 @@ export class GvisorDriver implements SandboxDriver {
       const m = /VmRSS:\s+(\d+) kB/.exec(st);
       if (m) rss += Number(m[1]) * 1024;
     }
-    const cg = Number((await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid, 'memory.usage_in_bytes'), 'utf8').catch(() => '0')).trim());
+    const memDir = path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid);
+    const cg = Number((await fs.readFile(path.join(memDir, 'memory.usage_in_bytes'), 'utf8').catch(() => '0')).trim());
+    // The working set: file pages not recently used (a disk's written files, cached) are reclaimed, not counted.
+    const inactiveFile = Number(/^total_inactive_file (\d+)$/m.exec(await fs.readFile(path.join(memDir, 'memory.stat'), 'utf8').catch(() => ''))?.[1] ?? 0);
     const cpu = Number((await fs.readFile(path.join(CGROUP_ROOT, 'cpuacct', CGROUP_PARENT, rid, 'cpuacct.usage'), 'utf8').catch(() => '')).trim());
-    return { rssBytes: rss, cgroupBytes: cg, ...(Number.isFinite(cpu) && cpu > 0 ? { cpuNs: cpu } : {}) };
+    const disk = await this.diskUsage(rid);
+    return {
+      rssBytes: rss,
+      cgroupBytes: Math.max(0, cg - inactiveFile),
+      ...(Number.isFinite(cpu) && cpu > 0 ? { cpuNs: cpu } : {}),
+      ...(disk ? { diskUsedBytes: disk.usedBytes, ...(disk.limitBytes !== undefined ? { diskLimitBytes: disk.limitBytes } : {}) } : {}),
+    };
   }
+
+  /** What a sandbox's disk holds (btrfs's count, cached for a few seconds: usage is sampled often). */
+  private async diskUsage(rid: string): Promise<DiskUsage | undefined> {
+    if (!this.pool || !existsSync(this.pool.diskPath(rid))) return undefined;
+    const hit = this.diskUsageCache.get(rid);
+    if (hit && Date.now() - hit.at < 5_000) return hit.usage;
+    const usage = await this.pool.usage(rid, false).catch(() => undefined);
+    if (this.diskUsageCache.size > 10_000) this.diskUsageCache.clear();
+    if (usage) this.diskUsageCache.set(rid, { at: Date.now(), usage });
+    return usage;
+  }
+
+  private readonly diskUsageCache = new Map<string, { at: number; usage: DiskUsage }>();
 
   async destroy(id: string): Promise<void> {
     this.servers.get(id)?.close();
@@ -467,6 +611,7 @@ export class GvisorDriver implements SandboxDriver {
     for (const ctl of ['memory', 'cpu']) {
       for (const d of await fs.readdir(path.join(CGROUP_ROOT, ctl, CGROUP_PARENT)).catch(() => [] as string[])) if (d === id || d.startsWith(`${id}-`)) rids.add(d);
     }
+    for (const d of (await this.pool?.list())?.disks ?? []) if (d.startsWith(`${id}-`)) rids.add(d);
     return rids;
   }
 
@@ -486,6 +631,9 @@ export class GvisorDriver implements SandboxDriver {
       const d = path.join(CGROUP_ROOT, ctl, CGROUP_PARENT, rid);
       if (existsSync(d)) await fs.rmdir(d).catch(() => {});
     }
+    // Its disk last, once nothing serves it (what a checkpoint needed of it is in its copy).
+    // (A failure leaves it listed: the next start's orphan sweep removes it.)
+    if (this.pool && rid.includes('-')) await this.pool.removeDisk(rid).catch(() => {});
   }
 
   private async runtimeIds(): Promise<string[]> {
@@ -504,13 +652,24 @@ export class GvisorDriver implements SandboxDriver {
    */
   async list(): Promise<string[]> {
     const dirs = await fs.readdir(this.boxesDir).catch(() => [] as string[]);
-    return [...new Set([...(await this.runtimeIds()).map((r) => r.split('-')[0]!), ...dirs.filter((d) => /^sb[a-z0-9]+$/.test(d))])];
+    const disks = (await this.pool?.list())?.disks ?? [];
+    return [...new Set([...(await this.runtimeIds()).map((r) => r.split('-')[0]!), ...dirs.filter((d) => /^sb[a-z0-9]+$/.test(d)), ...disks.map((d) => d.split('-')[0]!)])];
   }
 
   async close(): Promise<void> {
     for (const s of this.servers.values()) s.close();
     this.servers.clear();
   }
+}
+
+/** Names of images (and so of their disk copies): snapshot ids, template image keys. */
+const IMAGE_ID = /^[a-z0-9][a-z0-9._-]{0,127}$/;
+
+/** The name of the image checkpointed into `imageDir`: its directory's base name. */
+function imageId(imageDir: string): string {
+  const id = path.basename(imageDir);
+  if (!IMAGE_ID.test(id)) throw new SpaceError('INTERNAL', `A checkpoint image directory must be named like an image id, not ${JSON.stringify(id)}`);
+  return id;
 }
 
 /**

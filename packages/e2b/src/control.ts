@@ -195,7 +195,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     endAt: sb.expiresAt ?? new Date(Date.parse(sb.createdAt) + 100 * 365 * 86_400_000).toISOString(),
     cpuCount: Math.max(1, Math.round(sb.cpu)),
     memoryMB: sb.memoryMb,
-    diskSizeMB: 0,
+    diskSizeMB: sb.diskMb ?? 0,
     metadata: sb.metadata,
     state: e2bState(sb),
     envdVersion: ENVD_VERSION,
@@ -359,15 +359,15 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     if (start !== undefined && end !== undefined && start > end) throw new SpaceError('BAD_REQUEST', 'start must not be after end');
     if (sb.state !== 'running' && sb.state !== 'paused') return [];
     const cpuCount = Math.max(1, Math.round(sb.cpu));
-    const point = (at: number, cpuUsedPct: number, memUsed: number) => ({ timestamp: new Date(at).toISOString(), timestampUnix: Math.floor(at / 1000), cpuCount, cpuUsedPct, memUsed, memTotal: sb.memoryMb * 1048576, diskUsed: 0, diskTotal: 0 });
+    const point = (at: number, cpuUsedPct: number, memUsed: number, diskUsed = 0) => ({ timestamp: new Date(at).toISOString(), timestampUnix: Math.floor(at / 1000), cpuCount, cpuUsedPct, memUsed, memTotal: sb.memoryMb * 1048576, diskUsed, diskTotal: (sb.diskMb ?? 0) * 1048576 });
     const series = await svc.usageSeries(tenantId, sb.id, { ...(start !== undefined ? { start } : {}), ...(end !== undefined ? { end: end + 999 } : {}) });
-    if (series.length) return series.map((x) => point(x.at, x.cpuPct, x.memBytes));
+    if (series.length) return series.map((x) => point(x.at, x.cpuPct, x.memBytes, x.diskBytes));
     // Not sampled yet (it just started): one reading now, if now is in the range.
     const now = Date.now();
     if ((start !== undefined && now < start) || (end !== undefined && now > end + 999)) return [];
     const u = await svc.usage(tenantId, sb.id);
     const elapsedNs = (now - Date.parse(sb.startedAt ?? sb.createdAt)) * 1e6;
-    return [point(now, u.cpuNs !== undefined && elapsedNs > 0 ? Math.round((u.cpuNs / elapsedNs / sb.cpu) * 10_000) / 100 : 0, u.cgroupBytes ?? u.rssBytes)];
+    return [point(now, u.cpuNs !== undefined && elapsedNs > 0 ? Math.round((u.cpuNs / elapsedNs / sb.cpu) * 10_000) / 100 : 0, u.cgroupBytes ?? u.rssBytes, u.diskUsedBytes)];
   });
 
   // ---- list: metadata filter arrives URL-encoded twice ("k%3Dv" pairs of encoded keys and values)

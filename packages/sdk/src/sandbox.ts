@@ -39,8 +39,16 @@ export interface SandboxPage {
 
 /** Host resources a sandbox costs. */
 export interface SandboxUsage {
+  /** Resident memory of its host processes, bytes. */
   rssBytes: number;
+  /** Memory charged to it (its working set: file pages it has not used lately are left out), bytes. */
   cgroupBytes?: number;
+  /** CPU time used since it started, ns. */
+  cpuNs?: number;
+  /** What its disk holds (template files included), bytes, when it has one. */
+  diskUsedBytes?: number;
+  /** Its disk's size, bytes. */
+  diskLimitBytes?: number;
 }
 
 /**

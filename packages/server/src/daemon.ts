@@ -8,6 +8,7 @@ import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import pino from 'pino';
 import { ApiKeys, DedupBlobStore, SANDBOX_STATES, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
+import { parseSizeMb } from '@space/api';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
@@ -76,6 +77,37 @@ export interface DaemonOptions {
   drivers?: ('gvisor' | 'microvm')[];
   /** microVM driver settings (with `driver: "microvm"`). */
   microvm?: { accel?: 'auto' | 'kvm' | 'tcg'; kernelDeb?: string; cacheDir?: string };
+  /** Sandbox disks (gVisor): files on a bounded disk instead of memory. @default off (or SPACE_DISKS) */
+  disks?: DiskOptions;
+}
+
+/** Sandbox disks of the daemon (flags `--disks`, `--disk-pool`, `--disk-default`, `--disk-max`). */
+export interface DiskOptions {
+  /** `on`: every gVisor sandbox gets a disk in a btrfs pool; `off`: files in memory. @default "off" (or SPACE_DISKS) */
+  mode?: 'on' | 'off';
+  /** Directory of the pool. @default `${dataDir}/disks` (or SPACE_DISK_POOL) */
+  dir?: string;
+  /** Disk size when a create gives none, MiB. @default 5120 (or SPACE_DISK_DEFAULT, e.g. "5G") */
+  defaultMb?: number;
+  /** Largest disk a create may ask for, MiB. @default 65536 (or SPACE_DISK_MAX) */
+  maxMb?: number;
+}
+
+/** Checks the disks setting (flag `--disks`, `SPACE_DISKS`). */
+export function parseDisksMode(s: string): 'on' | 'off' {
+  if (s !== 'on' && s !== 'off') throw new SpaceError('CONFIG_INVALID', `Unknown --disks ${JSON.stringify(s)}: use on (sandbox files on bounded disks in a btrfs pool) or off (in memory)`);
+  return s;
+}
+
+/** The disks settings: options first, then SPACE_DISK* variables; undefined when off. */
+function diskSettings(opts: DiskOptions | undefined): { dir?: string; defaultMb?: number; maxMb?: number } | undefined {
+  const env = process.env;
+  if ((opts?.mode ?? parseDisksMode(env.SPACE_DISKS ?? 'off')) === 'off') return undefined;
+  const dir = opts?.dir ?? env.SPACE_DISK_POOL;
+  const defaultMb = opts?.defaultMb ?? (env.SPACE_DISK_DEFAULT ? parseSizeMb(env.SPACE_DISK_DEFAULT, 'SPACE_DISK_DEFAULT') : undefined);
+  const maxMb = opts?.maxMb ?? (env.SPACE_DISK_MAX ? parseSizeMb(env.SPACE_DISK_MAX, 'SPACE_DISK_MAX') : undefined);
+  if (defaultMb !== undefined && defaultMb > (maxMb ?? 65536)) throw new SpaceError('CONFIG_INVALID', `The default disk (${defaultMb} MiB) is larger than the largest allowed (${maxMb ?? 65536} MiB): lower --disk-default or raise --disk-max`);
+  return { ...(dir ? { dir } : {}), ...(defaultMb !== undefined ? { defaultMb } : {}), ...(maxMb !== undefined ? { maxMb } : {}) };
 }
 
 /** Checks a driver name (flag `--driver`, `SPACE_DRIVER`). */
@@ -227,10 +259,11 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const kernelDeb = opts.microvm?.kernelDeb ?? process.env.SPACE_MICROVM_KERNEL_DEB;
   const cacheDir = opts.microvm?.cacheDir ?? process.env.SPACE_MICROVM_CACHE_DIR;
   const network = egress ? { network: egress.network } : {};
+  const disks = diskSettings(opts.disks);
   const make = (name: 'gvisor' | 'microvm'): SandboxDriver =>
     name === 'microvm'
       ? new MicrovmDriver({ dataDir, ...network, ...(accel ? { accel } : {}), ...(kernelDeb ? { kernelDeb } : {}), ...(cacheDir ? { cacheDir } : {}) })
-      : new GvisorDriver({ dataDir, ...network });
+      : new GvisorDriver({ dataDir, ...network, ...(disks ? { disks } : {}) });
   const driver = make(driverName);
   const extra = (opts.drivers ?? (process.env.SPACE_DRIVERS ? parseDrivers(process.env.SPACE_DRIVERS) : [])).filter((n) => n !== driverName).map(make);
   const gcFault = process.env.SPACE_FAULT_INJECT?.startsWith('gc:after-') ? Number(process.env.SPACE_FAULT_INJECT.slice('gc:after-'.length)) : undefined;

@@ -8,10 +8,12 @@
  *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
  *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
+ *        [--disks on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G]
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
-import { parseAccel, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
+import { parseSizeMb } from '@space/api';
+import { parseAccel, parseDisksMode, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
 import { parseEgressHosts } from './networking.js';
 
 const { values } = parseArgs({
@@ -43,6 +45,10 @@ const { values } = parseArgs({
     drivers: { type: 'string' },
     'microvm-accel': { type: 'string' },
     'microvm-kernel-deb': { type: 'string' },
+    disks: { type: 'string' },
+    'disk-pool': { type: 'string' },
+    'disk-default': { type: 'string' },
+    'disk-max': { type: 'string' },
   },
 });
 
@@ -61,9 +67,16 @@ try {
     ...(values['ingress-cert'] ? { certFile: values['ingress-cert'] } : {}),
     ...(values['ingress-key'] ? { keyFile: values['ingress-key'] } : {}),
   };
+  const disks = {
+    ...(values.disks ? { mode: parseDisksMode(values.disks) } : {}),
+    ...(values['disk-pool'] ? { dir: values['disk-pool'] } : {}),
+    ...(values['disk-default'] ? { defaultMb: parseSizeMb(values['disk-default'], '--disk-default') } : {}),
+    ...(values['disk-max'] ? { maxMb: parseSizeMb(values['disk-max'], '--disk-max') } : {}),
+  };
   const d = await startDaemon({
     egress,
     ingress,
+    disks,
     ...(values.driver ? { driver: parseDriver(values.driver) } : {}),
     ...(values.drivers ? { drivers: parseDrivers(values.drivers) } : {}),
     ...(values['microvm-accel'] || values['microvm-kernel-deb'] ? { microvm: { ...(values['microvm-accel'] ? { accel: parseAccel(values['microvm-accel']) } : {}), ...(values['microvm-kernel-deb'] ? { kernelDeb: values['microvm-kernel-deb'] } : {}) } } : {}),

@@ -51,14 +51,30 @@ export class DriverRouter implements SandboxDriver {
     return this.of(id).checkpointsAnyState === true;
   }
 
-  /** The image codec of driver `name`, if it has one. */
-  codecOf(name: string): ImageFileCodec | undefined {
-    return this.get(name).imageCodec;
+  /** The image codecs of driver `name`, in the order they are tried. */
+  codecOf(name: string): readonly ImageFileCodec[] {
+    return this.get(name).imageCodecs ?? [];
   }
 
   /** The codec called `codec` of any enabled driver (to read what snapshots recorded). */
   codecNamed(codec: string): ImageFileCodec | undefined {
-    return [...this.byName.values()].find((d) => d.imageCodec?.name === codec)?.imageCodec;
+    for (const d of this.byName.values()) for (const c of d.imageCodecs ?? []) if (c.name === codec) return c;
+    return undefined;
+  }
+
+  /** The disks of driver `name` (see {@link SandboxDriver.disks}); undefined when it keeps files in memory. */
+  disksOf(name: string | undefined): SandboxDriver['disks'] {
+    return this.get(name).disks;
+  }
+
+  /** The disks of the default driver. */
+  get disks(): SandboxDriver['disks'] {
+    return this.def.disks;
+  }
+
+  /** Tells every driver that image `imageId` is gone (see {@link SandboxDriver.forgetImage}). */
+  async forgetImage(imageId: string): Promise<void> {
+    for (const d of this.byName.values()) await d.forgetImage?.(imageId);
   }
 
   /** The version of driver `name` (recorded in its snapshots). */
@@ -80,6 +96,11 @@ export class DriverRouter implements SandboxDriver {
 
   async init(): Promise<void> {
     for (const d of this.byName.values()) await d.init();
+  }
+
+  /** Readies what a create of `spec` needs (see {@link SandboxDriver.prepare}). */
+  async prepare(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void> {
+    await this.get(spec.driver).prepare?.(spec, signal);
   }
 
   create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void> {

@@ -15,6 +15,8 @@ export interface DriverCreateSpec {
   rootfs: string;
   cpu: number;
   memoryMb: number;
+  /** Size of its disk, MiB (drivers with {@link SandboxDriver.disks}; core fills in the default). */
+  diskMb?: number;
   /** Environment for the agent, applied to every process it starts. */
   env: Record<string, string>;
   /** Which driver runs it, when several are enabled (see `DriverRouter`); the default when absent. */
@@ -53,6 +55,18 @@ export interface SandboxUsage {
   cgroupBytes?: number;
   /** CPU time used since it started, ns, when known. */
   cpuNs?: number;
+  /** What its disk holds, bytes (template files included), when it has one. */
+  diskUsedBytes?: number;
+  /** Its disk's size, bytes, when it has one. */
+  diskLimitBytes?: number;
+}
+
+/** A driver's sandbox disks: where the root file system's files go instead of memory. */
+export interface DriverDisks {
+  /** Disk size when a create gives none, MiB. */
+  defaultMb: number;
+  /** Largest disk a create may ask for, MiB. */
+  maxMb: number;
 }
 
 /** What `space doctor` reports for a driver. */
@@ -112,14 +126,28 @@ export interface SandboxDriver {
   readonly checkpointsAnyState?: boolean;
   /** How long a boot or restore may take until the agent answers, if longer than core's default (30 s). */
   readonly bootTimeoutMs?: number;
-  /** How this driver's image files are stored (see {@link ImageFileCodec}); none: as they are. */
-  readonly imageCodec?: ImageFileCodec;
+  /**
+   * How this driver's image files are stored (see {@link ImageFileCodec}): each file goes
+   * through the first codec that takes it; none: as they are.
+   */
+  readonly imageCodecs?: readonly ImageFileCodec[];
+  /**
+   * Present when sandboxes get disks: their files live on a bounded disk, captured with each
+   * checkpoint (kept by the driver under the image directory's name, until {@link forgetImage}).
+   * Absent: files are held in memory and {@link DriverCreateSpec.diskMb} is refused.
+   */
+  readonly disks?: DriverDisks;
   /** Registers core's callbacks; called once before any other method. */
   bind(events: DriverEvents): void;
   /** Checks the host (binaries, cgroups, namespaces) without changing it. */
   doctor(): Promise<DriverReport>;
   /** Prepares the driver (runtime files). */
   init(): Promise<void>;
+  /**
+   * Readies what a {@link create} of `spec` needs that can take long, before core starts the
+   * boot's clock: e.g. the template's files imported into the disk pool (once per template).
+   */
+  prepare?(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void>;
   /** Boots a sandbox. Resolves once the runtime has started it; the agent connects via {@link DriverEvents}. */
   create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void>;
   /** After a daemon restart: reattach to a sandbox still running (true), or report it gone (false). */
@@ -176,6 +204,12 @@ export interface SandboxDriver {
   releaseStale?(id: string): Promise<void>;
   /** Stops the sandbox and removes every host resource it had. Idempotent. */
   destroy(id: string): Promise<void>;
+  /**
+   * The image named `imageId` (the base name of the directory it was checkpointed into: a
+   * snapshot id, a template image key) is gone: drops what the driver kept beside it (a disk
+   * copy). Idempotent; drivers that keep nothing need not implement it.
+   */
+  forgetImage?(imageId: string): Promise<void>;
   /** Ids of sandboxes the runtime knows of (to find orphans). */
   list(): Promise<string[]>;
   /** Stops listening; leaves sandboxes running (they are adopted on the next start). */

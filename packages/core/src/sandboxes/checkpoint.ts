@@ -18,7 +18,7 @@ export class Checkpoints implements CheckpointHooks {
 
   async spec(sb: Sandbox): Promise<DriverCreateSpec> {
     const t = await this.c.templates.resolve(sb.tenantId, sb.template);
-    return { id: sb.id, template: sb.template, rootfs: await this.c.templates.rootfsOf(t), cpu: sb.cpu, memoryMb: sb.memoryMb, env: { ...t.env, ...sb.env }, driver: sb.driver };
+    return { id: sb.id, template: sb.template, rootfs: await this.c.templates.rootfsOf(t), cpu: sb.cpu, memoryMb: sb.memoryMb, ...(sb.diskMb !== undefined ? { diskMb: sb.diskMb } : {}), env: { ...t.env, ...sb.env }, driver: sb.driver };
   }
 
   /** Refuses (SNAPSHOT_UNSUPPORTED_STATE, naming the process) what this runtime cannot checkpoint; changes nothing. */
@@ -253,5 +253,6 @@ export class Checkpoints implements CheckpointHooks {
     // Record first, bytes second: a crash in between leaves an unreferenced blob, never a listed snapshot without bytes.
     await this.c.store.deleteSnapshot(sn.id);
     await this.c.blobs.delete(sn.blobKey);
+    await this.c.driver.forgetImage(sn.id);
   }
 }

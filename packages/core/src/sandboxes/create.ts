@@ -6,8 +6,8 @@ import type { CreateSandboxOpts } from '@space/api';
 import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules } from '../security/egress-policy.js';
 import { SpaceError } from '../errors.js';
 import { LIMITS, newSandboxId, type CreateTimings, type Sandbox, type Template } from '../model.js';
-import { POOL_MEMORY_MB } from '../templates/warm-pool.js';
-import { checkMap, range } from '../validate.js';
+import { POOL_MEMORY_MB, poolDiskMb } from '../templates/warm-pool.js';
+import { checkMap, diskSize, range } from '../validate.js';
 import type { SandboxContext } from './context.js';
 import { sendIdentity } from './identity.js';
 import { newSandboxRecord } from './record.js';
@@ -32,6 +32,7 @@ export class Creates {
     const env = checkMap('env', opts.env, LIMITS.envEntries);
     const metadata = checkMap('metadata', opts.metadata, LIMITS.metadataEntries);
     const driver = this.c.driver.get(opts.driver).name;
+    const diskMb = diskSize(opts.diskMb, this.c.driver.disksOf(driver), t.rootfsBytes);
     const idleTimeoutMs = opts.idleTimeoutMs ?? 0;
     if (opts.autoResume !== undefined && typeof opts.autoResume !== 'boolean') throw new SpaceError('BAD_REQUEST', 'autoResume must be true or false');
     if (!Number.isInteger(idleTimeoutMs) || (idleTimeoutMs !== 0 && (idleTimeoutMs < 1000 || idleTimeoutMs > LIMITS.timeoutMs.max))) {
@@ -45,7 +46,7 @@ export class Creates {
     const t0 = performance.now();
     const fullEnv = this.c.hooks.egress.envOf(t.env, env, secrets);
     // A pooled sandbox already counts against the node: taking one needs no admission.
-    const poolable = cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB && driver === this.c.driver.name;
+    const poolable = cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB && driver === this.c.driver.name && diskMb === poolDiskMb(this.c.driver.disks, t.rootfsBytes);
     let pooled = poolable ? this.c.pool.take(t) : undefined;
     let identityMs = 0;
     if (pooled && (Object.keys(env).length || trust)) {
@@ -71,6 +72,7 @@ export class Creates {
       driver,
       cpu,
       memoryMb,
+      ...(diskMb !== undefined ? { diskMb } : {}),
       timeoutMs,
       env,
       metadata,

@@ -48,6 +48,7 @@ export class Forks {
           driver: parent.driver,
           cpu: parent.cpu,
           memoryMb: parent.memoryMb,
+          ...(parent.diskMb !== undefined ? { diskMb: parent.diskMb } : {}),
           timeoutMs: parent.timeoutMs,
           env: parent.env,
           metadata: parent.metadata,

@@ -10,6 +10,8 @@ export interface NewSandboxRecord {
   driver: string;
   cpu: number;
   memoryMb: number;
+  /** Disk size, MiB; none: files in memory. */
+  diskMb?: number;
   /** 0: none. */
   timeoutMs: number;
   env: Record<string, string>;
@@ -42,6 +44,7 @@ export function newSandboxRecord(r: NewSandboxRecord): Sandbox {
     state: 'starting',
     cpu: r.cpu,
     memoryMb: r.memoryMb,
+    ...(r.diskMb !== undefined ? { diskMb: r.diskMb } : {}),
     timeoutMs: r.timeoutMs,
     env: r.env,
     metadata: r.metadata,

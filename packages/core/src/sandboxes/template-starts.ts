@@ -8,7 +8,7 @@ import type { AgentChannel } from '../agent/channel.js';
 import type { DriverCreateSpec } from '../ports/driver.js';
 import { SpaceError } from '../errors.js';
 import { LIMITS, newSandboxId, type CreateTimings, type Sandbox, type Template, type TemplateImage, type TemplateStart } from '../model.js';
-import { POOL_MEMORY_MB } from '../templates/warm-pool.js';
+import { POOL_MEMORY_MB, poolDiskMb } from '../templates/warm-pool.js';
 import type { Progress } from '../ports/rootfs-builder.js';
 import { packSnapshot, readSnapshot } from '../storage/snapshot-format.js';
 import { templateImageBlobKey, type TemplateImageStore } from '../templates/template-service.js';
@@ -45,7 +45,7 @@ export class TemplateStarts implements StartHooks {
     // A start command must have run: without a current image, take one first.
     if (!image && t.start) image = (await this.c.templates.captureImage(t)).image;
     const rootfs = await this.c.templates.rootfsOf(t);
-    const spec = { id: sb.id, template: t.name, rootfs, cpu: sb.cpu, memoryMb: sb.memoryMb, env, driver: sb.driver };
+    const spec = { id: sb.id, template: t.name, rootfs, cpu: sb.cpu, memoryMb: sb.memoryMb, ...(sb.diskMb !== undefined ? { diskMb: sb.diskMb } : {}), env, driver: sb.driver };
     if (image) {
       try {
         return await this.restoreTemplate(image, spec, trust, signal);
@@ -55,6 +55,7 @@ export class TemplateStarts implements StartHooks {
         await this.c.driver.destroy(sb.id).catch(() => {});
       }
     } else if (!this.c.stopping() && onDefault) this.preparePool(t);
+    await this.c.driver.prepare(spec, signal);
     const connected = this.c.live.entry(sb.id).waitAgent(this.c.bootTimeout(sb.driver));
     const tA = performance.now();
     await this.c.driver.create(spec, signal);
@@ -100,7 +101,7 @@ export class TemplateStarts implements StartHooks {
     const id = newSandboxId();
     const release = await this.c.admission.slot();
     try {
-      await this.restoreTemplate(cur.image!, { id, template: t.name, rootfs: await this.c.templates.rootfsOf(t), cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env }, undefined, this.c.stopSignal);
+      await this.restoreTemplate(cur.image!, { id, template: t.name, rootfs: await this.c.templates.rootfsOf(t), cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, ...this.poolDisk(t), env: t.env }, undefined, this.c.stopSignal);
       this.c.stopSignal.throwIfAborted();
       return id;
     } catch (err) {
@@ -109,6 +110,12 @@ export class TemplateStarts implements StartHooks {
     } finally {
       release();
     }
+  }
+
+  /** The disk of pooled sandboxes and template images of `t` (none on a driver without disks). */
+  private poolDisk(t: Template): { diskMb?: number } {
+    const diskMb = poolDiskMb(this.c.driver.disks, t.rootfsBytes);
+    return diskMb !== undefined ? { diskMb } : {};
   }
 
   async discardPooled(id: string): Promise<void> {
@@ -146,7 +153,10 @@ export class TemplateStarts implements StartHooks {
           return false;
         }
       },
-      drop: (t, image) => this.c.blobs.delete(templateImageBlobKey(t.tenantId, image.key)),
+      drop: async (t, image) => {
+        await this.c.blobs.delete(templateImageBlobKey(t.tenantId, image.key));
+        await this.c.driver.forgetImage(image.key);
+      },
     };
   }
 
@@ -162,13 +172,18 @@ export class TemplateStarts implements StartHooks {
   private async captureTemplateNow(t: Template, rootfs: string, key: string, progress: Progress, signal: AbortSignal): Promise<TemplateImage> {
     const id = newSandboxId();
     const dir = this.c.templates.imageDir({ key } as TemplateImage);
-    const tmp = `${dir}.tmp-${id}`;
+    // Checkpointed into a directory named like the image, as the driver names what it keeps beside an image by it.
+    const scratch = `${dir}.tmp-${id}`;
+    const tmp = path.join(scratch, path.basename(dir));
     const t0 = performance.now();
     const release = await this.c.admission.slot();
     try {
+      const spec = { id, template: t.name, rootfs, cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, ...this.poolDisk(t), env: t.env };
+      progress(0, 'preparing the template');
+      await this.c.driver.prepare(spec, signal);
       progress(0, 'booting the template');
       const connected = this.c.live.entry(id).waitAgent(this.c.bootTimeout(undefined));
-      await this.c.driver.create({ id, template: t.name, rootfs, cpu: LIMITS.cpu.default, memoryMb: POOL_MEMORY_MB, env: t.env }, signal);
+      await this.c.driver.create(spec, signal);
       const ch = await connected;
       if (!ch) throw new SpaceError('TIMEOUT', `The template's agent did not connect within ${this.c.bootTimeout(undefined)} ms`);
       if (t.start) await this.startAndWait(ch, t.start, progress, signal);
@@ -185,7 +200,7 @@ export class TemplateStarts implements StartHooks {
       return { key, sourceId: id, sizeBytes, captureMs: Math.round(performance.now() - t0), createdAt: new Date().toISOString() };
     } finally {
       release();
-      await fs.rm(tmp, { recursive: true, force: true });
+      await fs.rm(scratch, { recursive: true, force: true });
       this.c.live.get(id)?.channel?.destroy();
       this.c.live.delete(id);
       // runsc takes a second or two to let go of a checkpointed container.

@@ -13,6 +13,8 @@ export interface UsageSample {
   cpuPct: number;
   /** Memory charged to the sandbox, bytes. */
   memBytes: number;
+  /** What its disk holds, bytes (sandboxes with a disk). */
+  diskBytes?: number;
 }
 
 /** What the sampler reads. */
@@ -70,7 +72,7 @@ export class UsageHistory {
     let s = this.byId.get(id);
     if (!s) this.byId.set(id, (s = { samples: [] }));
     const cpuPct = s.lastCpuNs !== undefined && u.cpuNs !== undefined && s.lastAt !== undefined && now > s.lastAt ? Math.max(0, Math.round(((u.cpuNs - s.lastCpuNs) / ((now - s.lastAt) * 1e6) / cpu) * 10_000) / 100) : 0;
-    s.samples.push({ at: now, cpuPct, memBytes: u.cgroupBytes ?? u.rssBytes });
+    s.samples.push({ at: now, cpuPct, memBytes: u.cgroupBytes ?? u.rssBytes, ...(u.diskUsedBytes !== undefined ? { diskBytes: u.diskUsedBytes } : {}) });
     if (s.samples.length > this.keep) s.samples.splice(0, s.samples.length - this.keep);
     s.lastCpuNs = u.cpuNs;
     s.lastAt = now;

@@ -46,15 +46,15 @@ export interface SnapshotMeta {
 }
 
 /**
- * Packs a runtime image directory into a snapshot stream (hashing it first). With a `codec`,
- * each file it applies to is stored in its encoded form (written beside `imageDir`, which
- * stays as it is, and removed once the stream has been read).
+ * Packs a runtime image directory into a snapshot stream (hashing it first). Each file goes
+ * through the first of `codecs` that takes it and is stored in its encoded form (written beside
+ * `imageDir`, which stays as it is, and removed once the stream has been read).
  *
  * @example
- * const { stream, meta } = await packSnapshot(imageDir, { id, sandboxId, ... }, driver.imageCodec);
+ * const { stream, meta } = await packSnapshot(imageDir, { id, sandboxId, ... }, driver.imageCodecs);
  * await blobs.put(key, stream);
  */
-export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256'>, codec?: ImageFileCodec): Promise<{ stream: Readable; meta: SnapshotMeta }> {
+export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256'>, codecs: readonly ImageFileCodec[] = []): Promise<{ stream: Readable; meta: SnapshotMeta }> {
   // The runtime's completion mark (see SandboxDriver.checkpoint) says something about the directory, not the image.
   const names = (await fs.readdir(imageDir)).filter((n) => n !== CHECKPOINT_COMPLETE).sort();
   const files: SnapshotMeta['files'] = [];
@@ -66,12 +66,13 @@ export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'f
       let p = path.join(imageDir, name);
       if (!(await fs.stat(p)).isFile()) continue;
       let used: string | undefined;
-      if (codec) {
+      for (const codec of codecs) {
         await fs.mkdir(encodedDir, { recursive: true });
         const enc = path.join(encodedDir, name);
         if (await codec.encode(p, enc)) {
           p = enc;
           used = codec.name;
+          break;
         }
       }
       files.push({ name, size: (await fs.stat(p)).size, ...(used ? { codec: used } : {}) });

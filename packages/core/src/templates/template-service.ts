@@ -125,10 +125,13 @@ export class TemplateService {
       const cur = await this.opts.store.getTemplate('', name);
       const poolSize = this.opts.builtinPools?.[name] ?? cur?.poolSize ?? 0;
       const key = this.opts.rootfs.builtinKey(name);
-      if (!cur || cur.poolSize !== poolSize || cur.key !== key) {
+      // Its size (disks must hold it) once its files are there: built now, or by another daemon sharing the directory.
+      const rootfsBytes = cur?.key === key && cur.rootfsBytes !== undefined ? cur.rootfsBytes : this.opts.rootfs.has(key) ? (await this.opts.rootfs.build(key, { type: 'builtin', name })).sizeBytes || undefined : undefined;
+      if (!cur || cur.poolSize !== poolSize || cur.key !== key || cur.rootfsBytes !== rootfsBytes) {
         // A new release's built-in (another key) is built on first use; the old one's files go.
         if (cur && cur.key !== key) await this.opts.rootfs.remove(cur.key);
-        await this.opts.store.putTemplate({ ...(cur ?? { name, tenantId: '', state: 'ready', source: { type: 'builtin' }, env: {}, createdAt: new Date().toISOString() }), key, poolSize });
+        const { rootfsBytes: _, ...rest } = cur ?? { name, tenantId: '', state: 'ready' as const, source: { type: 'builtin' as const }, env: {}, createdAt: new Date().toISOString() };
+        await this.opts.store.putTemplate({ ...rest, key, poolSize, ...(rootfsBytes !== undefined ? { rootfsBytes } : {}) });
       }
     }
     for (const t of await this.opts.store.listTemplates()) {
@@ -169,7 +172,9 @@ export class TemplateService {
   async rootfsOf(t: Template, progress?: Progress): Promise<string> {
     if (this.opts.rootfs.has(t.key)) return this.opts.rootfs.path(t.key);
     if (t.source.type !== 'builtin') throw new SpaceError('TEMPLATE_BUILD_FAILED', `The root file system of template ${t.name} is missing from the template directory; remove the template and build it again`);
-    await this.opts.rootfs.build(t.key, { type: 'builtin', name: t.name }, progress);
+    const built = await this.opts.rootfs.build(t.key, { type: 'builtin', name: t.name }, progress);
+    const cur = await this.opts.store.getTemplate(t.tenantId, t.name);
+    if (built.sizeBytes && cur?.key === t.key && cur.rootfsBytes === undefined) await this.opts.store.putTemplate({ ...cur, rootfsBytes: built.sizeBytes });
     return this.opts.rootfs.path(t.key);
   }
 

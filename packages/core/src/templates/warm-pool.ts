@@ -10,6 +10,8 @@
  */
 import type { Logger } from '../logger.js';
 import type { Template } from '../model.js';
+import type { DriverDisks } from '../ports/driver.js';
+import { diskSize } from '../validate.js';
 
 /** What the pool needs from the sandbox service. */
 export interface PoolHooks {
@@ -41,6 +43,9 @@ interface Entry {
 
 /** Memory of one pooled sandbox (the default sandbox size; other sizes restore instead). */
 export const POOL_MEMORY_MB = 512;
+
+/** Disk of pooled sandboxes and template images, MiB: the default size (undefined without disks). */
+export const poolDiskMb = (disks: DriverDisks | undefined, templateBytes?: number): number | undefined => diskSize(undefined, disks, templateBytes);
 
 /**
  * The warm pools of every template.

@@ -1,0 +1,148 @@
+// Sandbox disks on gVisor (issue 23, `--disks on`): a sandbox's files live on a bounded disk in
+// the node's btrfs pool, not in its memory; a full disk fails the writer only; snapshots,
+// rollback, hibernation and forks carry the disk, and forks share its blocks.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { parseSizeMb } from '../packages/api/dist/index.js';
+import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
+import { eventually, startTestDaemon } from './helpers.mjs';
+
+const MiB = 1048576;
+
+/** Every file under `dir`. */
+function files(dir) {
+  return readdirSync(dir).flatMap((n) => {
+    const p = path.join(dir, n);
+    return statSync(p).isDirectory() ? files(p) : [p];
+  });
+}
+
+/** Bytes the pool's file system uses (data and metadata), after btrfs has written everything out. */
+function poolUsedBytes(mnt) {
+  execFileSync('btrfs', ['filesystem', 'sync', mnt]);
+  const out = execFileSync('btrfs', ['filesystem', 'usage', '-b', mnt], { encoding: 'utf8' });
+  return Number(/^\s*Used:\s+(\d+)/m.exec(out)[1]);
+}
+
+describe('sandbox disks (gVisor, --disks on)', () => {
+  let fx;
+  let mnt;
+  before(async () => {
+    fx = await startTestDaemon({ disks: { mode: 'on', maxMb: 8192 } });
+    mnt = path.join(fx.dataDir, 'disks', 'mnt');
+  });
+  after(async () => assert.deepEqual(await fx.close(), []));
+
+  it('a 512 MiB sandbox writes 3 GB to /tmp on its 4 GiB disk; a 5 GB write then fails with a full disk, and the sandbox answers', async () => {
+    const sb = await fx.create({ template: 'minimal', memoryMb: 512, diskMb: 4096 });
+    assert.equal(sb.info.diskMb, 4096);
+    const w = await sb.commands.run('dd if=/dev/zero of=/tmp/big bs=1M count=3000 2>&1 && ls -l /tmp/big');
+    assert.equal(w.exitCode, 0, w.stdout + w.stderr);
+    assert.match(w.stdout, /3145728000/);
+    // btrfs settles what a disk holds at its next commit (at most 5 s in the pool), usage reads it at most 5 s late.
+    const u = await eventually(async () => {
+      const x = await sb.usage();
+      return x.diskUsedBytes >= 3000 * MiB && x;
+    }, { tries: 300 });
+    assert.ok(u.rssBytes < 256 * MiB, `resident memory ${u.rssBytes} stays far below 512 MiB`);
+    assert.ok(u.cgroupBytes < 256 * MiB, `the memory charged (working set) ${u.cgroupBytes} stays far below 512 MiB`);
+    assert.equal(u.diskLimitBytes, 4096 * MiB);
+    const full = await sb.commands.run('dd if=/dev/zero of=/tmp/more bs=1M count=5000');
+    assert.notEqual(full.exitCode, 0);
+    // btrfs's quota answers EDQUOT ("Disk quota exceeded"); a full file system ENOSPC.
+    assert.match(full.stderr, /Disk quota exceeded|No space left on device/);
+    assert.equal((await sb.commands.run('echo alive')).stdout, 'alive\n');
+    assert.equal((await sb.refresh()).state, 'running');
+    // Freeing space makes the disk writable again.
+    await sb.commands.run('rm -f /tmp/more /tmp/big');
+    assert.equal((await sb.commands.run('dd if=/dev/zero of=/tmp/again bs=1M count=100')).exitCode, 0);
+    await sb.kill();
+    assert.deepEqual(readdirSync(path.join(mnt, 'disks')).filter((d) => d.startsWith(sb.id)), [], 'a killed sandbox leaves no disk');
+  });
+
+  it('files on the disk survive snapshot → rollback and hibernate → wake; a killed sandbox leaves no disk copies', async () => {
+    const sb = await fx.create({ template: 'minimal', diskMb: 1024 });
+    await sb.files.write('/root/f', 'one');
+    await sb.files.write('/tmp/t', 'tmp-one');
+    const s1 = await sb.snapshot();
+    assert.ok(existsSync(path.join(mnt, 'copies', s1.id)), 'the snapshot keeps a copy of the disk');
+    await sb.files.write('/root/f', 'two');
+    await sb.commands.run('rm /tmp/t');
+    await sb.rollback(s1.id);
+    assert.equal(await sb.files.read('/root/f'), 'one');
+    assert.equal(await sb.files.read('/tmp/t'), 'tmp-one', '/tmp is on the disk too');
+    await sb.files.write('/root/g', 'before-hibernate');
+    await sb.hibernate();
+    await sb.wake();
+    assert.equal(await sb.files.read('/root/g'), 'before-hibernate');
+    const snaps = (await sb.snapshots()).map((s) => s.id);
+    await sb.kill();
+    for (const id of snaps) assert.ok(!existsSync(path.join(mnt, 'copies', id)), `the copy of snapshot ${id} went with it`);
+  });
+
+  it('a snapshot stores the disk\'s files encrypted: with the node\'s copy gone, rollback restores them from the store', async () => {
+    const sb = await fx.create({ template: 'minimal', diskMb: 1024 });
+    const marker = `SPACEDISKMARKER${randomBytes(12).toString('hex')}`;
+    await sb.files.write('/tmp/kept.txt', marker.repeat(1000));
+    const s1 = await sb.snapshot();
+    await sb.files.write('/tmp/kept.txt', 'changed');
+    // The store holds the copy's files, and none of them in readable form.
+    for (const f of files(path.join(fx.dataDir, 'blobs'))) assert.equal(readFileSync(f).indexOf(marker), -1, `the file is readable in ${f}`);
+    // The node loses its copy (a new pool, another node): the stored stream is received again.
+    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s1.id)]);
+    await sb.rollback(s1.id);
+    assert.equal(await sb.files.read('/tmp/kept.txt'), marker.repeat(1000));
+    assert.ok(existsSync(path.join(mnt, 'copies', s1.id)), 'the copy is back in the pool');
+    await sb.kill();
+  });
+
+  it('forks ×2 diverge and leave the parent unchanged; a fork of 1 GiB of files adds < 50 MiB to the pool', async () => {
+    const parent = await fx.create({ template: 'minimal', diskMb: 2048 });
+    const w = await parent.commands.run('dd if=/dev/zero of=/tmp/data bs=1M count=1024 2>&1 && echo base > /tmp/who');
+    assert.equal(w.exitCode, 0, w.stdout + w.stderr);
+    const before = poolUsedBytes(mnt);
+    const [a, b] = await parent.fork({ count: 2 });
+    fx.track(a);
+    fx.track(b);
+    const added = poolUsedBytes(mnt) - before;
+    assert.ok(added < 50 * MiB, `two forks added ${(added / MiB).toFixed(1)} MiB`);
+    assert.equal(a.info.diskMb, 2048, 'a fork has its parent\'s disk size');
+    await a.files.write('/tmp/who', 'a');
+    await b.files.write('/tmp/who', 'b');
+    assert.equal(await a.files.read('/tmp/who'), 'a');
+    assert.equal(await b.files.read('/tmp/who'), 'b');
+    assert.equal((await parent.files.read('/tmp/who')).trim(), 'base');
+    assert.equal((await a.commands.run('wc -c < /tmp/data')).stdout.trim(), String(1024 * MiB), 'the fork has the parent\'s files');
+    for (const s of [a, b, parent]) await s.kill();
+  });
+
+  it('base on a disk: ls, python and apt\'s files work; the disk counts the template\'s files', async () => {
+    const sb = await fx.create({ template: 'base', memoryMb: 512, diskMb: 4096 });
+    const r = await sb.commands.run('ls / && python3 -c "print(6*7)" && ls /var/lib/dpkg/status && df -h /tmp | tail -1');
+    assert.equal(r.exitCode, 0, r.stderr);
+    assert.match(r.stdout, /^42$/m);
+    const u = await eventually(async () => {
+      const x = await sb.usage();
+      return x.diskUsedBytes > 500 * MiB && x;
+    }, { tries: 300 });
+    assert.ok(u.diskUsedBytes < 4096 * MiB, `base's files (${(u.diskUsedBytes / MiB).toFixed(0)} MiB) count against its disk`);
+    await assert.rejects(Sandbox.create({ ...fx.conn, template: 'base', diskMb: 512 }), (e) => e.code === 'INVALID_LIMITS' && /template/.test(e.message), 'a disk smaller than the template is refused');
+    await sb.kill();
+  });
+
+  it('bad disk sizes are refused with INVALID_LIMITS and change nothing', async () => {
+    const before = (await Sandbox.list({ ...fx.conn, limit: 1000 })).items.length;
+    for (const diskMb of [0, -1, 1.5, 8193]) {
+      await assert.rejects(Sandbox.create({ ...fx.conn, template: 'minimal', diskMb }), (e) => e instanceof SpaceError && e.code === 'INVALID_LIMITS' && /diskMb/.test(e.message), `diskMb ${diskMb}`);
+    }
+    assert.equal((await Sandbox.list({ ...fx.conn, limit: 1000 })).items.length, before);
+    assert.equal(parseSizeMb('4G'), 4096);
+    assert.equal(parseSizeMb('512M'), 512);
+    assert.equal(parseSizeMb('1.5g'), 1536);
+    for (const bad of ['10GG', '0', '-1G', '4K', '', 'G']) assert.throws(() => parseSizeMb(bad, '--disk'), (e) => e.code === 'INVALID_LIMITS' && /--disk/.test(e.message), bad);
+  });
+});
