@@ -16,14 +16,16 @@ const files = all;
 const fastOnly = process.argv[2] === '--fast';
 const only = fastOnly ? FAST : process.argv.slice(2);
 
-/** Host resources of sandboxes: `space-*` network namespaces and `space/*` cgroups. */
+/** Host resources of sandboxes: `space-*` network namespaces, `space/*` cgroups, mounted disk pools. */
 function sandboxResources() {
   const netns = (spawnSync('ip', ['netns', 'list'], { encoding: 'utf8' }).stdout ?? '').split('\n').map((l) => l.split(' ')[0]).filter((n) => n?.startsWith('space-')).map((n) => `netns ${n}`);
   const cgroups = ['memory', 'cpu'].flatMap((c) => {
     const d = `/sys/fs/cgroup/${c}/space`;
     return existsSync(d) ? readdirSync(d, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => `cgroup ${c}/space/${e.name}`) : [];
   });
-  return new Set([...netns, ...cgroups]);
+  // Disk pools (--disks on) of test daemons: each unmounts its own when it closes.
+  const pools = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m?.endsWith('/disks/mnt')).map((m) => `disk pool mounted at ${m}`);
+  return new Set([...netns, ...cgroups, ...pools]);
 }
 
 const before = sandboxResources();
