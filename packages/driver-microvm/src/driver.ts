@@ -459,7 +459,9 @@ export class MicrovmDriver implements SandboxDriver {
         continue;
       }
       sock.setNoDelay(true);
-      const open = b.open;
+      // The clock as it is now, not when the restore began: a restore under load takes seconds,
+      // and a guest set to the older time stays that far behind.
+      const open = b.open.now !== undefined ? { ...b.open, now: Date.now() } : b.open;
       // Boot settings, clock and entropy go with the first connection of an incarnation only.
       b.open = open.net ? { net: open.net } : {};
       sock.write(`${SERIAL_OPEN_MAGIC}${Buffer.from(JSON.stringify(open)).toString('base64')}\n`);
