@@ -4,12 +4,12 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { parseSizeMb } from '../packages/api/dist/index.js';
 import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
-import { eventually, startTestDaemon } from './helpers.mjs';
+import { cliRunner, eventually, startTestDaemon } from './helpers.mjs';
 
 const MiB = 1048576;
 
@@ -132,6 +132,20 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     assert.ok(u.diskUsedBytes < 4096 * MiB, `base's files (${(u.diskUsedBytes / MiB).toFixed(0)} MiB) count against its disk`);
     await assert.rejects(Sandbox.create({ ...fx.conn, template: 'base', diskMb: 512 }), (e) => e.code === 'INVALID_LIMITS' && /template/.test(e.message), 'a disk smaller than the template is refused');
     await sb.kill();
+    // The CLI, as the issue writes it.
+    const home = mkdtempSync('/tmp/spc-home-');
+    try {
+      const space = cliRunner(home, { SPACE_URL: fx.conn.apiUrl, SPACE_API_KEY: fx.conn.apiKey });
+      const made = await space('create', '--template', 'base', '--memory', '512', '--disk', '4G');
+      assert.equal(made.code, 0, made.stderr);
+      const id = fx.track(made.stdout.trim());
+      const info = JSON.parse((await space('inspect', id, '--json')).stdout);
+      assert.equal(info.diskMb, 4096);
+      assert.equal(info.usage.diskLimitBytes, 4096 * MiB);
+      assert.equal((await space('kill', id)).code, 0);
+    } finally {
+      rmSync(home, { recursive: true, force: true });
+    }
   });
 
   it('bad disk sizes are refused with INVALID_LIMITS and change nothing', async () => {

@@ -363,6 +363,10 @@ program
         const t = v as NonNullable<SandboxInfo['createTimings']>;
         const parts = [`queue ${t.queueMs}`, t.restoreMs !== undefined ? `restore ${t.restoreMs}` : '', t.bootMs !== undefined ? `boot ${t.bootMs}` : '', `agent ${t.agentMs}`, `identity ${t.identityMs}`].filter(Boolean);
         process.stdout.write(`${'created'.padEnd(12)} ${t.totalMs} ms from ${t.source} (${parts.join(' + ')} ms)\n`);
+      } else if (k === 'usage' && usage) {
+        const mib = (n: number) => `${Math.round(n / 1048576)} MiB`;
+        process.stdout.write(`${'memory used'.padEnd(12)} ${mib(usage.cgroupBytes ?? usage.rssBytes)}\n`);
+        if (usage.diskLimitBytes !== undefined) process.stdout.write(`${'disk used'.padEnd(12)} ${mib(usage.diskUsedBytes ?? 0)} of ${mib(usage.diskLimitBytes)}\n`);
       } else process.stdout.write(`${k.padEnd(12)} ${typeof v === 'object' ? JSON.stringify(v) : String(v)}\n`);
     }
   });
