@@ -1,0 +1,111 @@
+#!/usr/bin/env node
+// Sandbox disks (--disks on) against the baselines beside them, in one run: dd of 1 GiB inside a
+// sandbox vs on the host's file system; a snapshot and a fork of a sandbox holding 1 GiB vs an
+// empty one (time, bytes stored, bytes added to the pool); creates from a warm pool with a disk
+// vs with today's in-memory root (a second daemon, --disks off).
+//   node scripts/bench-disks.mjs [--creates 21] [--write]
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { quantile, writeSection } from './bench-lib.mjs';
+import { Sandbox } from '../packages/sdk/dist/index.js';
+import { closeDiskPool, eventually, startSpaced, stopSpaced } from '../test/helpers.mjs';
+
+const { values } = parseArgs({ options: { creates: { type: 'string', default: '21' }, write: { type: 'boolean', default: false } } });
+const CREATES = Number(values.creates);
+const MiB = 1048576;
+const ms = (t) => Math.round(performance.now() - t);
+
+const diskDir = mkdtempSync('/tmp/space-bench-disks-');
+const memDir = mkdtempSync('/tmp/space-bench-mem-');
+const withDisks = await startSpaced(diskDir, { SPACE_DISKS: 'on' });
+const inMemory = await startSpaced(memDir);
+const mnt = path.join(diskDir, 'disks', 'mnt');
+/** Bytes the pool's file system holds (data and metadata), once written out. */
+const poolUsed = () => {
+  execFileSync('btrfs', ['filesystem', 'sync', mnt]);
+  return Number(/^\s*Used:\s+(\d+)/m.exec(execFileSync('btrfs', ['filesystem', 'usage', '-b', mnt], { encoding: 'utf8' }))[1]);
+};
+const dropCaches = () => execFileSync('sh', ['-c', 'sync; echo 3 > /proc/sys/vm/drop_caches']);
+const mbps = (bytes, msTaken) => Math.round(bytes / MiB / (msTaken / 1000));
+const rows = [];
+
+try {
+  // 1. Sequential write and read of 1 GiB: inside a sandbox (its disk) vs on the host (the data directory's file system).
+  const sb = await Sandbox.create({ ...withDisks.conn, template: 'minimal', diskMb: 4096 });
+  const hostFile = path.join(diskDir, 'host-dd');
+  const io = { sandbox: {}, host: {} };
+  for (let round = 0; round < 2; round++) {
+    let t = performance.now();
+    await sb.commands.run('dd if=/dev/zero of=/tmp/dd bs=1M count=1024 conv=fsync 2>/dev/null');
+    io.sandbox.write = Math.max(io.sandbox.write ?? 0, mbps(1024 * MiB, ms(t)));
+    t = performance.now();
+    execFileSync('dd', ['if=/dev/zero', `of=${hostFile}`, 'bs=1M', 'count=1024', 'conv=fsync'], { stdio: 'ignore' });
+    io.host.write = Math.max(io.host.write ?? 0, mbps(1024 * MiB, ms(t)));
+    dropCaches();
+    t = performance.now();
+    await sb.commands.run('dd if=/tmp/dd of=/dev/null bs=1M 2>/dev/null');
+    io.sandbox.read = Math.max(io.sandbox.read ?? 0, mbps(1024 * MiB, ms(t)));
+    dropCaches();
+    t = performance.now();
+    execFileSync('dd', [`if=${hostFile}`, 'of=/dev/null', 'bs=1M'], { stdio: 'ignore' });
+    io.host.read = Math.max(io.host.read ?? 0, mbps(1024 * MiB, ms(t)));
+  }
+  rmSync(hostFile, { force: true });
+  rows.push(['sequential write, 1 GiB (dd, fsync), MB/s (best of 2)', io.sandbox.write, io.host.write, `${(io.sandbox.write / io.host.write).toFixed(2)}x`]);
+  rows.push(['sequential read, 1 GiB (dd, caches dropped), MB/s (best of 2)', io.sandbox.read, io.host.read, `${(io.sandbox.read / io.host.read).toFixed(2)}x`]);
+
+  // 2. Snapshot and fork of a sandbox holding 1 GiB vs an empty one.
+  const empty = await Sandbox.create({ ...withDisks.conn, template: 'minimal', diskMb: 4096 });
+  const measure = async (s) => {
+    let t = performance.now();
+    const snap = await s.snapshot();
+    const snapMs = ms(t);
+    const before = poolUsed();
+    t = performance.now();
+    const [copy] = await s.fork({ count: 1 });
+    const forkMs = ms(t);
+    const added = poolUsed() - before;
+    await copy.kill();
+    return { snapMs, stored: snap.sizeBytes, forkMs, added };
+  };
+  const full = await measure(sb);
+  const none = await measure(empty);
+  const mib = (b) => (b / MiB).toFixed(1);
+  rows.push(['snapshot, ms (1 GiB written vs empty disk)', full.snapMs, none.snapMs, `${(full.snapMs / none.snapMs).toFixed(2)}x`]);
+  rows.push(['snapshot, MiB stored (encrypted, after dedup of the stream)', mib(full.stored), mib(none.stored), '']);
+  rows.push(['fork ×1, ms (1 GiB written vs empty disk)', full.forkMs, none.forkMs, `${(full.forkMs / none.forkMs).toFixed(2)}x`]);
+  rows.push(['fork ×1, MiB added to the pool', mib(full.added), mib(none.added), '']);
+  await sb.kill();
+  await empty.kill();
+
+  // 3. Creates: a warm template image restore with a disk vs today's in-memory root, alternating.
+  const times = { disk: [], memory: [] };
+  for (const [, d] of [['disk', withDisks], ['memory', inMemory]]) await (await Sandbox.create({ ...d.conn, template: 'minimal' })).kill(); // template images taken
+  for (let i = 0; i < CREATES; i++) {
+    for (const [name, d] of [['disk', withDisks], ['memory', inMemory]]) {
+      const x = await Sandbox.create({ ...d.conn, template: 'minimal' });
+      times[name].push(x.info.createTimings.totalMs);
+      await x.kill();
+    }
+  }
+  const p50 = (a) => quantile(a, 50);
+  rows.push([`create from the template image, p50 ms (${CREATES} each, alternating)`, p50(times.disk), p50(times.memory), `${(p50(times.disk) / p50(times.memory)).toFixed(2)}x`]);
+} finally {
+  await stopSpaced(withDisks);
+  await stopSpaced(inMemory);
+  await eventually(() => closeDiskPool(diskDir) && true).catch(() => {});
+  rmSync(diskDir, { recursive: true, force: true });
+  rmSync(memDir, { recursive: true, force: true });
+}
+
+const table = ['| what | with a disk | baseline | ratio |', '|---|---|---|---|', ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
+console.log(table);
+if (values.write) {
+  writeSection(
+    'disks',
+    'Disks',
+    `Measured with \`node scripts/bench-disks.mjs --creates ${CREATES} --write\` (part of \`./space bench\`): a daemon with \`--disks on\` and, beside it, one without (files in memory). The baseline of the dd rows is the same dd on the host's file system under the data directory; of the snapshot and fork rows, the same operation on a sandbox whose disk holds nothing written; of the create row, the daemon keeping files in memory. Creates are restores of the template's image (no warm pool on either), timed by the daemon (\`createTimings.totalMs\`).\n\n${table}`,
+  );
+}
