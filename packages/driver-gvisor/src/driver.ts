@@ -1,6 +1,7 @@
 /**
  * The gVisor driver: each sandbox is a `runsc` container with its own user-space kernel,
- * an in-memory overlay over a shared read-only template rootfs, cgroup v1 cpu/memory limits,
+ * an in-memory overlay over a shared read-only template rootfs (or, with disks, its own
+ * bounded btrfs disk: {@link GvisorDriverOptions.disks}), cgroup v1 cpu/memory limits,
  * RLIMIT_NPROC for the non-root user (the pids cgroup crashes this runsc's sentry), its own
  * network namespace (empty, or with one link to the egress proxy when a {@link SandboxNetwork}
  * is given), and the agent as its first process. The agent dials out to a
@@ -59,7 +60,6 @@ export interface GvisorDiskOptions {
   /** Creates are refused while the host file system under the pool has less free than this, bytes. @default 1 GiB */
   reserveBytes?: number;
 }
-
 
 /** Name of the sandbox's link inside its namespace. */
 const SANDBOX_IF = 'eth0';
