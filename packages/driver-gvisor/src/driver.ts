@@ -111,7 +111,10 @@ export class GvisorDriver implements SandboxDriver {
     this.runsc = opts.runsc ?? 'runsc';
     this.stateDir = path.join(opts.dataDir, 'runsc');
     this.boxesDir = path.join(opts.dataDir, 'sandboxes');
-    if (opts.disks) this.disks = { defaultMb: opts.disks.defaultMb ?? 5120, maxMb: opts.disks.maxMb ?? 65536 };
+    if (opts.disks) {
+      this.disks = { defaultMb: opts.disks.defaultMb ?? 5120, maxMb: opts.disks.maxMb ?? 65536 };
+      if (this.disks.defaultMb > this.disks.maxMb) throw new SpaceError('CONFIG_INVALID', `The default disk (${this.disks.defaultMb} MiB) is larger than the largest allowed (${this.disks.maxMb} MiB): lower --disk-default or raise --disk-max`);
+    }
     this.imageCodecs = opts.disks ? [new DiskCodec(() => this.pool), this.imageCodec] : [this.imageCodec];
   }
 

@@ -106,7 +106,6 @@ function diskSettings(opts: DiskOptions | undefined): { dir?: string; defaultMb?
   const dir = opts?.dir ?? env.SPACE_DISK_POOL;
   const defaultMb = opts?.defaultMb ?? (env.SPACE_DISK_DEFAULT ? parseSizeMb(env.SPACE_DISK_DEFAULT, 'SPACE_DISK_DEFAULT') : undefined);
   const maxMb = opts?.maxMb ?? (env.SPACE_DISK_MAX ? parseSizeMb(env.SPACE_DISK_MAX, 'SPACE_DISK_MAX') : undefined);
-  if (defaultMb !== undefined && defaultMb > (maxMb ?? 65536)) throw new SpaceError('CONFIG_INVALID', `The default disk (${defaultMb} MiB) is larger than the largest allowed (${maxMb ?? 65536} MiB): lower --disk-default or raise --disk-max`);
   return { ...(dir ? { dir } : {}), ...(defaultMb !== undefined ? { defaultMb } : {}), ...(maxMb !== undefined ? { maxMb } : {}) };
 }
 
