@@ -20,7 +20,7 @@ export async function importCycles(globs, cwd) {
  * folder earlier in this list ('.' is core's top level: the facade and the index, which may
  * import anything; the bottom modules are the top-level files named in BOTTOM).
  */
-export const CORE_LAYERS = ['bottom', 'ports', 'security', 'storage', 'templates', 'agent', 'sandboxes', '.'];
+export const CORE_LAYERS = ['bottom', 'ports', 'security', 'volumes', 'storage', 'templates', 'agent', 'sandboxes', '.'];
 const BOTTOM = new Set(['async-queue', 'errors', 'exec', 'ids', 'logger', 'model', 'records', 'validate']);
 const CORE = 'packages/core/src/';
 

@@ -12,3 +12,5 @@ export { SANDBOX_STATES } from './sandbox.js';
 export type { CreateSandboxOpts, CreateTimings, EndReason, Sandbox, SandboxEvent, SandboxState, Snapshot, SnapshotPolicy, SnapshotTrigger } from './sandbox.js';
 export type { EgressLogEntry, EgressLogPage, EgressPolicy, ExposedPort, HeaderRule, IngressLogEntry, IngressLogPage, SecretAttachment, SecretInfo } from './records.js';
 export { parseSizeMb } from './sizes.js';
+export { parseVolumeMount } from './volume.js';
+export type { Volume, VolumeEntry, VolumeMount, VolumeSnapshot, VolumeUser } from './volume.js';

@@ -1,6 +1,7 @@
 /**
  * Sandboxes, snapshots and their events as the API returns them, and what a create asks for.
  */
+import type { VolumeMount } from './volume.js';
 import type { EgressPolicy, HeaderRule, SecretAttachment } from './records.js';
 
 /**
@@ -107,6 +108,8 @@ export interface Sandbox {
   egress?: EgressPolicy;
   /** Secrets attached to it: it holds their placeholders, never their values. */
   secrets?: SecretAttachment[];
+  /** Volumes mounted into it; it holds them until it is killed or dies. */
+  volumes?: VolumeMount[];
 }
 
 /**
@@ -164,4 +167,9 @@ export interface CreateSandboxOpts {
   secrets?: string[];
   /** Request headers the egress proxy sets on its requests to some hosts; the values never enter the sandbox. */
   headers?: HeaderRule[];
+  /**
+   * Volumes of the tenant to mount (`space volume create`): read-write by this sandbox alone,
+   * or read-only (`readOnly: true`) by many. Not rolled back with the sandbox's snapshots.
+   */
+  volumes?: VolumeMount[];
 }

@@ -66,3 +66,24 @@ export interface PortExposure {
    */
   hostHeader?: string;
 }
+
+/**
+ * A named volume as stored. `creating` and `deleting` are intents: a restart finishes or undoes
+ * them, and listings show only `ready` volumes. Its key is the data key `volume/<id>`.
+ */
+export interface VolumeRecord {
+  id: string;
+  tenantId: string;
+  name: string;
+  sizeMb: number;
+  createdAt: string;
+  state: 'creating' | 'ready' | 'deleting';
+}
+
+/** A volume's point-in-time copy as stored; `creating` until the copy is complete. */
+export interface VolumeSnapshotRecord {
+  id: string;
+  volumeId: string;
+  createdAt: string;
+  state: 'creating' | 'ready';
+}

@@ -41,6 +41,7 @@ import { Recovery } from './sandboxes/recovery.js';
 import { Sessions } from './sandboxes/sessions.js';
 import { TemplateStarts } from './sandboxes/template-starts.js';
 import { Timers } from './sandboxes/timers.js';
+import type { Volumes } from './volumes/volumes.js';
 
 export type { Logger } from './logger.js';
 export type { CreateSandboxOpts } from './sandboxes/create.js';
@@ -91,6 +92,8 @@ export interface SandboxServiceOptions {
    * and egress policies and secrets are refused with `EGRESS_UNAVAILABLE`.
    */
   egress?: SandboxEgressOptions;
+  /** The node's volumes (`@space/volume-ext4` behind {@link Volumes}); absent: sandboxes cannot mount volumes. */
+  volumes?: Volumes;
   /**
    * Fault injection for crash tests: the process SIGKILLs itself at these points (the step
    * boundaries of each lifecycle operation, listed in docs/operations.md, e.g.
@@ -152,6 +155,8 @@ export class SandboxService {
   readonly templates: TemplateService;
   /** Warm pools of restored, unassigned sandboxes. */
   readonly pool: WarmPool;
+  /** The node's volumes, when it has them. */
+  readonly volumes: Volumes | undefined;
   // The parts (./sandboxes/), each with one job.
   private readonly creates: Creates;
   private readonly forks: Forks;
@@ -170,6 +175,7 @@ export class SandboxService {
     this.driver = new DriverRouter(opts.driver, opts.drivers ?? []);
     this.log = opts.logger;
     this.workDir = opts.workDir;
+    this.volumes = opts.volumes;
     const startTimeoutMs = opts.startTimeoutMs ?? 30_000;
     this.usageHistory = new UsageHistory(
       { running: async () => (await this.store.sandboxesInStates(['running'])).map((s) => ({ id: s.id, cpu: s.cpu })), usage: (id) => this.driver.usage(id) },
@@ -220,6 +226,7 @@ export class SandboxService {
       maxSnapshotBytes: opts.maxSnapshotBytes ?? 32 * 1024 ** 3,
       journal: new Journal(this.store),
       egress: opts.egress,
+      volumes: opts.volumes,
       templates: this.templates,
       pool: this.pool,
       live: this.live,
@@ -295,6 +302,8 @@ export class SandboxService {
     // `minimal` needs no download: have it ready (its image follows in the background).
     await this.templates.rootfsOf(await this.templates.resolve('', 'minimal'));
     await fs.mkdir(this.workDir, { recursive: true, mode: 0o700 });
+    // Volumes first: recovering sandboxes open the volumes they hold.
+    await this.volumes?.recover();
     await this.recovery.startUp();
     for (const t of await this.templates.all()) if (t.poolSize > 0 || (t.tenantId === '' && t.name === 'minimal')) this.starts.preparePool(t);
     this.usageHistory.start();

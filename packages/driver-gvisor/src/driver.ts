@@ -89,6 +89,8 @@ const CAPS = ['CAP_SYS_ADMIN', 'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FOWNER', 'C
  */
 export class GvisorDriver implements SandboxDriver {
   readonly name = 'gvisor';
+  /** Host directories (volumes) are bind mounts the gofer serves; checkpoints keep them. */
+  readonly mounts = true;
   /** runsc's state file stored with its blocks decompressed, so consecutive snapshots deduplicate. */
   readonly imageCodec = new StatefileCodec();
   /** The state file's codec; with disks, the disk copy's too (its files into the encrypted store). */
@@ -451,6 +453,8 @@ export class GvisorDriver implements SandboxDriver {
         { destination: '/etc/ld.so.preload', type: 'bind', source: preload, options: ['rbind', 'ro'] },
         ...(sudo ? [{ destination: '/usr/bin/sudo', type: 'bind', source: path.join(this.runtimeDir, 'space-helper'), options: ['rbind', 'ro'] }] : []),
         ...(this.pool ? [{ destination: '/tmp', type: 'bind', source: path.join(this.pool.diskPath(rid), 'tmp'), options: ['rbind', 'rw'] }] : []),
+        // Volumes: served by the gofer from the host directory (revalidated on access: --file-access-mounts=shared).
+        ...(spec.mounts ?? []).map((m) => ({ destination: m.target, type: 'bind', source: m.source, options: ['rbind', m.readOnly ? 'ro' : 'rw', 'nosuid', 'nodev'] })),
       ],
       linux: {
         namespaces: [{ type: 'pid' }, { type: 'network', path: `/var/run/netns/${b.netns}` }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }],

@@ -10,6 +10,7 @@ import { ApiKeys, SpaceError, type KeyService, type Principal, type SandboxServi
 import type { SandboxDriver } from '@space/core';
 import type { AppDeps } from './deps.js';
 import { registerRoutes } from './routes.js';
+import { registerVolumeRoutes } from './volume-routes.js';
 
 export type { AppDeps } from './deps.js';
 import { VERSION } from './version.js';
@@ -91,5 +92,6 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
 
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   await registerRoutes(app, deps);
+  registerVolumeRoutes(app, deps.service, deps.maxUploadBytes);
   return app;
 }

@@ -7,7 +7,8 @@ import { createHash, randomUUID } from 'node:crypto';
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import pino from 'pino';
-import { ApiKeys, DedupBlobStore, SANDBOX_STATES, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
+import { Ext4Volumes } from '@space/volume-ext4';
+import { ApiKeys, Volumes, type Logger, DedupBlobStore, SANDBOX_STATES, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
 import { parseSizeMb } from '@space/api';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
@@ -79,6 +80,27 @@ export interface DaemonOptions {
   microvm?: { accel?: 'auto' | 'kvm' | 'tcg'; kernelDeb?: string; cacheDir?: string };
   /** Sandbox disks (gVisor): files on a bounded disk instead of memory. @default off (or SPACE_DISKS) */
   disks?: DiskOptions;
+  /**
+   * Named volumes: `auto` (on when the host can: fscrypt, ext4 encryption, loop devices), `on`
+   * (the daemon refuses to start without them), `off`. @default "auto" (or SPACE_VOLUMES)
+   */
+  volumes?: 'auto' | 'on' | 'off';
+}
+
+/** Checks the volumes setting (flag `--volumes`, `SPACE_VOLUMES`). */
+export function parseVolumesMode(s: string): 'auto' | 'on' | 'off' {
+  if (s !== 'auto' && s !== 'on' && s !== 'off') throw new SpaceError('CONFIG_INVALID', `Unknown --volumes ${JSON.stringify(s)}: use auto (on when the host can), on or off`);
+  return s;
+}
+
+/** The node's volumes as the settings and the host allow. */
+async function openVolumes(mode: 'auto' | 'on' | 'off', dataDir: string, store: MetadataStore, keys: KeyService, logger: Logger): Promise<Volumes | undefined> {
+  if (mode === 'off') return undefined;
+  const host = new Ext4Volumes({ dir: path.join(dataDir, 'volumes') });
+  const report = await host.doctor();
+  if (!report.available && mode === 'on') throw new SpaceError('VOLUMES_UNAVAILABLE', `--volumes on, but this host cannot keep volumes: ${report.detail}`);
+  if (!report.available) logger.warn({ detail: report.detail }, 'volumes are off: this host cannot keep them');
+  return new Volumes({ store, keys, logger, ...(report.available ? { host } : { unavailable: report.detail }) });
 }
 
 /** Sandbox disks of the daemon (flags `--disks`, `--disk-pool`, `--disk-default`, `--disk-max`). */
@@ -270,6 +292,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   // Template images used to be kept in plaintext on disk: they are captured again (and stored encrypted).
   await fs.rm(path.join(dataDir, 'template-images'), { recursive: true, force: true });
   const imagesDir = templateImagesDir(dataDir);
+  const volumes = await openVolumes(opts.volumes ?? parseVolumesMode(process.env.SPACE_VOLUMES ?? 'auto'), dataDir, store, encryptionKeys, logger);
   const service = new SandboxService({
     store,
     driver,
@@ -282,6 +305,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     uploadsDir: path.join(dataDir, 'uploads'),
     maxSandboxes: opts.maxSandboxes ?? 64,
     ...(egress ? { egress: egress.sandbox } : {}),
+    ...(volumes ? { volumes } : {}),
     ...(pools ? { builtinPools: pools } : {}),
     ...(process.env.SPACE_FAULT_INJECT ? { faults: process.env.SPACE_FAULT_INJECT.split(',') } : {}),
     ...(opts.usageSampleMs ? { usageSampleMs: opts.usageSampleMs } : {}),

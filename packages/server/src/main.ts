@@ -8,12 +8,12 @@
  *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
  *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
- *        [--disks on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G]
+ *        [--disks on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--volumes auto|on|off]
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
 import { parseSizeMb } from '@space/api';
-import { parseAccel, parseDisksMode, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
+import { parseAccel, parseVolumesMode, parseDisksMode, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
 import { parseEgressHosts } from './networking.js';
 
 const { values } = parseArgs({
@@ -49,6 +49,7 @@ const { values } = parseArgs({
     'disk-pool': { type: 'string' },
     'disk-default': { type: 'string' },
     'disk-max': { type: 'string' },
+    volumes: { type: 'string' },
   },
 });
 
@@ -77,6 +78,7 @@ try {
     egress,
     ingress,
     disks,
+    ...(values.volumes ? { volumes: parseVolumesMode(values.volumes) } : {}),
     ...(values.driver ? { driver: parseDriver(values.driver) } : {}),
     ...(values.drivers ? { drivers: parseDrivers(values.drivers) } : {}),
     ...(values['microvm-accel'] || values['microvm-kernel-deb'] ? { microvm: { ...(values['microvm-accel'] ? { accel: parseAccel(values['microvm-accel']) } : {}), ...(values['microvm-kernel-deb'] ? { kernelDeb: values['microvm-kernel-deb'] } : {}) } } : {}),

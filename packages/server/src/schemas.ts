@@ -69,6 +69,15 @@ export const AuditLogQuery = Type.Object({
   cursor: Type.Optional(Type.String({ maxLength: 64 })),
 });
 
+export const VolumeMountSchema = Type.Object(
+  {
+    volume: Type.String({ maxLength: 128, description: 'Name of a volume of the tenant (`space volume create`)' }),
+    path: Type.String({ maxLength: 1024, description: 'Absolute path inside the sandbox, e.g. /data' }),
+    readOnly: Type.Optional(Type.Boolean({ description: 'Mounted read-only: many sandboxes may share a volume so; read-write, one alone. @default false' })),
+  },
+  { additionalProperties: false },
+);
+
 export const SandboxSchema = Type.Object({
   id: Type.String(),
   tenantId: Type.String(),
@@ -92,6 +101,7 @@ export const SandboxSchema = Type.Object({
   autoResume: Type.Optional(Type.Boolean()),
   egress: Type.Optional(EgressPolicySchema),
   secrets: Type.Optional(Type.Array(SecretAttachmentSchema)),
+  volumes: Type.Optional(Type.Array(VolumeMountSchema)),
   createTimings: Type.Optional(
     Type.Object(
       {
@@ -145,6 +155,7 @@ export const CreateSandboxBody = Type.Object(
     autoResume: Type.Optional(Type.Boolean({ description: 'A request through the ingress to an exposed port wakes the sandbox when hibernated (resumes it when paused). @default false' })),
     egress: Type.Optional(EgressPolicyBody),
     secrets: Type.Optional(Type.Array(Type.String({ maxLength: 128 }), { maxItems: 64, description: 'Secrets to attach: the sandbox gets a placeholder in an env var of each name' })),
+    volumes: Type.Optional(Type.Array(VolumeMountSchema, { maxItems: 8, description: 'Volumes to mount; held until the sandbox is killed or dies. Not rolled back with its snapshots.' })),
   },
   { additionalProperties: false },
 );
@@ -264,3 +275,36 @@ export const SetKeyBody = Type.Object(
   },
   { additionalProperties: false },
 );
+
+export const VolumeSchema = Type.Object({
+  id: Type.String(),
+  name: Type.String(),
+  sizeMb: Type.Integer(),
+  createdAt: Type.String(),
+  mountedBy: Type.Array(Type.Object({ sandboxId: Type.String(), path: Type.String(), readOnly: Type.Boolean() }), { description: 'Sandboxes that hold it (until they are killed or die)' }),
+  usedBytes: Type.Optional(Type.Integer({ description: 'What it holds, while it is open (mounted by a sandbox)' })),
+});
+export const CreateVolumeBody = Type.Object(
+  {
+    name: Type.String({ maxLength: 63, description: "1 to 63 of a-z, 0-9, '.', '_' and '-'" }),
+    sizeMb: Type.Optional(Type.Integer({ description: 'Size in MiB; a writer that fills it gets ENOSPC. @default 1024' })),
+  },
+  { additionalProperties: false },
+);
+export const VolumeParams = Type.Object({ name: Type.String({ maxLength: 128 }) });
+export const VolumeSnapshotParams = Type.Object({ name: Type.String({ maxLength: 128 }), snapshotId: Type.String({ maxLength: 64 }) });
+export const VolumeSnapshotSchema = Type.Object({ id: Type.String(), volume: Type.String(), createdAt: Type.String() });
+export const VolumeRestoreBody = Type.Object({ snapshotId: Type.String({ maxLength: 64 }) }, { additionalProperties: false });
+export const VolumePathQuery = Type.Object({ path: Type.String({ maxLength: 4096 }) });
+export const VolumeListQuery = Type.Object({ path: Type.Optional(Type.String({ maxLength: 4096 })), depth: Type.Optional(Type.Integer({ minimum: 1, maximum: 32 })) });
+export const VolumeMkdirBody = Type.Object({ path: Type.String({ maxLength: 4096 }), parents: Type.Optional(Type.Boolean()) }, { additionalProperties: false });
+export const VolumeEntrySchema = Type.Object({
+  name: Type.String(),
+  path: Type.String(),
+  type: Type.String({ description: 'file, directory, symlink or other' }),
+  size: Type.Integer(),
+  mode: Type.Integer(),
+  uid: Type.Integer(),
+  gid: Type.Integer(),
+  mtime: Type.String(),
+});

@@ -4,7 +4,7 @@
  */
 import Database from 'better-sqlite3';
 import { Kysely, SqliteDialect, sql, type Generated } from 'kysely';
-import type { Intent, ApiKeyRecord, PortExposure, DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, MetadataStore, SecretRecord, TenantCaRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
+import type { Intent, ApiKeyRecord, PortExposure, DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, MetadataStore, SecretRecord, TenantCaRecord, VolumeRecord, VolumeSnapshotRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
 import { SpaceError } from '@space/core';
 
 interface SandboxTable {
@@ -96,7 +96,23 @@ interface PortExposureTable {
   doc: string;
 }
 
+interface VolumeTable {
+  id: string;
+  tenant_id: string;
+  name: string;
+  doc: string;
+}
+
+interface VolumeSnapshotTable {
+  id: string;
+  volume_id: string;
+  created_at: string;
+  doc: string;
+}
+
 interface Schema {
+  volumes: VolumeTable;
+  volume_snapshots: VolumeSnapshotTable;
   port_exposures: PortExposureTable;
   intents: IntentTable;
   secrets: SecretTable;
@@ -204,6 +220,18 @@ const MIGRATIONS: string[] = [
      doc TEXT NOT NULL);
    CREATE INDEX ingress_log_sandbox ON ingress_log(sandbox_id, seq);
    CREATE INDEX ingress_log_at ON ingress_log(at);`,
+  `CREATE TABLE volumes (
+     id TEXT PRIMARY KEY,
+     tenant_id TEXT NOT NULL,
+     name TEXT NOT NULL,
+     doc TEXT NOT NULL,
+     UNIQUE (tenant_id, name));
+   CREATE TABLE volume_snapshots (
+     id TEXT PRIMARY KEY,
+     volume_id TEXT NOT NULL,
+     created_at TEXT NOT NULL,
+     doc TEXT NOT NULL);
+   CREATE INDEX volume_snapshots_volume ON volume_snapshots(volume_id, created_at);`,
 ];
 
 function toKey(r: ApiKeyTable): ApiKeyRecord {
@@ -372,6 +400,70 @@ export class SqliteStore implements MetadataStore {
   async countDataKeys(tenantId: string, keyId: string): Promise<number> {
     const r = await this.db.selectFrom('data_keys').select((eb) => eb.fn.countAll<number>().as('n')).where('tenant_id', '=', tenantId).where('key_id', '=', keyId).executeTakeFirstOrThrow();
     return Number(r.n);
+  }
+
+  async insertVolume(v: VolumeRecord): Promise<void> {
+    try {
+      await this.db.insertInto('volumes').values({ id: v.id, tenant_id: v.tenantId, name: v.name, doc: JSON.stringify(v) }).execute();
+    } catch (err) {
+      if ((err as { code?: string }).code === 'SQLITE_CONSTRAINT_UNIQUE') throw new SpaceError('VOLUME_EXISTS', `This tenant has a volume named ${JSON.stringify(v.name)} already`, { cause: err, details: { name: v.name } });
+      throw err;
+    }
+  }
+
+  async updateVolume(id: string, patch: Partial<Pick<VolumeRecord, 'state'>>): Promise<VolumeRecord> {
+    const cur = await this.getVolumeById(id);
+    if (!cur) throw new SpaceError('VOLUME_NOT_FOUND', `No volume ${id}`, { details: { volumeId: id } });
+    const next = { ...cur, ...patch };
+    await this.db.updateTable('volumes').set({ doc: JSON.stringify(next) }).where('id', '=', id).execute();
+    return next;
+  }
+
+  async getVolume(tenantId: string, name: string): Promise<VolumeRecord | undefined> {
+    const r = await this.db.selectFrom('volumes').select('doc').where('tenant_id', '=', tenantId).where('name', '=', name).executeTakeFirst();
+    return r ? (JSON.parse(r.doc) as VolumeRecord) : undefined;
+  }
+
+  async getVolumeById(id: string): Promise<VolumeRecord | undefined> {
+    const r = await this.db.selectFrom('volumes').select('doc').where('id', '=', id).executeTakeFirst();
+    return r ? (JSON.parse(r.doc) as VolumeRecord) : undefined;
+  }
+
+  async listVolumes(tenantId?: string): Promise<VolumeRecord[]> {
+    let q = this.db.selectFrom('volumes').select('doc').orderBy('name');
+    if (tenantId !== undefined) q = q.where('tenant_id', '=', tenantId);
+    return (await q.execute()).map((r) => JSON.parse(r.doc) as VolumeRecord);
+  }
+
+  async deleteVolume(id: string): Promise<void> {
+    await this.db.deleteFrom('volumes').where('id', '=', id).execute();
+  }
+
+  async insertVolumeSnapshot(s: VolumeSnapshotRecord): Promise<void> {
+    await this.db.insertInto('volume_snapshots').values({ id: s.id, volume_id: s.volumeId, created_at: s.createdAt, doc: JSON.stringify(s) }).execute();
+  }
+
+  async updateVolumeSnapshot(id: string, patch: Partial<Pick<VolumeSnapshotRecord, 'state'>>): Promise<VolumeSnapshotRecord> {
+    const cur = await this.getVolumeSnapshot(id);
+    if (!cur) throw new SpaceError('SNAPSHOT_NOT_FOUND', `No volume snapshot ${id}`, { details: { snapshotId: id } });
+    const next = { ...cur, ...patch };
+    await this.db.updateTable('volume_snapshots').set({ doc: JSON.stringify(next) }).where('id', '=', id).execute();
+    return next;
+  }
+
+  async getVolumeSnapshot(id: string): Promise<VolumeSnapshotRecord | undefined> {
+    const r = await this.db.selectFrom('volume_snapshots').select('doc').where('id', '=', id).executeTakeFirst();
+    return r ? (JSON.parse(r.doc) as VolumeSnapshotRecord) : undefined;
+  }
+
+  async listVolumeSnapshots(volumeId?: string): Promise<VolumeSnapshotRecord[]> {
+    let q = this.db.selectFrom('volume_snapshots').select('doc').orderBy('created_at').orderBy('id');
+    if (volumeId !== undefined) q = q.where('volume_id', '=', volumeId);
+    return (await q.execute()).map((r) => JSON.parse(r.doc) as VolumeSnapshotRecord);
+  }
+
+  async deleteVolumeSnapshot(id: string): Promise<void> {
+    await this.db.deleteFrom('volume_snapshots').where('id', '=', id).execute();
   }
 
   async putSecret(r: SecretRecord): Promise<void> {

@@ -19,8 +19,19 @@ export interface DriverCreateSpec {
   diskMb?: number;
   /** Environment for the agent, applied to every process it starts. */
   env: Record<string, string>;
+  /** Host directories to mount into it (volumes; drivers with {@link SandboxDriver.mounts}). */
+  mounts?: DriverMount[];
   /** Which driver runs it, when several are enabled (see `DriverRouter`); the default when absent. */
   driver?: string;
+}
+
+/** A host directory mounted into a sandbox. */
+export interface DriverMount {
+  /** Directory on the host. */
+  source: string;
+  /** Absolute path inside the sandbox. */
+  target: string;
+  readOnly: boolean;
 }
 
 /**
@@ -137,6 +148,11 @@ export interface SandboxDriver {
    * Absent: files are held in memory and {@link DriverCreateSpec.diskMb} is refused.
    */
   readonly disks?: DriverDisks;
+  /**
+   * True when {@link DriverCreateSpec.mounts} work: host directories mounted into the sandbox,
+   * kept across checkpoints (a restore gets the same mounts). Absent: volumes are refused.
+   */
+  readonly mounts?: boolean;
   /** Registers core's callbacks; called once before any other method. */
   bind(events: DriverEvents): void;
   /** Checks the host (binaries, cgroups, namespaces) without changing it. */

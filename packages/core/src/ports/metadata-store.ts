@@ -2,7 +2,7 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
-import type { DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, PortExposure, SecretRecord, TenantKey } from '../records.js';
+import type { DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, PortExposure, SecretRecord, TenantKey, VolumeRecord, VolumeSnapshotRecord } from '../records.js';
 import type { IntentStore } from './intent-journal.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from '../model.js';
 
@@ -133,6 +133,22 @@ export interface MetadataStore extends IntentStore {
   getTenantCa(tenantId: string): Promise<TenantCaRecord | undefined>;
   /** Stores the CA unless the tenant has one already; returns the one that is stored. */
   putTenantCaIfAbsent(ca: TenantCaRecord): Promise<TenantCaRecord>;
+
+  /** Inserts a volume; `VOLUME_EXISTS` when the tenant has one of that name (in any state). */
+  insertVolume(v: VolumeRecord): Promise<void>;
+  /** Writes the changed fields; returns the updated volume. */
+  updateVolume(id: string, patch: Partial<Pick<VolumeRecord, 'state'>>): Promise<VolumeRecord>;
+  getVolume(tenantId: string, name: string): Promise<VolumeRecord | undefined>;
+  getVolumeById(id: string): Promise<VolumeRecord | undefined>;
+  /** A tenant's volumes (every tenant's when omitted), by name, in every state. */
+  listVolumes(tenantId?: string): Promise<VolumeRecord[]>;
+  deleteVolume(id: string): Promise<void>;
+  insertVolumeSnapshot(s: VolumeSnapshotRecord): Promise<void>;
+  updateVolumeSnapshot(id: string, patch: Partial<Pick<VolumeSnapshotRecord, 'state'>>): Promise<VolumeSnapshotRecord>;
+  getVolumeSnapshot(id: string): Promise<VolumeSnapshotRecord | undefined>;
+  /** A volume's snapshots (every volume's when omitted), oldest first. */
+  listVolumeSnapshots(volumeId?: string): Promise<VolumeSnapshotRecord[]>;
+  deleteVolumeSnapshot(id: string): Promise<void>;
 
   insertApiKey(k: ApiKeyRecord): Promise<void>;
   findApiKeyByHash(hash: string): Promise<ApiKeyRecord | undefined>;

@@ -18,7 +18,14 @@ export class Checkpoints implements CheckpointHooks {
 
   async spec(sb: Sandbox): Promise<DriverCreateSpec> {
     const t = await this.c.templates.resolve(sb.tenantId, sb.template);
-    return { id: sb.id, template: sb.template, rootfs: await this.c.templates.rootfsOf(t), cpu: sb.cpu, memoryMb: sb.memoryMb, ...(sb.diskMb !== undefined ? { diskMb: sb.diskMb } : {}), env: { ...t.env, ...sb.env }, driver: sb.driver };
+    // The same mounts as when it was checkpointed (a restore needs them), the volumes opened.
+    const mounts = sb.volumes?.length ? await this.volumes().mountsOf(sb) : [];
+    return { id: sb.id, template: sb.template, rootfs: await this.c.templates.rootfsOf(t), cpu: sb.cpu, memoryMb: sb.memoryMb, ...(sb.diskMb !== undefined ? { diskMb: sb.diskMb } : {}), env: { ...t.env, ...sb.env }, driver: sb.driver, ...(mounts.length ? { mounts } : {}) };
+  }
+
+  private volumes(): NonNullable<SandboxContext['volumes']> {
+    if (!this.c.volumes) throw new SpaceError('VOLUMES_UNAVAILABLE', 'This sandbox mounts volumes, and this daemon has none now: start it with volumes on');
+    return this.c.volumes;
   }
 
   /** Refuses (SNAPSHOT_UNSUPPORTED_STATE, naming the process) what this runtime cannot checkpoint; changes nothing. */

@@ -20,6 +20,7 @@ import type { TemplateService } from '../templates/template-service.js';
 import type { Admission } from './admission.js';
 import type { FaultPoints } from './faults.js';
 import type { LiveTable } from './live.js';
+import type { Volumes } from '../volumes/volumes.js';
 
 /** Sandbox networking through the egress proxy (see `SandboxServiceOptions.egress`). */
 export interface SandboxEgressOptions {
@@ -129,6 +130,8 @@ export interface SandboxContext {
   /** Intents of lifecycle operations under way, durable. */
   readonly journal: Journal;
   readonly egress: SandboxEgressOptions | undefined;
+  /** The node's volumes; absent: mounts are refused with `VOLUMES_UNAVAILABLE`. */
+  readonly volumes: Volumes | undefined;
   readonly templates: TemplateService;
   readonly pool: WarmPool;
   readonly live: LiveTable;

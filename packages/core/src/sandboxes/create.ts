@@ -11,6 +11,7 @@ import { checkMap, diskSize, range } from '../validate.js';
 import type { SandboxContext } from './context.js';
 import { sendIdentity } from './identity.js';
 import { newSandboxRecord } from './record.js';
+import type { ResolvedMount } from '../volumes/volumes.js';
 
 export type { CreateSandboxOpts } from '@space/api';
 
@@ -33,6 +34,9 @@ export class Creates {
     const metadata = checkMap('metadata', opts.metadata, LIMITS.metadataEntries);
     const driver = this.c.driver.get(opts.driver).name;
     const diskMb = diskSize(opts.diskMb, this.c.driver.disksOf(driver), t.rootfsBytes);
+    const mounts = await this.checkMounts(tenantId, opts.volumes, driver);
+    // A template's start command runs before any volume could be mounted: its snapshot has none.
+    if (mounts.length && t.start) throw new SpaceError('VOLUMES_UNAVAILABLE', `Template ${t.name} has a start command: its sandboxes start from its snapshot, which cannot take volumes. Use a template without one`, { details: { field: 'volumes' } });
     const idleTimeoutMs = opts.idleTimeoutMs ?? 0;
     if (opts.autoResume !== undefined && typeof opts.autoResume !== 'boolean') throw new SpaceError('BAD_REQUEST', 'autoResume must be true or false');
     if (!Number.isInteger(idleTimeoutMs) || (idleTimeoutMs !== 0 && (idleTimeoutMs < 1000 || idleTimeoutMs > LIMITS.timeoutMs.max))) {
@@ -46,7 +50,7 @@ export class Creates {
     const t0 = performance.now();
     const fullEnv = this.c.hooks.egress.envOf(t.env, env, secrets);
     // A pooled sandbox already counts against the node: taking one needs no admission.
-    const poolable = cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB && driver === this.c.driver.name && diskMb === poolDiskMb(this.c.driver.disks, t.rootfsBytes);
+    const poolable = !mounts.length && cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB && driver === this.c.driver.name && diskMb === poolDiskMb(this.c.driver.disks, t.rootfsBytes);
     let pooled = poolable ? this.c.pool.take(t) : undefined;
     let identityMs = 0;
     if (pooled && (Object.keys(env).length || trust)) {
@@ -81,12 +85,17 @@ export class Creates {
       ...(opts.autoResume ? { autoResume: true } : {}),
       ...(egress ? { egress } : {}),
       secrets: [...(secrets ?? []), ...rules],
+      volumes: mounts.map((m) => ({ volume: m.volume, path: m.path, ...(m.readOnly ? { readOnly: true } : {}) })),
     });
     reservation.track(sb.id);
     let release: (() => void) | undefined;
     try {
+      if (mounts.length) this.c.volumes!.claim(sb.id, mounts);
       // Stored as `starting`: the record is the create's intent (a restart finishes the create).
-      await this.c.store.insertSandbox(sb);
+      await this.c.store.insertSandbox(sb).catch(async (err: unknown) => {
+        await this.c.volumes?.release(sb.id);
+        throw err;
+      });
       await this.c.faults.fault('create:after-record');
       let timings: CreateTimings;
       if (pooled) {
@@ -115,5 +124,12 @@ export class Creates {
       release?.();
       reservation.release();
     }
+  }
+
+  /** A create's volume mounts, checked (nothing claimed yet). */
+  private async checkMounts(tenantId: string, volumes: unknown, driver: string): Promise<ResolvedMount[]> {
+    if (volumes === undefined || (Array.isArray(volumes) && !volumes.length)) return [];
+    if (!this.c.volumes) throw new SpaceError('VOLUMES_UNAVAILABLE', 'This daemon has no volumes: leave volumes out', { details: { field: 'volumes' } });
+    return this.c.volumes.check(tenantId, volumes, this.c.driver.get(driver).mounts === true);
   }
 }

@@ -38,6 +38,8 @@ export class Endings implements EndingHooks {
   async end(id: string, state: 'killed' | 'dead', endReason: EndReason, endDetail: string): Promise<Sandbox> {
     const sb = await this.c.store.updateSandbox(id, { state, endReason, endDetail, endedAt: new Date().toISOString() });
     await this.c.store.deleteExposures(id);
+    // Its volumes are free for others again (closed when nobody else holds them).
+    if (sb.volumes?.length) await this.c.volumes?.release(id);
     // Its header rules' values go with it.
     if (sb.secrets?.some((a) => a.rule)) await this.c.egress?.secrets.removeOwned(sb.tenantId, id).catch((err) => this.c.log.warn({ err, sandboxId: id }, 'deleting the header rules of an ended sandbox failed'));
     return sb;

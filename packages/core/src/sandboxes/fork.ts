@@ -24,6 +24,10 @@ export class Forks {
     if (!Number.isInteger(count) || count < 1 || count > 32) throw new SpaceError('BAD_REQUEST', 'count must be an integer from 1 to 32');
     const parent = await this.c.hooks.get(tenantId, id);
     assertAllowed(parent, 'fork');
+    // Copies mount what the parent mounts: read-only volumes can be shared, a written one cannot.
+    const rw = parent.volumes?.find((m) => !m.readOnly);
+    if (rw) throw new SpaceError('VOLUME_IN_USE', `Sandbox ${id} mounts volume ${rw.volume} read-write, which one sandbox alone may: fork a sandbox that mounts it read-only (:ro)`, { details: { name: rw.volume } });
+    const mounts = parent.volumes?.length && this.c.volumes ? await this.c.volumes.check(tenantId, parent.volumes, true) : [];
     await this.c.admission.admit(count, parent.memoryMb);
     let snap: Snapshot;
     let imageDir: string;
@@ -55,10 +59,12 @@ export class Forks {
           ...(parent.onTimeout ? { onTimeout: parent.onTimeout } : {}),
           ...(parent.egress ? { egress: parent.egress } : {}),
           ...(childSecrets ? { secrets: childSecrets } : {}),
+          ...(parent.volumes ? { volumes: parent.volumes } : {}),
           parentId: parent.id,
           fromSnapshotId: snap.id,
         });
         reservation.track(child.id);
+        if (mounts.length) this.c.volumes!.claim(child.id, mounts);
         await this.c.store.insertSandbox(child);
         await this.c.faults.fault('fork:after-record');
         try {

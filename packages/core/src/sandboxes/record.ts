@@ -1,4 +1,5 @@
 /** The one place a new sandbox record is made (a create, a fork's copy). */
+import type { VolumeMount } from '@space/api';
 import type { EgressPolicy, SecretAttachment } from '../records.js';
 import type { Sandbox } from '../model.js';
 
@@ -21,6 +22,8 @@ export interface NewSandboxRecord {
   autoResume?: boolean;
   egress?: EgressPolicy;
   secrets?: SecretAttachment[];
+  /** Volumes it mounts. */
+  volumes?: VolumeMount[];
   /** A fork's copy: the sandbox and snapshot it comes from. */
   parentId?: string;
   fromSnapshotId?: string;
@@ -53,6 +56,7 @@ export function newSandboxRecord(r: NewSandboxRecord): Sandbox {
     ...(r.autoResume ? { autoResume: true } : {}),
     ...(r.egress ? { egress: r.egress } : {}),
     ...(r.secrets?.length ? { secrets: r.secrets } : {}),
+    ...(r.volumes?.length ? { volumes: r.volumes } : {}),
     createdAt: now.toISOString(),
     ...(r.timeoutMs ? { expiresAt: new Date(now.getTime() + r.timeoutMs).toISOString() } : {}),
     ...(r.parentId ? { parentId: r.parentId } : {}),

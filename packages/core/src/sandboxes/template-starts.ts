@@ -41,11 +41,13 @@ export class TemplateStarts implements StartHooks {
     // Template snapshots are taken on the default driver; another driver boots from the root file system.
     const onDefault = sb.driver === this.c.driver.name;
     if (!onDefault && t.start) throw new SpaceError('TEMPLATE_NOT_ON_DRIVER', `Template ${t.name} has a start command, whose snapshot exists for the default driver (${this.c.driver.name}) only; create it without driver`, { details: { field: 'driver' } });
-    let image = onDefault ? await this.c.templates.usableImage(t) : undefined;
+    // A template image has no volumes mounted, and a restore gets the mounts its checkpoint had: boot.
+    let image = onDefault && !sb.volumes?.length ? await this.c.templates.usableImage(t) : undefined;
     // A start command must have run: without a current image, take one first.
     if (!image && t.start) image = (await this.c.templates.captureImage(t)).image;
     const rootfs = await this.c.templates.rootfsOf(t);
-    const spec = { id: sb.id, template: t.name, rootfs, cpu: sb.cpu, memoryMb: sb.memoryMb, ...(sb.diskMb !== undefined ? { diskMb: sb.diskMb } : {}), env, driver: sb.driver };
+    const mounts = sb.volumes?.length ? await this.c.volumes!.mountsOf(sb) : [];
+    const spec = { id: sb.id, template: t.name, rootfs, cpu: sb.cpu, memoryMb: sb.memoryMb, ...(sb.diskMb !== undefined ? { diskMb: sb.diskMb } : {}), env, driver: sb.driver, ...(mounts.length ? { mounts } : {}) };
     if (image) {
       try {
         return await this.restoreTemplate(image, spec, trust, signal);

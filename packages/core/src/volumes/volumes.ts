@@ -1,0 +1,409 @@
+/**
+ * Named volumes (issue 23): a tenant's persistent file systems that outlive sandboxes. Records
+ * live in the metadata store, bytes on the node's {@link VolumeHost}, each volume's files
+ * encrypted under its own data key (`volume/<id>`, wrapped by the tenant's key: rotation
+ * rewraps it, revocation makes the volume unopenable).
+ *
+ * Who may use a volume is decided here, in memory and synchronously (so two concurrent
+ * creates cannot both pass): one holder read-write, or any number read-only. Holders are the
+ * sandboxes that mount it — from their create until they are killed or die, hibernated ones
+ * included — and file transfers (`space volume cp`). A restart rebuilds the holders from the
+ * sandbox records.
+ */
+import path from 'node:path';
+import type { Volume, VolumeMount, VolumeSnapshot } from '@space/api';
+import { SpaceError } from '../errors.js';
+import { randomString } from '../ids.js';
+import type { Logger } from '../logger.js';
+import type { Sandbox } from '../model.js';
+import type { DriverMount } from '../ports/driver.js';
+import type { MetadataStore } from '../ports/metadata-store.js';
+import type { VolumeHost } from '../ports/volume-host.js';
+import type { VolumeRecord, VolumeSnapshotRecord } from '../records.js';
+import type { KeyService } from '../security/keys.js';
+import { VolumeFiles } from './volume-files.js';
+
+/** Volume names: what users type (`space volume create NAME`). */
+export const VOLUME_NAME_RE = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+
+/** Paths a volume may not be mounted on or under: the sandbox's own machinery. */
+const RESERVED_MOUNTS = ['/proc', '/dev', '/sys', '/.space'];
+
+/** Most volumes one sandbox mounts. */
+export const MAX_VOLUME_MOUNTS = 8;
+
+/** Smallest volume, MiB (ext4 needs room for its journal). */
+export const MIN_VOLUME_MB = 64;
+
+/** Options of {@link Volumes}. */
+export interface VolumesOptions {
+  store: MetadataStore;
+  keys: KeyService;
+  logger: Logger;
+  /** Where volumes live; absent: volumes are refused with `VOLUMES_UNAVAILABLE` (saying {@link unavailable}). */
+  host?: VolumeHost;
+  /** Why there is no host, for the error. */
+  unavailable?: string;
+  /** Size when a create gives none, MiB. @default 1024 */
+  defaultMb?: number;
+  /** Largest volume, MiB. @default 65536 */
+  maxMb?: number;
+}
+
+/** A mount checked against the tenant's volumes. */
+export interface ResolvedMount extends VolumeMount {
+  volumeId: string;
+  readOnly: boolean;
+}
+
+interface Holder {
+  path: string;
+  readOnly: boolean;
+}
+
+/**
+ * A checked mount path: absolute, normalized, not `/` and not over the sandbox's machinery.
+ * @example checkMountPath('/data') // '/data'
+ */
+export function checkMountPath(p: unknown): string {
+  if (typeof p !== 'string' || !p.startsWith('/') || p.length > 1024 || p.includes('\0')) {
+    throw new SpaceError('INVALID_PATH', `A volume's mount path must be an absolute path, e.g. /data; got ${JSON.stringify(p)}`, { details: { field: 'volumes' } });
+  }
+  const norm = path.posix.normalize(p).replace(/\/+$/, '');
+  if (p.split('/').some((s) => s === '..' || s === '.') || (norm !== p && norm + '/' !== p)) {
+    throw new SpaceError('INVALID_PATH', `A volume's mount path must not contain '.', '..' or '//': ${JSON.stringify(p)}`, { details: { field: 'volumes' } });
+  }
+  if (norm === '') throw new SpaceError('INVALID_PATH', 'A volume cannot be mounted on / (it would hide the whole file system): use e.g. /data', { details: { field: 'volumes' } });
+  const reserved = RESERVED_MOUNTS.find((r) => norm === r || norm.startsWith(r + '/'));
+  if (reserved) throw new SpaceError('INVALID_PATH', `A volume cannot be mounted on ${norm}: ${reserved} belongs to the sandbox's system`, { details: { field: 'volumes' } });
+  if (norm === '/tmp') throw new SpaceError('INVALID_PATH', 'A volume cannot be mounted on /tmp itself (the sandbox\'s scratch space): use a directory below it or e.g. /data', { details: { field: 'volumes' } });
+  return norm;
+}
+
+function toSnapshot(v: VolumeRecord, s: VolumeSnapshotRecord): VolumeSnapshot {
+  return { id: s.id, volume: v.name, createdAt: s.createdAt };
+}
+
+/**
+ * The node's volumes.
+ *
+ * @example
+ * const v = await volumes.create('tenant-a', { name: 'datasets', sizeMb: 1024 });
+ * const mounts = await volumes.check('tenant-a', [{ volume: 'datasets', path: '/data' }], true);
+ * volumes.claim('sb123', mounts); // VOLUME_IN_USE if another sandbox writes it
+ */
+export class Volumes {
+  private readonly holders = new Map<string, Map<string, Holder>>();
+  private readonly chains = new Map<string, Promise<unknown>>();
+  private fileHolders = 0;
+  readonly defaultMb: number;
+  readonly maxMb: number;
+
+  constructor(private readonly opts: VolumesOptions) {
+    this.defaultMb = opts.defaultMb ?? 1024;
+    this.maxMb = opts.maxMb ?? 65536;
+  }
+
+  /** Whether this node has volumes. */
+  get available(): boolean {
+    return !!this.opts.host;
+  }
+
+  private host(): VolumeHost {
+    if (!this.opts.host) throw new SpaceError('VOLUMES_UNAVAILABLE', `This daemon has no volumes${this.opts.unavailable ? `: ${this.opts.unavailable}` : ''}`);
+    return this.opts.host;
+  }
+
+  /** Runs `fn` after every earlier open/close of volume `id`. */
+  private serial<T>(id: string, fn: () => Promise<T>): Promise<T> {
+    const next = (this.chains.get(id) ?? Promise.resolve()).then(fn, fn);
+    const tail = next.catch(() => {});
+    this.chains.set(id, tail);
+    void tail.then(() => {
+      if (this.chains.get(id) === tail) this.chains.delete(id);
+    });
+    return next;
+  }
+
+  private async record(tenantId: string, name: unknown): Promise<VolumeRecord> {
+    const v = typeof name === 'string' ? await this.opts.store.getVolume(tenantId, name) : undefined;
+    if (!v || v.state !== 'ready') throw new SpaceError('VOLUME_NOT_FOUND', `No volume ${JSON.stringify(name)} for this tenant`, { details: { name } });
+    return v;
+  }
+
+  private view(v: VolumeRecord): Volume {
+    const users = [...(this.holders.get(v.id) ?? new Map<string, Holder>()).entries()].filter(([h]) => !h.startsWith('files:'));
+    return { id: v.id, name: v.name, sizeMb: v.sizeMb, createdAt: v.createdAt, mountedBy: users.map(([sandboxId, h]) => ({ sandboxId, path: h.path, readOnly: h.readOnly })) };
+  }
+
+  private async key(v: VolumeRecord): Promise<Buffer> {
+    const d = await this.opts.store.getDataKey(`volume/${v.id}`);
+    if (!d) throw new SpaceError('INTERNAL', `The data key of volume ${v.name} is missing`);
+    return this.opts.keys.unwrapRecord(d);
+  }
+
+  /** Makes an empty volume. `VOLUME_EXISTS`, `INVALID_LIMITS`, `KEY_REVOKED` change nothing. */
+  async create(tenantId: string, spec: { name?: unknown; sizeMb?: unknown }): Promise<Volume> {
+    const host = this.host();
+    const name = spec.name;
+    if (typeof name !== 'string' || !VOLUME_NAME_RE.test(name)) throw new SpaceError('BAD_REQUEST', `Invalid volume name ${JSON.stringify(name)}: use 1 to 63 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit`, { details: { field: 'name' } });
+    const sizeMb = spec.sizeMb ?? this.defaultMb;
+    if (typeof sizeMb !== 'number' || !Number.isInteger(sizeMb) || sizeMb < MIN_VOLUME_MB || sizeMb > this.maxMb) {
+      throw new SpaceError('INVALID_LIMITS', `sizeMb must be a whole number of MiB from ${MIN_VOLUME_MB} to ${this.maxMb} (this node's maximum); got ${JSON.stringify(sizeMb)}`, { details: { field: 'sizeMb' } });
+    }
+    const id = `vol-${randomString(16)}`;
+    const { dataKey, record } = await this.opts.keys.newDataKey(tenantId, `volume/${id}`);
+    const rec: VolumeRecord = { id, tenantId, name, sizeMb, createdAt: new Date().toISOString(), state: 'creating' };
+    // The record is the intent: a restart removes a volume still `creating`.
+    await this.opts.store.insertVolume(rec);
+    try {
+      await this.opts.store.putDataKey(record);
+      await host.create(id, sizeMb, dataKey);
+    } catch (err) {
+      await host.remove(id).catch(() => {});
+      await this.opts.store.deleteDataKey(`volume/${id}`);
+      await this.opts.store.deleteVolume(id);
+      throw err;
+    }
+    const ready = await this.opts.store.updateVolume(id, { state: 'ready' });
+    this.opts.logger.info({ tenantId, volumeId: id, name, sizeMb }, 'volume created');
+    return this.view(ready);
+  }
+
+  /** A tenant's volumes, by name. */
+  async list(tenantId: string): Promise<Volume[]> {
+    return (await this.opts.store.listVolumes(tenantId)).filter((v) => v.state === 'ready').map((v) => this.view(v));
+  }
+
+  /** One volume (by name, or by id as E2B's API names them), or `VOLUME_NOT_FOUND`. */
+  async get(tenantId: string, nameOrId: string): Promise<Volume> {
+    return this.view(await this.find(tenantId, nameOrId));
+  }
+
+  private async find(tenantId: string, nameOrId: string): Promise<VolumeRecord> {
+    if (nameOrId.startsWith('vol-')) {
+      const v = await this.opts.store.getVolumeById(nameOrId);
+      if (v && v.tenantId === tenantId && v.state === 'ready') return v;
+    }
+    return this.record(tenantId, nameOrId);
+  }
+
+  /** Deletes a volume, its snapshots and its key. `VOLUME_IN_USE` while anything holds it. */
+  async remove(tenantId: string, nameOrId: string): Promise<void> {
+    const v = await this.find(tenantId, nameOrId);
+    if (this.holders.get(v.id)?.size) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is mounted by ${this.describeHolders(v.id)}: kill them first`, { details: { name: v.name } });
+    await this.opts.store.updateVolume(v.id, { state: 'deleting' });
+    await this.finishRemove(v);
+    this.opts.logger.info({ tenantId, volumeId: v.id, name: v.name }, 'volume removed');
+  }
+
+  private async finishRemove(v: VolumeRecord): Promise<void> {
+    await this.serial(v.id, () => this.host().remove(v.id));
+    for (const s of await this.opts.store.listVolumeSnapshots(v.id)) await this.opts.store.deleteVolumeSnapshot(s.id);
+    await this.opts.store.deleteDataKey(`volume/${v.id}`);
+    await this.opts.store.deleteVolume(v.id);
+  }
+
+  private describeHolders(id: string): string {
+    const hs = [...(this.holders.get(id)?.entries() ?? [])];
+    const names = hs.map(([h, x]) => (h.startsWith('files:') ? 'a file transfer' : `sandbox ${h}${x.readOnly ? ' (read-only)' : ''}`));
+    return names.slice(0, 5).join(', ') + (names.length > 5 ? ` and ${names.length - 5} more` : '');
+  }
+
+  /**
+   * Checks a create's `volumes` (paths, names, count) against the tenant's volumes and the
+   * driver; changes nothing. `driverMounts`: whether the sandbox's driver can mount them.
+   */
+  async check(tenantId: string, mounts: unknown, driverMounts: boolean): Promise<ResolvedMount[]> {
+    if (mounts === undefined) return [];
+    if (!Array.isArray(mounts)) throw new SpaceError('BAD_REQUEST', 'volumes must be a list of { volume, path, readOnly? }', { details: { field: 'volumes' } });
+    if (!mounts.length) return [];
+    this.host();
+    if (!driverMounts) throw new SpaceError('VOLUMES_UNAVAILABLE', 'This sandbox\'s driver cannot mount volumes: create it on the gVisor driver (the default)', { details: { field: 'volumes' } });
+    if (mounts.length > MAX_VOLUME_MOUNTS) throw new SpaceError('BAD_REQUEST', `A sandbox mounts at most ${MAX_VOLUME_MOUNTS} volumes; got ${mounts.length}`, { details: { field: 'volumes' } });
+    const out: ResolvedMount[] = [];
+    for (const m of mounts as Record<string, unknown>[]) {
+      if (typeof m !== 'object' || m === null) throw new SpaceError('BAD_REQUEST', 'Each volume mount is { volume, path, readOnly? }', { details: { field: 'volumes' } });
+      const p = checkMountPath(m.path);
+      if (m.readOnly !== undefined && typeof m.readOnly !== 'boolean') throw new SpaceError('BAD_REQUEST', 'readOnly must be true or false', { details: { field: 'volumes' } });
+      if (out.some((o) => o.path === p)) throw new SpaceError('INVALID_PATH', `Two volumes are mounted on ${p}`, { details: { field: 'volumes' } });
+      const v = await this.record(tenantId, m.volume);
+      if (out.some((o) => o.volumeId === v.id)) throw new SpaceError('BAD_REQUEST', `Volume ${v.name} is listed twice: mount it once`, { details: { field: 'volumes' } });
+      out.push({ volume: v.name, path: p, ...(m.readOnly === true ? { readOnly: true } : { readOnly: false }), volumeId: v.id });
+    }
+    return out;
+  }
+
+  /** Why `holder` may not take volume `id` now (undefined: it may). */
+  private conflict(id: string, holder: string, readOnly: boolean): string | undefined {
+    const hs = [...(this.holders.get(id)?.entries() ?? [])].filter(([h]) => h !== holder);
+    if (!hs.length) return undefined;
+    if (readOnly && hs.every(([, h]) => h.readOnly)) return undefined;
+    return this.describeHolders(id);
+  }
+
+  /**
+   * Makes sandbox `sandboxId` a holder of every mount, or of none: `VOLUME_IN_USE` when one is
+   * written by another sandbox, or it asks to write one another sandbox has. Synchronous.
+   */
+  claim(sandboxId: string, mounts: ResolvedMount[]): void {
+    for (const m of mounts) {
+      const why = this.conflict(m.volumeId, sandboxId, m.readOnly);
+      if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${m.volume} is in use by ${why}: a volume is mounted read-write by one sandbox, or read-only (:ro) by many`, { details: { name: m.volume } });
+    }
+    for (const m of mounts) this.hold(m.volumeId, sandboxId, { path: m.path, readOnly: m.readOnly });
+  }
+
+  private hold(id: string, holder: string, h: Holder): void {
+    let hs = this.holders.get(id);
+    if (!hs) this.holders.set(id, (hs = new Map()));
+    hs.set(holder, h);
+  }
+
+  /** The host directories of a sandbox's volumes, opened (for the driver's spec). */
+  async mountsOf(sb: Sandbox): Promise<DriverMount[]> {
+    if (!sb.volumes?.length) return [];
+    const host = this.host();
+    const out: DriverMount[] = [];
+    for (const m of sb.volumes) {
+      const v = await this.record(sb.tenantId, m.volume);
+      // A restart's recovery may come here before anything else claimed it.
+      if (!this.holders.get(v.id)?.has(sb.id)) this.hold(v.id, sb.id, { path: m.path, readOnly: !!m.readOnly });
+      const key = await this.key(v);
+      const source = await this.serial(v.id, () => host.open(v.id, key));
+      out.push({ source, target: m.path, readOnly: !!m.readOnly });
+    }
+    return out;
+  }
+
+  /** Sandbox `sandboxId` lets go of its volumes (it ended); a volume nobody holds is closed. */
+  async release(sandboxId: string): Promise<void> {
+    for (const [id, hs] of this.holders) {
+      if (!hs.delete(sandboxId)) continue;
+      await this.closeIfUnheld(id);
+    }
+  }
+
+  private async closeIfUnheld(id: string): Promise<void> {
+    if (this.holders.get(id)?.size) return;
+    this.holders.delete(id);
+    await this.serial(id, async () => {
+      // Checked again in turn: a claim made meanwhile keeps it open.
+      if (this.holders.get(id)?.size) return;
+      await this.host().close(id);
+    }).catch((err) => this.opts.logger.warn({ err, volumeId: id }, 'closing a volume failed; it stays open'));
+  }
+
+  /**
+   * A volume's files, for transfers without a sandbox (`space volume cp`, E2B's volume API).
+   * Writing needs the volume free; reading, no sandbox writing it. `close()` when done.
+   */
+  async files(tenantId: string, nameOrId: string, write: boolean): Promise<VolumeFiles> {
+    const host = this.host();
+    const v = await this.find(tenantId, nameOrId);
+    const holder = `files:${++this.fileHolders}`;
+    const why = this.conflict(v.id, holder, !write);
+    if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${why}: ${write ? 'files can be written into a volume no sandbox has mounted' : 'files can be read from a volume no sandbox writes'}`, { details: { name: v.name } });
+    this.hold(v.id, holder, { path: '', readOnly: !write });
+    try {
+      const key = await this.key(v);
+      const root = await this.serial(v.id, () => host.open(v.id, key));
+      return new VolumeFiles(root, !write, async () => {
+        this.holders.get(v.id)?.delete(holder);
+        await this.closeIfUnheld(v.id);
+      });
+    } catch (err) {
+      this.holders.get(v.id)?.delete(holder);
+      await this.closeIfUnheld(v.id);
+      throw err;
+    }
+  }
+
+  /** What an open volume holds, bytes (undefined when closed). */
+  async usedBytes(tenantId: string, name: string): Promise<number | undefined> {
+    const v = await this.find(tenantId, name);
+    return this.host().usedBytes(v.id);
+  }
+
+  /** Copies a volume as it is now (writers pause for the copy). */
+  async snapshot(tenantId: string, name: string): Promise<VolumeSnapshot> {
+    const host = this.host();
+    const v = await this.find(tenantId, name);
+    const s: VolumeSnapshotRecord = { id: `vs-${randomString(16)}`, volumeId: v.id, createdAt: new Date().toISOString(), state: 'creating' };
+    await this.opts.store.insertVolumeSnapshot(s);
+    try {
+      await this.serial(v.id, () => host.snapshot(v.id, s.id));
+    } catch (err) {
+      await host.removeSnapshot(v.id, s.id).catch(() => {});
+      await this.opts.store.deleteVolumeSnapshot(s.id);
+      throw new SpaceError('SNAPSHOT_FAILED', `Snapshot of volume ${v.name} failed: ${(err as Error).message}`, { cause: err });
+    }
+    return toSnapshot(v, await this.opts.store.updateVolumeSnapshot(s.id, { state: 'ready' }));
+  }
+
+  /** A volume's snapshots, oldest first. */
+  async snapshots(tenantId: string, name: string): Promise<VolumeSnapshot[]> {
+    const v = await this.find(tenantId, name);
+    return (await this.opts.store.listVolumeSnapshots(v.id)).filter((s) => s.state === 'ready').map((s) => toSnapshot(v, s));
+  }
+
+  private async ownSnapshot(v: VolumeRecord, snapshotId: string): Promise<VolumeSnapshotRecord> {
+    const s = await this.opts.store.getVolumeSnapshot(snapshotId);
+    if (!s || s.volumeId !== v.id || s.state !== 'ready') throw new SpaceError('SNAPSHOT_NOT_FOUND', `Volume ${v.name} has no snapshot ${snapshotId}: \`space volume snapshots ${v.name}\` lists them`, { details: { snapshotId } });
+    return s;
+  }
+
+  /** Puts a snapshot's contents back. `VOLUME_IN_USE` while anything holds the volume. */
+  async restore(tenantId: string, name: string, snapshotId: string): Promise<Volume> {
+    const host = this.host();
+    const v = await this.find(tenantId, name);
+    const s = await this.ownSnapshot(v, snapshotId);
+    if (this.holders.get(v.id)?.size) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is mounted by ${this.describeHolders(v.id)}: kill them before restoring it`, { details: { name: v.name } });
+    await this.serial(v.id, async () => {
+      await host.close(v.id);
+      await host.restore(v.id, s.id);
+    });
+    this.opts.logger.info({ tenantId, volumeId: v.id, snapshotId }, 'volume restored');
+    return this.view(v);
+  }
+
+  /** Deletes one snapshot of a volume. */
+  async removeSnapshot(tenantId: string, name: string, snapshotId: string): Promise<void> {
+    const v = await this.find(tenantId, name);
+    const s = await this.ownSnapshot(v, snapshotId);
+    await this.serial(v.id, () => this.host().removeSnapshot(v.id, s.id));
+    await this.opts.store.deleteVolumeSnapshot(s.id);
+  }
+
+  /**
+   * After a restart: holders again from the sandbox records, unfinished creates and removals
+   * undone or finished, half-made snapshots dropped, and volumes nobody holds closed.
+   */
+  async recover(): Promise<void> {
+    const host = this.opts.host;
+    if (!host) return;
+    await host.recover();
+    const live = await this.opts.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated']);
+    for (const sb of live) {
+      for (const m of sb.volumes ?? []) {
+        const v = await this.opts.store.getVolume(sb.tenantId, m.volume);
+        if (v) this.hold(v.id, sb.id, { path: m.path, readOnly: !!m.readOnly });
+      }
+    }
+    for (const v of await this.opts.store.listVolumes()) {
+      if (v.state === 'creating') {
+        await host.remove(v.id);
+        await this.opts.store.deleteDataKey(`volume/${v.id}`);
+        await this.opts.store.deleteVolume(v.id);
+        this.opts.logger.warn({ volumeId: v.id, name: v.name }, 'a volume whose create was interrupted was removed');
+      } else if (v.state === 'deleting') await this.finishRemove(v);
+    }
+    for (const s of await this.opts.store.listVolumeSnapshots()) {
+      if (s.state !== 'creating') continue;
+      await host.removeSnapshot(s.volumeId, s.id);
+      await this.opts.store.deleteVolumeSnapshot(s.id);
+    }
+    for (const id of await host.openIds()) if (!this.holders.get(id)?.size) await this.closeIfUnheld(id);
+  }
+}
+
