@@ -16,7 +16,7 @@ const files = all;
 const fastOnly = process.argv[2] === '--fast';
 const only = fastOnly ? FAST : process.argv.slice(2);
 
-/** Host resources of sandboxes: `space-*` network namespaces, `space/*` cgroups, mounted disk pools. */
+/** Host resources of sandboxes: `space-*` network namespaces, `space/*` cgroups, mounted disk pools, open volumes. */
 function sandboxResources() {
   const netns = (spawnSync('ip', ['netns', 'list'], { encoding: 'utf8' }).stdout ?? '').split('\n').map((l) => l.split(' ')[0]).filter((n) => n?.startsWith('space-')).map((n) => `netns ${n}`);
   const cgroups = ['memory', 'cpu'].flatMap((c) => {
@@ -25,7 +25,9 @@ function sandboxResources() {
   });
   // Disk pools (--disks on) of test daemons: each unmounts its own when it closes.
   const pools = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m?.endsWith('/disks/mnt')).map((m) => `disk pool mounted at ${m}`);
-  return new Set([...netns, ...cgroups, ...pools]);
+  // Open volumes: a volume is closed (unmounted) when no sandbox holds it.
+  const volumes = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => /\/volumes\/vol-[a-z0-9]+\/mnt$/.test(m ?? '')).map((m) => `volume open at ${m}`);
+  return new Set([...netns, ...cgroups, ...pools, ...volumes]);
 }
 
 const before = sandboxResources();

@@ -47,7 +47,7 @@ export async function startTestDaemon(opts = {}) {
     async close() {
       for (const m of made) await Sandbox.kill(m.id, m.conn).catch(() => {});
       await daemon.close();
-      const leaks = [...closeDiskPool(dataDir), ...leftovers(dataDir, made.map((m) => m.id))];
+      const leaks = [...closeVolumes(dataDir), ...closeDiskPool(dataDir), ...leftovers(dataDir, made.map((m) => m.id))];
       // SPACE_TEST_KEEP=1 keeps the data directory (runsc logs, database) to debug a failure.
       if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
       return leaks;
@@ -67,6 +67,17 @@ export function closeDiskPool(dataDir) {
   const disks = readdirSync(path.join(mnt, 'disks')).map((d) => `disk ${d}`);
   execFileSync('umount', [mnt]);
   return disks;
+}
+
+/**
+ * Unmounts the volumes of a stopped daemon still open (leaks: a volume is closed when the last
+ * sandbox holding it ends), returning them.
+ */
+export function closeVolumes(dataDir) {
+  const prefix = path.join(dataDir, 'volumes') + '/';
+  const open = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m?.startsWith(prefix) && m.endsWith('/mnt'));
+  for (const m of open) execFileSync('umount', [m]);
+  return open.map((m) => `volume open at ${m}`);
 }
 
 /** Writes the node's encryption key into a data directory, as an operator (or `space up`) would. */

@@ -9,11 +9,13 @@ import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
-import { parseSizeMb } from '@space/api';
+import { parseSizeMb, parseVolumeMount } from '@space/api';
 import { ApiClient, Commands, Sandbox, Secrets, SpaceError, Templates, type BuildProgress, type EgressPolicy, type SandboxInfo, type TemplateInfo } from '@space/sdk';
 import { defaultDataDir } from '@space/server/state';
 import { checkContextName, connection, e2bKeys, parseDuration, parsePairs, readConfig, selectedContext, upCommand, writeConfig } from './config.js';
 import { answers, daemonStatus, installOnPath } from './daemon.js';
+import { table } from './table.js';
+import { registerVolumeCommands } from './volumes.js';
 
 // The launcher (bin/space) moved NODE_EXTRA_CA_CERTS aside so node would not parse it at start;
 // the processes this CLI starts (the daemon) get it back.
@@ -29,11 +31,6 @@ const program = new Command('space')
     const name = cmd.opts<{ context?: string }>().context;
     if (name) process.env.SPACE_CONTEXT = checkContextName(name);
   });
-
-function table(rows: string[][]): string {
-  const w = rows[0]!.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length)));
-  return rows.map((r) => r.map((c, i) => c.padEnd(w[i]!)).join('  ').trimEnd()).join('\n');
-}
 
 function age(iso: string | undefined): string {
   if (!iso) return '-';
@@ -310,10 +307,12 @@ program
   .option('--allow-cidr <cidr>', 'egress: allow an address range (repeatable)', collectList)
   .option('--allow-port <port>', 'egress: allow a destination port (repeatable; default 80 and 443)', collectList)
   .option('--passthrough <host:port>', 'egress: raw TCP to this destination, no TLS interception (repeatable)', collectList)
+  .option('-v, --volume <name:/path[:ro]>', 'mount a volume (repeatable): read-write by this sandbox alone, or :ro shared', collectList)
   .option('--json', 'print the sandbox as JSON')
-  .action(async (o: { template: string; driver?: string; cpu?: number; memory?: number; disk?: string; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; secret?: string[]; json?: boolean } & EgressFlags) => {
+  .action(async (o: { template: string; driver?: string; cpu?: number; memory?: number; disk?: string; timeout: string; onTimeout: string; idleTimeout?: string; env?: string[]; label?: string[]; secret?: string[]; volume?: string[]; json?: boolean } & EgressFlags) => {
     if (o.onTimeout !== 'kill' && o.onTimeout !== 'hibernate') throw new Error('--on-timeout takes kill or hibernate');
     const diskMb = o.disk !== undefined ? parseSizeMb(o.disk, '--disk') : undefined;
+    const volumes = o.volume?.map(parseVolumeMount);
     await ensureTemplate(o.template);
     const env = parsePairs(o.env, 'env');
     const metadata = parsePairs(o.label, 'label');
@@ -330,6 +329,7 @@ program
       ...(env ? { env } : {}),
       ...(metadata ? { metadata } : {}),
       ...(o.secret ? { secrets: o.secret } : {}),
+      ...(volumes ? { volumes } : {}),
       ...(hasEgressFlags(o) ? { egress: egressOf(o) } : {}),
     });
     process.stdout.write(o.json ? JSON.stringify(sb.info, null, 2) + '\n' : sb.id + '\n');
@@ -724,6 +724,8 @@ function egressOf(o: EgressFlags, base?: EgressPolicy): Partial<EgressPolicy> {
 function printPolicy(p: EgressPolicy): void {
   process.stdout.write(`domains      ${p.domains.join(' ') || '-'}\ncidrs        ${p.cidrs.join(' ') || '-'}\nports        ${p.ports.join(' ') || '-'}\npassthrough  ${p.passthrough.join(' ') || '-'}\n`);
 }
+
+registerVolumeCommands(program);
 
 const secret = program.command('secret').description('secrets: kept by the daemon, swapped in by the egress proxy for their hosts only');
 secret

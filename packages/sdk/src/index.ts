@@ -19,6 +19,8 @@ export { Pty, PtyHandle } from './pty.js';
 export type { PtyCreateOpts } from './pty.js';
 export { Secrets } from './secrets.js';
 export type { SecretInfo, SecretSetOpts } from './secrets.js';
+export { Volumes } from './volumes.js';
+export type { Volume, VolumeEntry, VolumeSnapshot } from './volumes.js';
 export { Templates } from './templates.js';
 export type { BuildProgress, TemplateBuildOpts, TemplateInfo } from './templates.js';
 export { ApiClient, SpaceError } from './client.js';

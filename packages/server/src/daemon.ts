@@ -96,7 +96,8 @@ export function parseVolumesMode(s: string): 'auto' | 'on' | 'off' {
 /** The node's volumes as the settings and the host allow. */
 async function openVolumes(mode: 'auto' | 'on' | 'off', dataDir: string, store: MetadataStore, keys: KeyService, logger: Logger): Promise<Volumes | undefined> {
   if (mode === 'off') return undefined;
-  const host = new Ext4Volumes({ dir: path.join(dataDir, 'volumes') });
+  const crashWhileFrozen = process.env.SPACE_FAULT_INJECT?.split(',').includes('volume-snapshot:frozen');
+  const host = new Ext4Volumes({ dir: path.join(dataDir, 'volumes'), ...(crashWhileFrozen ? { whileFrozen: () => process.kill(process.pid, 'SIGKILL') } : {}) });
   const report = await host.doctor();
   if (!report.available && mode === 'on') throw new SpaceError('VOLUMES_UNAVAILABLE', `--volumes on, but this host cannot keep volumes: ${report.detail}`);
   if (!report.available) logger.warn({ detail: report.detail }, 'volumes are off: this host cannot keep them');

@@ -70,7 +70,8 @@ export function registerVolumeRoutes(app: App, svc: SandboxService, maxUploadByt
     const f = await need(svc).files(req.principal.tenantId, req.params.name, false);
     try {
       const { stream, size } = await f.read(req.query.path);
-      // The volume stays held until the download ends or the client goes away.
+      // Held until the last byte is read (a client's next call may take the volume), closed with the file.
+      stream.once('end', () => f.release());
       stream.once('close', () => void f.close());
       return reply.header('content-type', 'application/octet-stream').header('content-length', String(size)).send(stream);
     } catch (e) {

@@ -14,7 +14,7 @@
  * snapshots are copies of the image in `<dir>/<id>/snapshots/<snapshot>.img` (ciphertext too).
  */
 import { execFile } from 'node:child_process';
-import { existsSync, promises as fs, readFileSync } from 'node:fs';
+import { existsSync, promises as fs, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { SpaceError, type VolumeHost, type VolumeHostReport } from '@space/core';
 
@@ -28,6 +28,8 @@ export interface Ext4VolumesOptions {
   gid?: number;
   /** Each command must finish within this. @default 120000 */
   timeoutMs?: number;
+  /** Crash tests only: called while a snapshot holds an open volume frozen (e.g. the daemon SIGKILLs itself). */
+  whileFrozen?: () => void;
 }
 
 const ID = /^[a-z0-9][a-z0-9-]{0,63}$/;
@@ -40,6 +42,19 @@ const FSCRYPT_CONF = {
   use_fs_keyring_for_v1_policies: false,
   allow_cross_user_metadata: false,
 };
+
+/**
+ * Writes a file's dirty pages out. Before a sparse copy: what the loop device wrote may still
+ * sit in the page cache unallocated, and a copy that skips holes must see it as data.
+ */
+async function syncFile(file: string): Promise<void> {
+  const h = await fs.open(file, 'r');
+  try {
+    await h.sync();
+  } finally {
+    await h.close();
+  }
+}
 
 function mountPoints(): Set<string> {
   return new Set(
@@ -152,13 +167,52 @@ export class Ext4Volumes implements VolumeHost {
   private async mount(id: string): Promise<void> {
     if (mountPoints().has(this.mnt(id))) return;
     await fs.mkdir(this.mnt(id), { recursive: true, mode: 0o700 });
+    // A loop device of an earlier mount still detaching would be picked up again by `mount -o
+    // loop` and then detached under the new mount (measured: writes lost): wait for it to go.
+    await this.loopsGone(id);
     await this.run('mount', ['-t', 'ext4', '-o', 'loop,nosuid,nodev,noatime', this.image(id), this.mnt(id)]);
   }
 
+  /** Loop devices backed by the volume's image (an earlier mount's, detaching). */
+  private loopsOf(id: string): string[] {
+    const image = path.resolve(this.image(id));
+    const out: string[] = [];
+    for (const dev of existsSync('/sys/block') ? readdirSync('/sys/block').filter((d) => d.startsWith('loop')) : []) {
+      let backing: string;
+      try {
+        backing = readFileSync(`/sys/block/${dev}/loop/backing_file`, 'utf8').trim();
+      } catch {
+        continue;
+      }
+      if (backing === image || backing === `${image} (deleted)`) out.push(`/dev/${dev}`);
+    }
+    return out;
+  }
+
+  /** Waits until no loop device is backed by the image any more (detaching those left after 5 s). */
+  private async loopsGone(id: string): Promise<void> {
+    for (let i = 0; ; i++) {
+      const loops = this.loopsOf(id);
+      if (!loops.length) return;
+      if (i === 50) for (const l of loops) await this.run('losetup', ['--detach', l]).catch(() => {});
+      if (i > 100) throw new SpaceError('INTERNAL', `Loop devices ${loops.join(', ')} of volume ${id} do not detach`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
   private async unmount(id: string): Promise<void> {
-    if (!mountPoints().has(this.mnt(id))) return;
-    // The file system's keys go with it: unmounted, only ciphertext is left.
-    await this.run('umount', [this.mnt(id)]);
+    // The file system's keys go with it: unmounted, only ciphertext is left. A file its last
+    // user just closed (a download's, a sandbox's gofer exiting) may keep it busy a moment.
+    for (let i = 0; mountPoints().has(this.mnt(id)); i++) {
+      try {
+        await this.run('umount', [this.mnt(id)]);
+      } catch (err) {
+        if (i >= 50 || !/busy/i.test((err as Error).message)) throw err;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
+    // Its loop device detaches on its own (autoclear), a moment later: the image is whole once it has.
+    await this.loopsGone(id);
   }
 
   create(id: string, sizeMb: number, key: Buffer): Promise<void> {
@@ -233,13 +287,13 @@ export class Ext4Volumes implements VolumeHost {
       // A consistent copy of an open volume: ext4 flushes and holds every write until thawed.
       if (frozen) await this.run('fsfreeze', ['--freeze', this.mnt(id)]);
       try {
+        if (frozen) this.opts.whileFrozen?.();
+        await syncFile(this.image(id));
         await this.run('cp', ['--sparse=always', '--reflink=auto', this.image(id), tmp]);
       } finally {
         if (frozen) await this.run('fsfreeze', ['--unfreeze', this.mnt(id)]);
       }
-      const h = await fs.open(tmp, 'r');
-      await h.sync();
-      await h.close();
+      await syncFile(tmp);
       await fs.rename(tmp, dest);
     });
   }
@@ -250,10 +304,9 @@ export class Ext4Volumes implements VolumeHost {
       const src = this.snapshotPath(id, snapshotId);
       if (!existsSync(src)) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Volume ${id} has no snapshot ${snapshotId} on this node`, { details: { snapshotId } });
       const tmp = `${this.image(id)}.tmp`;
+      await syncFile(src);
       await this.run('cp', ['--sparse=always', '--reflink=auto', src, tmp]);
-      const h = await fs.open(tmp, 'r');
-      await h.sync();
-      await h.close();
+      await syncFile(tmp);
       await fs.rename(tmp, this.image(id));
     });
   }

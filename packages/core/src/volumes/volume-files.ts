@@ -3,7 +3,7 @@
  * volume (`/data/x.csv`); no symbolic link is followed anywhere (a sandbox could have planted
  * one pointing at the host's files), and nothing leaves the volume's directory.
  */
-import { constants, createReadStream, promises as fs, type Stats } from 'node:fs';
+import { constants, promises as fs, type Stats } from 'node:fs';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -43,16 +43,29 @@ function fsError(err: unknown, p: string): never {
  * try { await f.write('/in/data.csv', Readable.from(['a,b\n'])); } finally { await f.close(); }
  */
 export class VolumeFiles {
+  private released = false;
   private closed = false;
 
   constructor(
     private readonly root: string,
     private readonly readOnly: boolean,
+    private readonly onRelease: () => void,
     private readonly onClose: () => Promise<void>,
   ) {}
 
-  /** Lets go of the volume (idempotent). */
+  /**
+   * Stops holding the volume at once (others may take it), before the files are closed: e.g.
+   * when a download's last byte was read. {@link close} follows. Idempotent.
+   */
+  release(): void {
+    if (this.released) return;
+    this.released = true;
+    this.onRelease();
+  }
+
+  /** Lets go of the volume; it is closed if nothing else holds it. Idempotent. */
   async close(): Promise<void> {
+    this.release();
     if (this.closed) return;
     this.closed = true;
     await this.onClose();
@@ -149,7 +162,8 @@ export class VolumeFiles {
       await h.close();
       fsError(Object.assign(new Error('EISDIR'), { code: 'EISDIR' }), p);
     }
-    return { stream: createReadStream('', { fd: h.fd, autoClose: true }), size: s.size };
+    // The stream owns the handle and closes it (a handle left to the garbage collector would close it twice).
+    return { stream: h.createReadStream(), size: s.size };
   }
 
   /** Writes a file from `src` (replacing it whole, atomically); parent directories are made. */

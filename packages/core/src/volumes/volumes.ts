@@ -308,10 +308,12 @@ export class Volumes {
     try {
       const key = await this.key(v);
       const root = await this.serial(v.id, () => host.open(v.id, key));
-      return new VolumeFiles(root, !write, async () => {
-        this.holders.get(v.id)?.delete(holder);
-        await this.closeIfUnheld(v.id);
-      });
+      return new VolumeFiles(
+        root,
+        !write,
+        () => this.holders.get(v.id)?.delete(holder),
+        () => this.closeIfUnheld(v.id),
+      );
     } catch (err) {
       this.holders.get(v.id)?.delete(holder);
       await this.closeIfUnheld(v.id);
