@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 // SPACE_E2B_SDK points at another build of the SDK (scripts/check-e2b-latest.mjs: the newest).
-const { CommandExitError, NotFoundError, Sandbox, SandboxNotFoundError } = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
+const { CommandExitError, NotFoundError, Sandbox, SandboxNotFoundError, Volume, VolumeNotFoundError, VolumePathNotFoundError } = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { api, cliRunner, eventually, startTestDaemon } from './helpers.mjs';
@@ -515,6 +515,45 @@ http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()
     assert.equal((await priv.getInfo()).state, 'running');
     await Promise.all([pub.kill(), priv.kill()]);
     assert.equal((await curl(['-o', '/dev/null', '-w', '%{http_code}', `http://${host}/`])).stdout, '404', 'a killed sandbox\'s ports are gone');
+  });
+
+  it('volumes: Volume.create, files written and read without a sandbox, volumeMounts on create, one writer at a time, destroy', async () => {
+    // The SDK's volume content client goes to E2B_VOLUME_API_URL (SPACE's E2B listener).
+    process.env.E2B_VOLUME_API_URL = opts.apiUrl;
+    try {
+      const vol = await Volume.create('e2b-vol', opts);
+      assert.match(vol.volumeId, /^vol-/);
+      await vol.writeFile('/in/hello.txt', 'from the SDK');
+      await vol.makeDir('/out');
+      assert.deepEqual((await vol.list('/')).map((e) => `${e.name}:${e.type}`), ['in:directory', 'out:directory']);
+      assert.equal((await vol.getInfo('/in/hello.txt')).size, 12);
+      assert.ok((await vol.getInfo('/in/hello.txt')).mtime instanceof Date);
+      assert.equal(await vol.exists('/nope'), false);
+      await assert.rejects(vol.readFile('/nope'), VolumePathNotFoundError);
+      assert.deepEqual((await Volume.list(opts)).map((v) => v.name), ['e2b-vol']);
+      const again = await Volume.connect(vol.volumeId, opts);
+      assert.equal(await again.readFile('/in/hello.txt'), 'from the SDK');
+      const sb = await create({ volumeMounts: { '/data': vol } });
+      assert.equal((await sb.commands.run('cat /data/in/hello.txt && echo inside > /data/out/x.txt')).stdout, 'from the SDK');
+      assert.deepEqual((await sb.getInfo()).volumeMounts, [{ name: 'e2b-vol', path: '/data' }]);
+      await assert.rejects(create({ volumeMounts: { '/data': 'e2b-vol' } }), /VOLUME_IN_USE/);
+      await assert.rejects(vol.writeFile('/y', 'y'), /VOLUME_IN_USE/);
+      await sb.kill();
+      assert.equal(await vol.readFile('/out/x.txt'), 'inside\n');
+      await vol.remove('/out/x.txt');
+      assert.equal(await vol.exists('/out/x.txt'), false);
+      // Another volume's token opens nothing here.
+      const other = await Volume.create('e2b-other', opts);
+      const forged = new Volume(vol.volumeId, vol.name, other.token, undefined, false);
+      await assert.rejects(forged.readFile('/in/hello.txt'), /UNAUTHENTICATED|401/);
+      assert.equal(await Volume.destroy(other.volumeId, opts), true);
+      assert.equal(await Volume.destroy(vol.volumeId, opts), true);
+      assert.equal(await Volume.destroy(vol.volumeId, opts), false);
+      await assert.rejects(Volume.getInfo(vol.volumeId, opts), VolumeNotFoundError);
+      await assert.rejects(create({ volumeMounts: { '/data': 'e2b-vol' } }), /VOLUME_NOT_FOUND/);
+    } finally {
+      delete process.env.E2B_VOLUME_API_URL;
+    }
   });
 
   it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {

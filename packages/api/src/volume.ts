@@ -51,6 +51,10 @@ export interface VolumeEntry {
   uid: number;
   gid: number;
   mtime: string;
+  atime: string;
+  ctime: string;
+  /** Where a symbolic link points (never followed by transfers). */
+  target?: string;
 }
 
 const MOUNT = /^([^:]+):(\/[^:]*)(?::(ro|rw))?$/;

@@ -34,6 +34,25 @@ export class AccessTokens {
     return `tat_${createHmac('sha256', this.secret).update(`traffic\0${tenantId}\0${sandboxId}`).digest('base64url')}`;
   }
 
+  /**
+   * The token of a tenant's volume (E2B's volume `token`): what the volume content API takes as
+   * `Authorization: Bearer`. Derived, so info can hand it out again; it opens that volume only.
+   */
+  volume(tenantId: string, volumeId: string): string {
+    return `vt_${Buffer.from(tenantId).toString('base64url')}.${createHmac('sha256', this.secret).update(`volume\0${tenantId}\0${volumeId}`).digest('base64url')}`;
+  }
+
+  /** The tenant a valid volume token for `volumeId` belongs to; `UNAUTHENTICATED` otherwise. */
+  verifyVolume(volumeId: string, authorization: string | undefined): string {
+    const token = authorization?.startsWith('Bearer ') ? authorization.slice(7) : undefined;
+    if (!token || token.length > 300 || !token.startsWith('vt_')) throw new SpaceError('UNAUTHENTICATED', 'Send the volume\'s token (from Volume.create or Volume.getInfo) as Authorization: Bearer <token>');
+    const tenantId = Buffer.from(token.slice(3).split('.')[0] ?? '', 'base64url').toString();
+    const want = Buffer.from(this.volume(tenantId, volumeId));
+    const got = Buffer.from(token);
+    if (want.length !== got.length || !timingSafeEqual(want, got)) throw new SpaceError('UNAUTHENTICATED', `The token is not valid for volume ${volumeId}`);
+    return tenantId;
+  }
+
   /** The tenant a valid token for `sandboxId` belongs to; `UNAUTHENTICATED` otherwise. */
   verify(sandboxId: string | undefined, token: string | undefined): string {
     if (!sandboxId || !token || token.length > 200) throw new SpaceError('UNAUTHENTICATED', 'Missing E2b-Sandbox-Id or X-Access-Token header');

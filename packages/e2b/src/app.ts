@@ -10,6 +10,7 @@ import { fastifyConnectPlugin } from '@connectrpc/connect-fastify';
 import { SpaceError, fileMetadataFromHeaders, type ApiKeys, type SandboxService } from '@space/core';
 import { AccessTokens, signedCaller, type SignedFileQuery } from './access.js';
 import { registerControl } from './control.js';
+import { registerVolumes } from './volumes.js';
 import { envdCaller, envdRoutes, readFile, writeFile } from './envd.js';
 
 /** Deps of {@link buildE2bApp}. */
@@ -66,6 +67,7 @@ export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {
   await app.register(multipart, { preservePath: true, limits: { fileSize: deps.maxUploadBytes, files: 1000 } });
 
   registerControl(app, deps);
+  registerVolumes(app, deps);
 
   // ---- envd over plain HTTP
   const caller = (headers: Record<string, string | string[] | undefined>) => envdCaller(deps.tokens, { get: (n) => (typeof headers[n] === 'string' ? (headers[n] as string) : null) });

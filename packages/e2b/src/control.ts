@@ -9,6 +9,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import net from 'node:net';
 import { EVERY_PORT, SpaceError, asErrorCode, checkHostHeader, checkHeaderRules, parseCidr, type ApiKeys, type EgressPolicy, type HeaderRule, type PortExposure, type Sandbox, type SandboxService, type Snapshot } from '@space/core';
 import type { AccessTokens } from './access.js';
+import type { VolumeMount } from '@space/api';
 
 /** The envd version SPACE reports: new enough that the SDK enables every feature it speaks. */
 export const ENVD_VERSION = '0.6.4';
@@ -43,6 +44,16 @@ export interface ControlDeps {
 }
 
 type Body = Record<string, unknown>;
+
+/** E2B's `volumeMounts` (`[{ name, path }]`) as SPACE's volume mounts (read-write). */
+function volumeMounts(v: unknown): VolumeMount[] | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (!Array.isArray(v)) throw new SpaceError('BAD_REQUEST', 'volumeMounts must be a list of { name, path }');
+  return v.map((m: { name?: unknown; path?: unknown }) => {
+    if (typeof m?.name !== 'string' || typeof m?.path !== 'string') throw new SpaceError('BAD_REQUEST', 'Each of volumeMounts is { name, path }');
+    return { volume: m.name, path: m.path };
+  });
+}
 
 function unsupported(what: string, why?: string): SpaceError {
   return new SpaceError('BAD_REQUEST', `${what} is not supported by SPACE's E2B-compatible API${why ? ` (${why})` : ''}`);
@@ -208,6 +219,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
       ...access(sb, every),
       network: { allowPublicTraffic: every?.public ?? false, ...(every?.hostHeader ? { maskRequestHost: every.hostHeader } : {}) },
       lifecycle: { onTimeout: sb.onTimeout === 'hibernate' ? 'pause' : 'kill', autoResume: !!sb.autoResume },
+      volumeMounts: (sb.volumes ?? []).map((m) => ({ name: m.volume, path: m.path })),
     };
   };
 
@@ -217,7 +229,8 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
     const b = (req.body ?? {}) as Body;
     const egressHint = "a SPACE sandbox reaches only its egress proxy: allow destinations with SPACE's API (PUT /v1/sandboxes/{id}/egress, `space egress allow ID --domain HOST`), see docs/egress.md";
     if (b.mcp !== undefined && b.mcp !== null) throw unsupported('"mcp" (an MCP gateway inside the sandbox)', 'SPACE serves MCP from outside the sandbox instead: `space mcp`, see docs/mcp.md');
-    for (const k of ['iam', 'volumeMounts'] as const) if (b[k] !== undefined && b[k] !== null) throw unsupported(`"${k}"`);
+    if (b.iam !== undefined && b.iam !== null) throw unsupported('"iam"');
+    const volumes = volumeMounts(b.volumeMounts);
     // E2B SDKs before 2.51 send allowInternetAccess: true on every create: E2B's meaning, through the proxy.
     const internet = b.allow_internet_access === true;
     const egress = b.network !== undefined && b.network !== null ? networkPolicy(b.network, internet) : internet ? { publicInternet: true } : undefined;
@@ -250,7 +263,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
       await openPorts(sb, wish);
       return created(sb);
     }
-    const sb = await svc.create(tenantId, { template, timeoutMs, ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(autoResume ? { autoResume: true } : {}), ...(egress ? { egress } : {}), ...(headers?.length ? { headers } : {}) });
+    const sb = await svc.create(tenantId, { template, timeoutMs, ...(volumes ? { volumes } : {}), ...(env ? { env } : {}), ...(metadata ? { metadata } : {}), ...(b.autoPause === true ? { onTimeout: 'hibernate' as const } : {}), ...(autoResume ? { autoResume: true } : {}), ...(egress ? { egress } : {}), ...(headers?.length ? { headers } : {}) });
     try {
       await openPorts(sb, wish);
     } catch (err) {

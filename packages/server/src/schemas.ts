@@ -307,4 +307,7 @@ export const VolumeEntrySchema = Type.Object({
   uid: Type.Integer(),
   gid: Type.Integer(),
   mtime: Type.String(),
+  atime: Type.String(),
+  ctime: Type.String(),
+  target: Type.Optional(Type.String({ description: 'Where a symbolic link points (transfers never follow one)' })),
 });

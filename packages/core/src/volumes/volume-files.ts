@@ -101,9 +101,10 @@ export class VolumeFiles {
     if (this.readOnly) throw new SpaceError('INTERNAL', 'This volume was opened for reading');
   }
 
-  private entry(hostPath: string, s: Stats): VolumeEntry {
+  private async entry(hostPath: string, s: Stats): Promise<VolumeEntry> {
     const rel = '/' + path.relative(this.root, hostPath);
-    return { name: path.basename(rel) || '/', path: rel, type: entryType(s), size: s.size, mode: s.mode & 0o7777, uid: s.uid, gid: s.gid, mtime: s.mtime.toISOString() };
+    const target = s.isSymbolicLink() ? await fs.readlink(hostPath).catch(() => undefined) : undefined;
+    return { name: path.basename(rel) || '/', path: rel, type: entryType(s), size: s.size, mode: s.mode & 0o7777, uid: s.uid, gid: s.gid, mtime: s.mtime.toISOString(), atime: s.atime.toISOString(), ctime: s.ctime.toISOString(), ...(target !== undefined ? { target } : {}) };
   }
 
   /** Information about a file or directory. */
@@ -121,7 +122,7 @@ export class VolumeFiles {
       for (const n of names.sort()) {
         const child = path.join(dir, n);
         const s = await fs.lstat(child);
-        out.push(this.entry(child, s));
+        out.push(await this.entry(child, s));
         if (s.isDirectory() && level < depth) await walk(child, level + 1);
       }
     };
@@ -148,8 +149,10 @@ export class VolumeFiles {
     return this.stat(p);
   }
 
+  /** Gives `hp` its owner — by default the volume's (the sandboxes' default user), not the daemon's root — and mode. */
   private async own(hp: string, meta: VolumeFileMeta): Promise<void> {
-    if (meta.uid !== undefined || meta.gid !== undefined) await fs.lchown(hp, meta.uid ?? -1, meta.gid ?? -1);
+    const root = await fs.stat(this.root);
+    await fs.lchown(hp, meta.uid ?? root.uid, meta.gid ?? root.gid);
     if (meta.mode !== undefined) await fs.chmod(hp, meta.mode & 0o7777);
   }
 
@@ -196,7 +199,9 @@ export class VolumeFiles {
   /** Changes owner and permissions. */
   async setMeta(p: string, meta: VolumeFileMeta): Promise<VolumeEntry> {
     this.writable();
-    await this.own(await this.resolve(p), meta);
+    const hp = await this.resolve(p);
+    if (meta.uid !== undefined || meta.gid !== undefined) await fs.lchown(hp, meta.uid ?? -1, meta.gid ?? -1);
+    if (meta.mode !== undefined) await fs.chmod(hp, meta.mode & 0o7777);
     return this.stat(p);
   }
 }
