@@ -181,13 +181,14 @@ describe('E2B-compatible API (e2b SDK)', () => {
     assert.equal((await sb.commands.run('true')).exitCode, 0, 'still fine for its owner');
   });
 
-  it('`space e2b env` gives the three settings; with them in the environment the SDK needs no options', async () => {
+  it('`space e2b env` gives the four settings; with them in the environment the SDK needs no options', async () => {
     const home = mkdtempSync('/tmp/spe-home-');
     const space = cliRunner(home, { SPACE_URL: fx.url, SPACE_API_KEY: fx.key });
     const r = await space('e2b', 'env');
     assert.equal(r.code, 0, r.stderr);
     const env = Object.fromEntries(r.stdout.trim().split('\n').map((l) => l.split('=')));
-    assert.deepEqual(Object.keys(env), ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']);
+    assert.deepEqual(Object.keys(env), ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_VOLUME_API_URL', 'E2B_API_KEY']);
+    assert.equal(env.E2B_VOLUME_API_URL, opts.apiUrl);
     assert.equal(env.E2B_API_URL, opts.apiUrl);
     assert.match(env.E2B_API_KEY, /^e2b_[0-9a-f]{40}$/);
     assert.equal((await space('e2b', 'env')).stdout, r.stdout, 'the key is made once and reused');

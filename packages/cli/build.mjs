@@ -13,7 +13,7 @@ await build({
   platform: 'node',
   target: 'node20',
   format: 'esm',
-  external: ['@space/server', '@space/driver-gvisor', '@space/driver-microvm', '@space/mcp', '@space/core', 'better-sqlite3', 'node-pty', 'tar'],
+  external: ['@space/server', '@space/driver-gvisor', '@space/driver-microvm', '@space/volume-ext4', '@space/mcp', '@space/core', 'better-sqlite3', 'node-pty', 'tar'],
   banner: { js: "import { createRequire as __spaceRequire } from 'node:module'; const require = __spaceRequire(import.meta.url);" },
   sourcemap: false,
   legalComments: 'none',

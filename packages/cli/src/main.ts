@@ -270,7 +270,7 @@ daemonCommand('daemon', 'run the daemon in the foreground').action(async (o: Dae
 
 program
   .command('doctor')
-  .description('check this host: runsc, cgroups, namespaces, nftables; which drivers can run here')
+  .description('check this host: runsc, cgroups, namespaces, nftables; which drivers can run here; whether it can keep volumes')
   .option('--json', 'print JSON')
   .option('--data-dir <dir>', 'data directory (the microvm driver keeps its guest kernel there)', defaultDataDir())
   .action(async (o: { json?: boolean; dataDir: string }) => {
@@ -280,11 +280,14 @@ program
     // The microvm check fetches and builds the guest kernel into the data directory once (as `up` would).
     const m = await new MicrovmDriver({ dataDir: o.dataDir }).doctor();
     const reports = [g, m];
-    if (o.json) return void process.stdout.write(JSON.stringify({ drivers: reports }, null, 2) + '\n');
+    const { Ext4Volumes } = await import('@space/volume-ext4');
+    const volumes = await new Ext4Volumes({ dir: '/nonexistent' }).doctor();
+    if (o.json) return void process.stdout.write(JSON.stringify({ drivers: reports, volumes }, null, 2) + '\n');
     for (const r of reports) {
       process.stdout.write(`${r.driver}: ${r.available ? 'AVAILABLE' : 'NOT AVAILABLE'}\n`);
       for (const c of r.checks) process.stdout.write(`  ${c.ok ? 'ok  ' : 'FAIL'} ${c.name.padEnd(20)} ${c.detail}\n`);
     }
+    process.stdout.write(`volumes: ${volumes.available ? 'AVAILABLE' : 'NOT AVAILABLE'} (${volumes.detail})\n`);
     if (!g.available) process.exitCode = 1;
   });
 
@@ -825,7 +828,7 @@ egress
 const e2b = program.command('e2b').description('the E2B-compatible API (agents written for E2B\'s SDK)');
 e2b
   .command('env')
-  .description('print E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY for this daemon and tenant: export $(space e2b env)')
+  .description('print E2B_API_URL, E2B_SANDBOX_URL, E2B_VOLUME_API_URL and E2B_API_KEY for this daemon and tenant: export $(space e2b env)')
   .action(async () => {
     const conn = connection();
     const api = new ApiClient(conn);
@@ -839,7 +842,7 @@ e2b
       key = (await api.json<{ key: string }>('POST', '/v1/keys', { json: { name: 'e2b (space e2b env)', format: 'e2b' } })).key;
       store.set(api.url, key);
     }
-    process.stdout.write(`E2B_API_URL=${url}\nE2B_SANDBOX_URL=${url}\nE2B_API_KEY=${key}\n`);
+    process.stdout.write(`E2B_API_URL=${url}\nE2B_SANDBOX_URL=${url}\nE2B_VOLUME_API_URL=${url}\nE2B_API_KEY=${key}\n`);
   });
 
 // ---------- keys
