@@ -65,7 +65,10 @@ export class Forks {
         });
         reservation.track(child.id);
         if (mounts.length) this.c.volumes!.claim(child.id, mounts);
-        await this.c.store.insertSandbox(child);
+        await this.c.store.insertSandbox(child).catch(async (err: unknown) => {
+          await this.c.volumes?.release(child.id);
+          throw err;
+        });
         await this.c.faults.fault('fork:after-record');
         try {
           await this.c.faults.during('fork:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, child, imageDir));

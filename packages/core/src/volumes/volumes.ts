@@ -95,6 +95,8 @@ function toSnapshot(v: VolumeRecord, s: VolumeSnapshotRecord): VolumeSnapshot {
 export class Volumes {
   private readonly holders = new Map<string, Map<string, Holder>>();
   private readonly chains = new Map<string, Promise<unknown>>();
+  /** Volumes being removed: claimed by nothing from the moment the removal passed its check. */
+  private readonly removing = new Set<string>();
   private fileHolders = 0;
   readonly defaultMb: number;
   readonly maxMb: number;
@@ -132,7 +134,7 @@ export class Volumes {
   }
 
   private view(v: VolumeRecord): Volume {
-    const users = [...(this.holders.get(v.id) ?? new Map<string, Holder>()).entries()].filter(([h]) => !h.startsWith('files:'));
+    const users = [...(this.holders.get(v.id) ?? new Map<string, Holder>()).entries()].filter(([h]) => h.startsWith('sb'));
     return { id: v.id, name: v.name, sizeMb: v.sizeMb, createdAt: v.createdAt, mountedBy: users.map(([sandboxId, h]) => ({ sandboxId, path: h.path, readOnly: h.readOnly })) };
   }
 
@@ -192,8 +194,15 @@ export class Volumes {
   async remove(tenantId: string, nameOrId: string): Promise<void> {
     const v = await this.find(tenantId, nameOrId);
     if (this.holders.get(v.id)?.size) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is mounted by ${this.describeHolders(v.id)}: kill them first`, { details: { name: v.name } });
-    await this.opts.store.updateVolume(v.id, { state: 'deleting' });
-    await this.finishRemove(v);
+    if (this.removing.has(v.id)) throw new SpaceError('VOLUME_NOT_FOUND', `Volume ${v.name} is being removed`, { details: { name: v.name } });
+    // Set in the same step as the check: a create that resolved the name meanwhile cannot claim it.
+    this.removing.add(v.id);
+    try {
+      await this.opts.store.updateVolume(v.id, { state: 'deleting' });
+      await this.finishRemove(v);
+    } finally {
+      this.removing.delete(v.id);
+    }
     this.opts.logger.info({ tenantId, volumeId: v.id, name: v.name }, 'volume removed');
   }
 
@@ -206,7 +215,7 @@ export class Volumes {
 
   private describeHolders(id: string): string {
     const hs = [...(this.holders.get(id)?.entries() ?? [])];
-    const names = hs.map(([h, x]) => (h.startsWith('files:') ? 'a file transfer' : `sandbox ${h}${x.readOnly ? ' (read-only)' : ''}`));
+    const names = hs.map(([h, x]) => (h.startsWith('files:') ? 'a file transfer' : h === 'restore' ? 'a restore' : `sandbox ${h}${x.readOnly ? ' (read-only)' : ''}`));
     return names.slice(0, 5).join(', ') + (names.length > 5 ? ` and ${names.length - 5} more` : '');
   }
 
@@ -236,6 +245,7 @@ export class Volumes {
 
   /** Why `holder` may not take volume `id` now (undefined: it may). */
   private conflict(id: string, holder: string, readOnly: boolean): string | undefined {
+    if (this.removing.has(id)) return 'its removal';
     const hs = [...(this.holders.get(id)?.entries() ?? [])].filter(([h]) => h !== holder);
     if (!hs.length) return undefined;
     if (readOnly && hs.every(([, h]) => h.readOnly)) return undefined;
@@ -360,11 +370,18 @@ export class Volumes {
     const host = this.host();
     const v = await this.find(tenantId, name);
     const s = await this.ownSnapshot(v, snapshotId);
-    if (this.holders.get(v.id)?.size) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is mounted by ${this.describeHolders(v.id)}: kill them before restoring it`, { details: { name: v.name } });
-    await this.serial(v.id, async () => {
-      await host.close(v.id);
-      await host.restore(v.id, s.id);
-    });
+    const why = this.conflict(v.id, 'restore', false);
+    if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${why}: kill them before restoring it`, { details: { name: v.name } });
+    // Held by the restore itself meanwhile: a create that claimed it now would see either contents.
+    this.hold(v.id, 'restore', { path: '', readOnly: false });
+    try {
+      await this.serial(v.id, async () => {
+        await host.close(v.id);
+        await host.restore(v.id, s.id);
+      });
+    } finally {
+      this.holders.get(v.id)?.delete('restore');
+    }
     this.opts.logger.info({ tenantId, volumeId: v.id, snapshotId }, 'volume restored');
     return this.view(v);
   }
