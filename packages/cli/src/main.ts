@@ -372,6 +372,8 @@ program
         const mib = (n: number) => `${Math.round(n / 1048576)} MiB`;
         process.stdout.write(`${'memory used'.padEnd(12)} ${mib(usage.cgroupBytes ?? usage.rssBytes)}\n`);
         if (usage.diskLimitBytes !== undefined) process.stdout.write(`${'disk used'.padEnd(12)} ${mib(usage.diskUsedBytes ?? 0)} of ${mib(usage.diskLimitBytes)}\n`);
+      } else if (k === 'volumes' && Array.isArray(v)) {
+        process.stdout.write(`${'volumes'.padEnd(12)} ${sb.info.volumes!.map((m) => `${m.volume}:${m.path}${m.readOnly ? ':ro' : ''}`).join(' ')}\n`);
       } else process.stdout.write(`${k.padEnd(12)} ${typeof v === 'object' ? JSON.stringify(v) : String(v)}\n`);
     }
   });
