@@ -3,25 +3,22 @@
 // snapshot, wake, rollback, fork). After each restart the session runs (or stays hibernated)
 // with the files of the moment, and the pool holds no disk or copy that nothing owns.
 import assert from 'node:assert/strict';
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { readdirSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { closeDiskPool, eventually, leftovers, startSpaced } from './helpers.mjs';
+import { crashableSpaced, eventually } from './helpers.mjs';
 
 const DISKS = { SPACE_DISKS: 'on' };
 
 describe('sandbox disks: SIGKILL of the daemon', { timeout: 20 * 60_000 }, () => {
-  const dataDir = mkdtempSync('/tmp/spkd-');
-  const mnt = path.join(dataDir, 'disks', 'mnt');
-  const ids = new Set();
+  const h = crashableSpaced('/tmp/spkd-', DISKS);
+  const mnt = path.join(h.dataDir, 'disks', 'mnt');
+  const ids = h.ids;
   let d;
 
-  const start = async (env = {}) => (d = await startSpaced(dataDir, { ...DISKS, ...env }));
-  const kill = async () => {
-    if (d.child.exitCode === null && d.child.signalCode === null) d.child.kill('SIGKILL');
-    await d.exited;
-  };
+  const start = async (env = {}) => (d = await h.start(env));
+  const kill = () => h.kill();
   /** What the pool holds beyond what the daemon's sandboxes and snapshots account for. */
   const strays = async () => {
     const running = new Set();
@@ -50,16 +47,7 @@ describe('sandbox disks: SIGKILL of the daemon', { timeout: 20 * 60_000 }, () =>
   before(async () => {
     await start();
   });
-  after(async () => {
-    if (d.child.exitCode === null && d.child.signalCode === null) {
-      for (const id of ids) await Sandbox.kill(id, d.conn).catch(() => {});
-      d.child.kill('SIGTERM');
-      await d.exited;
-    }
-    const leaks = [...closeDiskPool(dataDir), ...leftovers(dataDir, [...ids])];
-    if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
-    assert.deepEqual(leaks, []);
-  });
+  after(async () => assert.deepEqual(await h.finish(), []));
 
   it('a writer keeps writing to its disk through a daemon crash; the file is whole afterwards', async () => {
     const sb = await Sandbox.create({ ...d.conn, template: 'minimal', diskMb: 1024 });

@@ -198,6 +198,46 @@ export async function startSpaced(dataDir, env = {}) {
 }
 
 /**
+ * A daemon that crash tests SIGKILL and start again over one data directory. `finish()` kills
+ * the sandboxes in `ids`, stops the daemon, and returns what was left behind (open volumes, a
+ * mounted disk pool, runtime resources), removing the data directory.
+ *
+ * @example
+ * const h = crashableSpaced('/tmp/spkv-');
+ * await h.start();
+ * await h.kill();
+ * await h.start({ SPACE_FAULT_INJECT: 'volume-snapshot:frozen' });
+ * assert.deepEqual(await h.finish(), []);
+ */
+export function crashableSpaced(prefix, baseEnv = {}) {
+  const dataDir = mkdtempSync(prefix);
+  const alive = () => h.d && h.d.child.exitCode === null && h.d.child.signalCode === null;
+  const h = {
+    dataDir,
+    ids: new Set(),
+    d: undefined,
+    async start(env = {}) {
+      return (h.d = await startSpaced(dataDir, { ...baseEnv, ...env }));
+    },
+    async kill() {
+      if (alive()) h.d.child.kill('SIGKILL');
+      await h.d.exited;
+    },
+    async finish() {
+      if (alive()) {
+        for (const id of h.ids) await Sandbox.kill(id, h.d.conn).catch(() => {});
+        h.d.child.kill('SIGTERM');
+        await h.d.exited;
+      }
+      const leaks = [...closeVolumes(dataDir), ...closeDiskPool(dataDir), ...leftovers(dataDir, [...h.ids])];
+      if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
+      return leaks;
+    },
+  };
+  return h;
+}
+
+/**
  * Stops a daemon started with {@link startSpaced} after killing every sandbox it has (a stopped
  * daemon leaves its sandboxes running for re-adoption; a benchmark or test that failed midway
  * must not leave them behind).

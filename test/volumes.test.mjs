@@ -10,7 +10,7 @@ import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } 
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Sandbox, SpaceError, Volumes } from '../packages/sdk/dist/index.js';
-import { cliRunner, closeVolumes, eventually, leftovers, startSpaced, startTestDaemon } from './helpers.mjs';
+import { cliRunner, crashableSpaced, eventually, startTestDaemon } from './helpers.mjs';
 
 /** Every file under `dir`. */
 function files(dir) {
@@ -207,27 +207,15 @@ describe('volumes (gVisor)', () => {
 });
 
 describe('volumes: SIGKILL of the daemon', { timeout: 15 * 60_000 }, () => {
-  const dataDir = mkdtempSync('/tmp/spkv-');
-  const ids = new Set();
+  const h = crashableSpaced('/tmp/spkv-');
+  const { dataDir, ids } = h;
   let d;
-  const start = async (env = {}) => (d = await startSpaced(dataDir, env));
-  const kill = async () => {
-    if (d.child.exitCode === null && d.child.signalCode === null) d.child.kill('SIGKILL');
-    await d.exited;
-  };
+  const start = async (env = {}) => (d = await h.start(env));
+  const kill = () => h.kill();
   before(async () => {
     await start();
   });
-  after(async () => {
-    if (d.child.exitCode === null && d.child.signalCode === null) {
-      for (const id of ids) await Sandbox.kill(id, d.conn).catch(() => {});
-      d.child.kill('SIGTERM');
-      await d.exited;
-    }
-    const leaks = [...closeVolumes(dataDir), ...leftovers(dataDir, [...ids])];
-    if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
-    assert.deepEqual(leaks, []);
-  });
+  after(async () => assert.deepEqual(await h.finish(), []));
 
   it('a sandbox keeps writing its volume through a daemon crash; afterwards the file is whole and the volume checks clean', async () => {
     const v = await Volumes.create('crash', { ...d.conn, sizeMb: 512 });

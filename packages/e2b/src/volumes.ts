@@ -90,16 +90,8 @@ export function registerVolumes(app: FastifyInstance, deps: VolumeRouteDeps): vo
   });
   app.get<{ Params: { id: string }; Querystring: Q }>('/volumecontent/:id/file', async (req, reply) => {
     const tenantId = deps.tokens.verifyVolume(req.params.id, req.headers.authorization);
-    const f = await volumes().files(tenantId, req.params.id, false);
-    try {
-      const { stream, size } = await f.read(req.query.path ?? '');
-      stream.once('end', () => f.release());
-      stream.once('close', () => void f.close());
-      return reply.header('content-type', 'application/octet-stream').header('content-length', String(size)).send(stream);
-    } catch (err) {
-      await f.close();
-      throw err;
-    }
+    const { stream, size } = await (await volumes().files(tenantId, req.params.id, false)).download(req.query.path ?? '');
+    return reply.header('content-type', 'application/octet-stream').header('content-length', String(size)).send(stream);
   });
   app.put<{ Params: { id: string }; Querystring: Q }>('/volumecontent/:id/file', async (req) => {
     const body = req.body as Readable | undefined;

@@ -67,17 +67,8 @@ export function registerVolumeRoutes(app: App, svc: SandboxService, maxUploadByt
     }
   });
   app.get('/v1/volumes/:name/files/content', { schema: { tags, params: S.VolumeParams, querystring: S.VolumePathQuery } }, async (req, reply) => {
-    const f = await need(svc).files(req.principal.tenantId, req.params.name, false);
-    try {
-      const { stream, size } = await f.read(req.query.path);
-      // Held until the last byte is read (a client's next call may take the volume), closed with the file.
-      stream.once('end', () => f.release());
-      stream.once('close', () => void f.close());
-      return reply.header('content-type', 'application/octet-stream').header('content-length', String(size)).send(stream);
-    } catch (e) {
-      await f.close();
-      throw e;
-    }
+    const { stream, size } = await (await need(svc).files(req.principal.tenantId, req.params.name, false)).download(req.query.path);
+    return reply.header('content-type', 'application/octet-stream').header('content-length', String(size)).send(stream);
   });
   app.put('/v1/volumes/:name/files/content', { schema: { tags, params: S.VolumeParams, querystring: S.VolumePathQuery, response: { 200: S.VolumeEntrySchema, ...err } }, bodyLimit: maxUploadBytes }, async (req) => {
     const body = req.body as Readable | undefined;

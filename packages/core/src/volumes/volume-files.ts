@@ -169,6 +169,23 @@ export class VolumeFiles {
     return { stream: h.createReadStream(), size: s.size };
   }
 
+  /**
+   * A download that ends the transfer: the file's stream, and its size. The volume is let go
+   * when the last byte is read (a client's next call may take it at once) and closed with the
+   * stream; on an error, at once.
+   */
+  async download(p: string): Promise<{ stream: Readable; size: number }> {
+    try {
+      const r = await this.read(p);
+      r.stream.once('end', () => this.release());
+      r.stream.once('close', () => void this.close());
+      return r;
+    } catch (err) {
+      await this.close();
+      throw err;
+    }
+  }
+
   /** Writes a file from `src` (replacing it whole, atomically); parent directories are made. */
   async write(p: string, src: Readable, meta: VolumeFileMeta = {}): Promise<VolumeEntry> {
     this.writable();
