@@ -5,7 +5,7 @@
  */
 import { constants, promises as fs, type Stats } from 'node:fs';
 import path from 'node:path';
-import type { Readable } from 'node:stream';
+import { Transform, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { VolumeEntry } from '@space/api';
 import { SpaceError } from '../errors.js';
@@ -171,19 +171,33 @@ export class VolumeFiles {
 
   /**
    * A download that ends the transfer: the file's stream, and its size. The volume is let go
-   * when the last byte is read (a client's next call may take it at once) and closed with the
-   * stream; on an error, at once.
+   * before the last byte is handed on (a client that has the whole file may take the volume
+   * with its next call) and closed with the stream; on an error, at once.
    */
   async download(p: string): Promise<{ stream: Readable; size: number }> {
+    let r: { stream: Readable; size: number };
     try {
-      const r = await this.read(p);
-      r.stream.once('end', () => this.release());
-      r.stream.once('close', () => void this.close());
-      return r;
+      r = await this.read(p);
     } catch (err) {
       await this.close();
       throw err;
     }
+    let sent = 0;
+    if (r.size === 0) this.release();
+    const counted = new Transform({
+      transform: (chunk: Buffer, _enc, done) => {
+        sent += chunk.length;
+        if (sent >= r.size) this.release();
+        done(null, chunk);
+      },
+    });
+    // A client gone mid-way leaves the file open: closed here (unmounting waits for it).
+    counted.once('close', () => {
+      r.stream.destroy();
+      void this.close();
+    });
+    r.stream.once('error', (err) => counted.destroy(err));
+    return { stream: r.stream.pipe(counted), size: r.size };
   }
 
   /** Writes a file from `src` (replacing it whole, atomically); parent directories are made. */
