@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 // Sandbox disks (--disks on) against the baselines beside them, in one run: dd of 1 GiB inside a
 // sandbox vs on the host's file system; a snapshot and a fork of a sandbox holding 1 GiB vs an
-// empty one (time, bytes stored, bytes added to the pool); creates from a warm pool with a disk
-// vs with today's in-memory root (a second daemon, --disks off).
+// empty one (time, bytes stored, bytes added to the pool); creates from the template image and
+// from a warm pool with a disk vs with today's in-memory root (a second daemon, --disks off).
 //   node scripts/bench-disks.mjs [--creates 21] [--write]
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -19,8 +19,9 @@ const ms = (t) => Math.round(performance.now() - t);
 
 const diskDir = mkdtempSync('/tmp/space-bench-disks-');
 const memDir = mkdtempSync('/tmp/space-bench-mem-');
-const withDisks = await startSpaced(diskDir, { SPACE_DISKS: 'on' });
-const inMemory = await startSpaced(memDir);
+// Both keep a warm pool of `minimal` (512 MiB sandboxes); a create of another size restores the image.
+const withDisks = await startSpaced(diskDir, { SPACE_DISKS: 'on', SPACE_POOLS: 'minimal=2' });
+const inMemory = await startSpaced(memDir, { SPACE_POOLS: 'minimal=2' });
 const mnt = path.join(diskDir, 'disks', 'mnt');
 /** Bytes the pool's file system holds (data and metadata), once written out. */
 const poolUsed = () => {
@@ -80,18 +81,32 @@ try {
   await sb.kill();
   await empty.kill();
 
-  // 3. Creates: a warm template image restore with a disk vs today's in-memory root, alternating.
+  // 3. Creates: a template image restore (384 MiB: not the pool's size) with a disk vs today's in-memory root, alternating.
   const times = { disk: [], memory: [] };
-  for (const [, d] of [['disk', withDisks], ['memory', inMemory]]) await (await Sandbox.create({ ...d.conn, template: 'minimal' })).kill(); // template images taken
+  for (const [, d] of [['disk', withDisks], ['memory', inMemory]]) await (await Sandbox.create({ ...d.conn, template: 'minimal', memoryMb: 384 })).kill(); // template images taken
   for (let i = 0; i < CREATES; i++) {
     for (const [name, d] of [['disk', withDisks], ['memory', inMemory]]) {
-      const x = await Sandbox.create({ ...d.conn, template: 'minimal' });
+      const x = await Sandbox.create({ ...d.conn, template: 'minimal', memoryMb: 384 });
       times[name].push(x.info.createTimings.totalMs);
       await x.kill();
     }
   }
   const p50 = (a) => quantile(a, 50);
   rows.push([`create from the template image, p50 ms (${CREATES} each, alternating)`, p50(times.disk), p50(times.memory), `${(p50(times.disk) / p50(times.memory)).toFixed(2)}x`]);
+
+  // 4. Creates from the warm pool (512 MiB), each once the pool is full again, alternating; the source is checked.
+  const pooled = { disk: [], memory: [] };
+  const poolFull = (d) => eventually(async () => (await (await fetch(`${d.conn.apiUrl}/v1/templates/minimal`, { headers: { authorization: `Bearer ${d.conn.apiKey}` } })).json()).pool?.ready >= 2, { tries: 600 });
+  for (let i = 0; i < CREATES; i++) {
+    for (const [name, d] of [['disk', withDisks], ['memory', inMemory]]) {
+      await poolFull(d);
+      const x = await Sandbox.create({ ...d.conn, template: 'minimal' });
+      if (x.info.createTimings.source !== 'pool') throw new Error(`a create on the ${name} daemon did not come from the pool: ${JSON.stringify(x.info.createTimings)}`);
+      pooled[name].push(x.info.createTimings.totalMs);
+      await x.kill();
+    }
+  }
+  rows.push([`create from the warm pool, p50 ms (${CREATES} each, alternating)`, p50(pooled.disk), p50(pooled.memory), `${(p50(pooled.disk) / p50(pooled.memory)).toFixed(2)}x`]);
 } finally {
   await stopSpaced(withDisks);
   await stopSpaced(inMemory);
@@ -106,6 +121,6 @@ if (values.write) {
   writeSection(
     'disks',
     'Disks',
-    `Measured with \`node scripts/bench-disks.mjs --creates ${CREATES} --write\` (part of \`./space bench\`): a daemon with \`--disks on\` and, beside it, one without (files in memory). The baseline of the dd rows is the same dd on the host's file system under the data directory; of the snapshot and fork rows, the same operation on a sandbox whose disk holds nothing written; of the create row, the daemon keeping files in memory. Creates are restores of the template's image (no warm pool on either), timed by the daemon (\`createTimings.totalMs\`).\n\n${table}`,
+    `Measured with \`node scripts/bench-disks.mjs --creates ${CREATES} --write\` (part of \`./space bench\`): a daemon with \`--disks on\` and, beside it, one without (files in memory). The baseline of the dd rows is the same dd on the host's file system under the data directory; of the snapshot and fork rows, the same operation on a sandbox whose disk holds nothing written; of the create rows, the daemon keeping files in memory. Both daemons keep a warm pool of \`minimal\` (\`SPACE_POOLS=minimal=2\`, 512 MiB sandboxes): the image-restore creates ask for 384 MiB (not the pool's size), the pool creates for 512 MiB once the pool is full again; timed by the daemon (\`createTimings.totalMs\`).\n\n${table}`,
   );
 }
