@@ -66,6 +66,9 @@ export interface FakeDriverOptions {
 export class FakeDriver implements SandboxDriver {
   readonly name: string;
   readonly checkpointsAnyState = true;
+  /** Takes mounts (volumes), recording them: {@link mountsOf} says what each boot or restore was given. */
+  readonly mounts = true;
+  private readonly mounted = new Map<string, DriverCreateSpec['mounts']>();
   private events: DriverEvents | undefined;
   private readonly sandboxes = new Map<string, FakeSandbox>();
   /** Calls made, in order (`create sb…`, `checkpoint sb…`): for tests that assert what ran. */
@@ -89,13 +92,20 @@ export class FakeDriver implements SandboxDriver {
     return 'fake-1';
   }
 
+  /** The mounts the sandbox's last boot or restore was given (`target:source[:ro]`). */
+  mountsOf(id: string): string[] {
+    return (this.mounted.get(id) ?? []).map((m) => `${m.target}:${m.source}${m.readOnly ? ':ro' : ''}`);
+  }
+
   async create(spec: DriverCreateSpec): Promise<void> {
     this.calls.push(`create ${spec.id}`);
+    this.mounted.set(spec.id, spec.mounts);
     this.boot(spec.id, newMachine(spec.id, spec.env));
   }
 
   async restore(spec: DriverCreateSpec, imageDir: string): Promise<void> {
     this.calls.push(`restore ${spec.id}`);
+    this.mounted.set(spec.id, spec.mounts);
     const machine = JSON.parse(await fs.readFile(path.join(imageDir, STATE_FILE), 'utf8')) as FakeMachine;
     this.sandboxes.get(spec.id)?.agent?.close();
     this.boot(spec.id, machine);
