@@ -50,9 +50,9 @@ describe('volumes (gVisor)', () => {
     assert.deepEqual([v.name, v.sizeMb, v.mountedBy], ['shared', 256, []]);
     const a = await fx.create({ template: 'minimal', volumes: [{ volume: 'shared', path: '/data' }] });
     assert.deepEqual(a.info.volumes, [{ volume: 'shared', path: '/data' }]);
-    const w = await a.commands.run('echo from-a > /data/a.txt && id -u && stat -c %U /data', { user: 'user' });
+    const w = await a.commands.run('echo from-a > /data/a.txt && id -u && stat -c %U /data && touch ~/in-my-home', { user: 'user' });
     assert.equal(w.exitCode, 0, w.stderr);
-    assert.equal(w.stdout, '1000\nuser\n', 'the default user owns the volume');
+    assert.equal(w.stdout, '1000\nuser\n', 'the default user owns the volume (and, in minimal, its home)');
     assert.equal(await code(fx.create({ template: 'minimal', volumes: [{ volume: 'shared', path: '/data' }] })), 'VOLUME_IN_USE');
     assert.equal(await code(fx.create({ template: 'minimal', volumes: [{ volume: 'shared', path: '/data', readOnly: true }] })), 'VOLUME_IN_USE', 'no reader while a sandbox writes it');
     assert.equal(await code(Volumes.remove('shared', fx.conn)), 'VOLUME_IN_USE');

@@ -41,6 +41,8 @@ const BASE_HOOKS = [
   `--customize-hook=printf '[global]\\nbreak-system-packages = true\\n' > "$1/etc/pip.conf"`,
 ];
 
+/** What {@link RootfsStore.buildMinimal} lays out beyond users: a change here must bump it (a new cache key). */
+const MINIMAL_LAYOUT = 2;
 const PASSWD = 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n';
 const GROUP = 'root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n';
 
@@ -86,10 +88,11 @@ export class RootfsStore implements RootfsBuilder {
   ) {}
 
   /**
-   * `minimal`, and `base-<hash of its package list and set-up>`: a node upgraded to a new
-   * `base` builds it anew instead of serving the old one from its cache.
+   * `minimal-<hash of its users and layout>` and `base-<hash of its package list and set-up>`: a
+   * node upgraded to a new built-in builds it anew instead of serving the old one from its cache.
    */
   builtinKey(name: string): string {
+    if (name === 'minimal') return `minimal-${createHash('sha256').update(JSON.stringify([PASSWD, GROUP, MINIMAL_LAYOUT])).digest('hex').slice(0, 12)}`;
     if (name !== 'base') return name;
     return `base-${createHash('sha256').update(JSON.stringify([BASE_PACKAGES, USER_HOOK, BASE_HOOKS])).digest('hex').slice(0, 12)}`;
   }
@@ -192,6 +195,9 @@ export class RootfsStore implements RootfsBuilder {
     await fs.writeFile(path.join(root, 'etc/passwd'), PASSWD);
     await fs.writeFile(path.join(root, 'etc/group'), GROUP);
     await fs.chmod(path.join(root, 'root'), 0o700);
+    // The default user's home is its own (it was root's: `user` could not write in ~).
+    await fs.chown(path.join(root, 'home/user'), 1000, 1000);
+    await fs.chmod(path.join(root, 'home/user'), 0o755);
   }
 
   private debootstrap(root: string, packages: readonly string[], progress: Progress, signal?: AbortSignal, hooks: readonly string[] = []): Promise<void> {
