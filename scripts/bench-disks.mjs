@@ -1,6 +1,6 @@
 #!/usr/bin/env node
-// Sandbox disks (--disks on) against the baselines beside them, in one run: dd of 1 GiB inside a
-// sandbox vs on the host's file system; a snapshot and a fork of a sandbox holding 1 GiB vs an
+// Sandbox disks (--disks on) and volumes against the baselines beside them, in one run: dd of
+// 1 GiB inside a sandbox, to its disk and to a volume, vs on the host's file system; a snapshot and a fork of a sandbox holding 1 GiB vs an
 // empty one (time, bytes stored, bytes added to the pool); creates from the template image and
 // from a warm pool with a disk vs with today's in-memory root (a second daemon, --disks off).
 //   node scripts/bench-disks.mjs [--creates 21] [--write]
@@ -9,7 +9,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { quantile, writeSection } from './bench-lib.mjs';
-import { Sandbox } from '../packages/sdk/dist/index.js';
+import { Sandbox, Volumes } from '../packages/sdk/dist/index.js';
 import { closeDiskPool, eventually, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { creates: { type: 'string', default: '21' }, write: { type: 'boolean', default: false } } });
@@ -33,14 +33,20 @@ const mbps = (bytes, msTaken) => Math.round(bytes / MiB / (msTaken / 1000));
 const rows = [];
 
 try {
-  // 1. Sequential write and read of 1 GiB: inside a sandbox (its disk) vs on the host (the data directory's file system).
+  // 1. Sequential write and read of 1 GiB: inside a sandbox (its disk, and a volume) vs on the host (the data directory's file system).
+  await Volumes.create('bench', { ...withDisks.conn, sizeMb: 2048 });
   const sb = await Sandbox.create({ ...withDisks.conn, template: 'minimal', diskMb: 4096 });
+  // Its own sandbox: one that writes a volume cannot be forked (section 2 forks `sb`).
+  const vsb = await Sandbox.create({ ...withDisks.conn, template: 'minimal', diskMb: 4096, volumes: [{ volume: 'bench', path: '/vol' }] });
   const hostFile = path.join(diskDir, 'host-dd');
-  const io = { sandbox: {}, host: {} };
+  const io = { sandbox: {}, host: {}, volume: {} };
   for (let round = 0; round < 2; round++) {
     let t = performance.now();
     await sb.commands.run('dd if=/dev/zero of=/tmp/dd bs=1M count=1024 conv=fsync 2>/dev/null');
     io.sandbox.write = Math.max(io.sandbox.write ?? 0, mbps(1024 * MiB, ms(t)));
+    t = performance.now();
+    await vsb.commands.run('dd if=/dev/zero of=/vol/dd bs=1M count=1024 conv=fsync 2>/dev/null');
+    io.volume.write = Math.max(io.volume.write ?? 0, mbps(1024 * MiB, ms(t)));
     t = performance.now();
     execFileSync('dd', ['if=/dev/zero', `of=${hostFile}`, 'bs=1M', 'count=1024', 'conv=fsync'], { stdio: 'ignore' });
     io.host.write = Math.max(io.host.write ?? 0, mbps(1024 * MiB, ms(t)));
@@ -50,12 +56,24 @@ try {
     io.sandbox.read = Math.max(io.sandbox.read ?? 0, mbps(1024 * MiB, ms(t)));
     dropCaches();
     t = performance.now();
+    await vsb.commands.run('dd if=/vol/dd of=/dev/null bs=1M 2>/dev/null');
+    io.volume.read = Math.max(io.volume.read ?? 0, mbps(1024 * MiB, ms(t)));
+    dropCaches();
+    t = performance.now();
     execFileSync('dd', [`if=${hostFile}`, 'of=/dev/null', 'bs=1M'], { stdio: 'ignore' });
     io.host.read = Math.max(io.host.read ?? 0, mbps(1024 * MiB, ms(t)));
   }
   rmSync(hostFile, { force: true });
   rows.push(['sequential write, 1 GiB (dd, fsync), MB/s (best of 2)', io.sandbox.write, io.host.write, `${(io.sandbox.write / io.host.write).toFixed(2)}x`]);
   rows.push(['sequential read, 1 GiB (dd, caches dropped), MB/s (best of 2)', io.sandbox.read, io.host.read, `${(io.sandbox.read / io.host.read).toFixed(2)}x`]);
+  rows.push(['volume (ext4 + fscrypt): sequential write, 1 GiB, MB/s (best of 2)', io.volume.write, io.host.write, `${(io.volume.write / io.host.write).toFixed(2)}x`]);
+  rows.push(['volume: sequential read, 1 GiB, MB/s (best of 2)', io.volume.read, io.host.read, `${(io.volume.read / io.host.read).toFixed(2)}x`]);
+  await vsb.kill();
+  // A volume's own snapshot with 1 GiB written (a copy of its image on the node).
+  let tv = performance.now();
+  await Volumes.snapshot('bench', withDisks.conn);
+  rows.push(['volume snapshot with 1 GiB written, ms', ms(tv), '', '']);
+  await Volumes.remove('bench', withDisks.conn);
 
   // 2. Snapshot and fork of a sandbox holding 1 GiB vs an empty one.
   const empty = await Sandbox.create({ ...withDisks.conn, template: 'minimal', diskMb: 4096 });
@@ -121,6 +139,6 @@ if (values.write) {
   writeSection(
     'disks',
     'Disks',
-    `Measured with \`node scripts/bench-disks.mjs --creates ${CREATES} --write\` (part of \`./space bench\`): a daemon with \`--disks on\` and, beside it, one without (files in memory). The baseline of the dd rows is the same dd on the host's file system under the data directory; of the snapshot and fork rows, the same operation on a sandbox whose disk holds nothing written; of the create rows, the daemon keeping files in memory. Both daemons keep a warm pool of \`minimal\` (\`SPACE_POOLS=minimal=2\`, 512 MiB sandboxes): the image-restore creates ask for 384 MiB (not the pool's size), the pool creates for 512 MiB once the pool is full again; timed by the daemon (\`createTimings.totalMs\`).\n\n${table}`,
+    `Measured with \`node scripts/bench-disks.mjs --creates ${CREATES} --write\` (part of \`./space bench\`): a daemon with \`--disks on\` and, beside it, one without (files in memory). The baseline of the dd rows (to the sandbox's disk, and to a volume) is the same dd on the host's file system under the data directory; of the snapshot and fork rows, the same operation on a sandbox whose disk holds nothing written; of the create rows, the daemon keeping files in memory. Both daemons keep a warm pool of \`minimal\` (\`SPACE_POOLS=minimal=2\`, 512 MiB sandboxes): the image-restore creates ask for 384 MiB (not the pool's size), the pool creates for 512 MiB once the pool is full again; timed by the daemon (\`createTimings.totalMs\`).\n\n${table}`,
   );
 }
