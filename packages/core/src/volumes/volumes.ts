@@ -193,7 +193,7 @@ export class Volumes {
   /** Deletes a volume, its snapshots and its key. `VOLUME_IN_USE` while anything holds it. */
   async remove(tenantId: string, nameOrId: string): Promise<void> {
     const v = await this.find(tenantId, nameOrId);
-    if (this.holders.get(v.id)?.size) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is mounted by ${this.describeHolders(v.id)}: kill them first`, { details: { name: v.name } });
+    if (this.holders.get(v.id)?.size) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${this.describeHolders(v.id)}: remove it once ${this.holders.get(v.id)!.size === 1 ? 'that has' : 'those have'} ended (kill the sandboxes)`, { details: { name: v.name } });
     if (this.removing.has(v.id)) throw new SpaceError('VOLUME_NOT_FOUND', `Volume ${v.name} is being removed`, { details: { name: v.name } });
     // Set in the same step as the check: a create that resolved the name meanwhile cannot claim it.
     this.removing.add(v.id);
@@ -371,7 +371,7 @@ export class Volumes {
     const v = await this.find(tenantId, name);
     const s = await this.ownSnapshot(v, snapshotId);
     const why = this.conflict(v.id, 'restore', false);
-    if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${why}: kill them before restoring it`, { details: { name: v.name } });
+    if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${why}: restore it once nothing holds it (kill the sandboxes)`, { details: { name: v.name } });
     // Held by the restore itself meanwhile: a create that claimed it now would see either contents.
     this.hold(v.id, 'restore', { path: '', readOnly: false });
     try {
