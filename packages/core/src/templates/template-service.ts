@@ -128,8 +128,10 @@ export class TemplateService {
       // Its size (disks must hold it) once its files are there: built now, or by another daemon sharing the directory.
       const rootfsBytes = cur?.key === key && cur.rootfsBytes !== undefined ? cur.rootfsBytes : this.opts.rootfs.has(key) ? (await this.opts.rootfs.build(key, { type: 'builtin', name })).sizeBytes || undefined : undefined;
       if (!cur || cur.poolSize !== poolSize || cur.key !== key || cur.rootfsBytes !== rootfsBytes) {
-        // A new release's built-in (another key) is built on first use; the old one's files go.
-        if (cur && cur.key !== key) await this.opts.rootfs.remove(cur.key);
+        // A new release's built-in (another key) is built on first use; the old one's files go —
+        // unless sandboxes made from it still run on them: then they stay in the template cache
+        // (not removed later; `space template` does not list them).
+        if (cur && cur.key !== key && !(await this.opts.inUse('', name))) await this.opts.rootfs.remove(cur.key);
         const { rootfsBytes: _, ...rest } = cur ?? { name, tenantId: '', state: 'ready' as const, source: { type: 'builtin' as const }, env: {}, createdAt: new Date().toISOString() };
         await this.opts.store.putTemplate({ ...rest, key, poolSize, ...(rootfsBytes !== undefined ? { rootfsBytes } : {}) });
       }
