@@ -1,6 +1,7 @@
 // The node's volume store (@space/volume-ext4) on its own: ext4 images whose files fscrypt
 // encrypts. Real mounts, loop devices and fscrypt; no daemon.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdtempSync, promises as fs, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
@@ -36,6 +37,23 @@ describe('volume store (ext4 + fscrypt)', () => {
     assert.deepEqual((await fs.readdir(files)).sort(), ['f0', 'f1', 'f2', 'f3', 'f4', 'f5']);
     assert.equal(await fs.readFile(path.join(files, 'f5'), 'utf8'), 'PLAINTEXT-5-'.repeat(100));
     await host.close('vol-a');
+  });
+
+  it('a volume takes its whole size on the host when made; without the room, CAPACITY_EXHAUSTED and nothing is left', async () => {
+    const small = mkdtempSync('/tmp/spvol-small-');
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=100m', 'tmpfs', small]);
+    try {
+      const h = new Ext4Volumes({ dir: path.join(small, 'volumes') });
+      await assert.rejects(h.create('vol-big', 200, randomBytes(32)), (e) => e.code === 'CAPACITY_EXHAUSTED' && /no room for a volume of 200 MiB/.test(e.message));
+      assert.equal(existsSync(path.join(small, 'volumes', 'vol-big')), false);
+      await h.create('vol-fits', 64, randomBytes(32));
+      const { blocks } = await fs.stat(path.join(small, 'volumes', 'vol-fits', 'volume.img'));
+      assert.ok(blocks * 512 >= 60 * 1048576, `the image is allocated (${blocks * 512} bytes), not sparse`);
+      await h.remove('vol-fits');
+    } finally {
+      execFileSync('umount', [small]);
+      rmSync(small, { recursive: true, force: true });
+    }
   });
 
   it('a wrong key opens nothing; a removed volume leaves nothing', async () => {

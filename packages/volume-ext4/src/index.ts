@@ -8,7 +8,8 @@
  *
  * Why this: this kernel has no device mapper (no dm-crypt) and btrfs here has no fscrypt; ext4
  * has both a size bound (its own size) and encryption. The `fscrypt` tool (Debian package
- * `fscrypt`) does the key handling; `mkfs.ext4`, `mount`, `fsfreeze` the rest.
+ * `fscrypt`) does the key handling; `fallocate`, `mkfs.ext4`, `mount`, `fsfreeze` the rest. An
+ * image takes its whole size on the host when made (reserved, not written).
  *
  * Layout: `<dir>/<id>/volume.img`, mounted (loop) at `<dir>/<id>/mnt`, files in `mnt/files`;
  * snapshots are copies of the image in `<dir>/<id>/snapshots/<snapshot>.img` (ciphertext too).
@@ -150,7 +151,7 @@ export class Ext4Volumes implements VolumeHost {
 
   async doctor(): Promise<VolumeHostReport> {
     const missing: string[] = [];
-    for (const [tool, pkg] of [['fscrypt', 'fscrypt'], ['mkfs.ext4', 'e2fsprogs'], ['fsfreeze', 'util-linux'], ['mount', 'mount']] as const) {
+    for (const [tool, pkg] of [['fscrypt', 'fscrypt'], ['mkfs.ext4', 'e2fsprogs'], ['fsfreeze', 'util-linux'], ['fallocate', 'util-linux'], ['mount', 'mount']] as const) {
       if (!['/usr/sbin', '/usr/bin', '/sbin', '/bin'].some((d) => existsSync(path.join(d, tool)))) missing.push(`${tool} (package ${pkg})`);
     }
     if (missing.length) return { available: false, detail: `missing: ${missing.join(', ')}` };
@@ -220,11 +221,11 @@ export class Ext4Volumes implements VolumeHost {
       await this.ensureConf();
       await fs.mkdir(path.join(this.box(id), 'snapshots'), { recursive: true, mode: 0o700 });
       try {
-        const h = await fs.open(this.image(id), 'w', 0o600);
-        await h.truncate(sizeMb * 1024 * 1024);
-        await h.close();
-        // No reserved blocks (the whole size is the user's); `encrypt` lets fscrypt work on it.
-        await this.run('mkfs.ext4', ['-q', '-F', '-m', '0', '-O', 'encrypt', '-E', 'lazy_itable_init=1,lazy_journal_init=1', '-L', id.slice(0, 16), this.image(id)]);
+        await (await fs.open(this.image(id), 'w', 0o600)).close();
+        await this.reserve(id, sizeMb);
+        // No reserved blocks (the whole size is the user's); `encrypt` lets fscrypt work on it;
+        // `nodiscard`: mkfs would punch the reservation's holes back into the file.
+        await this.run('mkfs.ext4', ['-q', '-F', '-m', '0', '-O', 'encrypt', '-E', 'lazy_itable_init=1,lazy_journal_init=1,nodiscard', '-L', id.slice(0, 16), this.image(id)]);
         await this.mount(id);
         await this.fscrypt(id, ['setup', this.mnt(id)]);
         await fs.mkdir(this.files(id), { mode: 0o755 });
@@ -238,6 +239,21 @@ export class Ext4Volumes implements VolumeHost {
         throw err;
       }
     });
+  }
+
+  /**
+   * Allocates the image's whole size on the host (`fallocate`: instant, nothing written), so a
+   * host disk filling up later cannot fail a volume's writes (a loop device over a full file
+   * system gives ext4 I/O errors). Not enough room: `CAPACITY_EXHAUSTED`, naming the disk.
+   */
+  private async reserve(id: string, sizeMb: number): Promise<void> {
+    try {
+      await this.run('fallocate', ['--length', `${sizeMb}MiB`, this.image(id)]);
+    } catch (err) {
+      if (!/No space left/i.test((err as Error).message)) throw err;
+      const s = await fs.statfs(this.opts.dir);
+      throw new SpaceError('CAPACITY_EXHAUSTED', `The node's disk (${this.opts.dir}) has ${Math.floor((s.bavail * s.bsize) / 1048576)} MiB free: no room for a volume of ${sizeMb} MiB`, { cause: err, details: { retryAfterS: 60 } });
+    }
   }
 
   open(id: string, key: Buffer): Promise<string> {
@@ -308,6 +324,8 @@ export class Ext4Volumes implements VolumeHost {
       await this.run('cp', ['--sparse=always', '--reflink=auto', src, tmp]);
       await syncFile(tmp);
       await fs.rename(tmp, this.image(id));
+      // The copy was sparse: reserve the whole size again.
+      await this.reserve(id, Math.round((await fs.stat(this.image(id))).size / 1048576));
     });
   }
 
