@@ -256,6 +256,7 @@ export function registerControl(app: FastifyInstance, deps: ControlDeps): void {
       if (headers?.length) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot keeps the snapshot\'s network rules: create it without network.rules and set them with updateNetwork');
       if (env || metadata) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot has the snapshot\'s environment and labels: create it without envs and metadata');
       if (autoResume) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot keeps the snapshot\'s lifecycle: create it without autoResume');
+      if (volumes?.length) throw new SpaceError('BAD_REQUEST', 'A sandbox started from a snapshot has the snapshot\'s volume mounts: create it without volumeMounts');
       const snapshot = await svc.getSnapshot(tenantId, template);
       const [r] = await svc.fork(tenantId, snapshot.sandboxId, { count: 1, snapshotId: snapshot.id });
       if (!r || 'error' in r) throw new SpaceError(asErrorCode(r?.error.code), r?.error.message ?? 'the fork returned nothing');
