@@ -6,7 +6,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
-import { Templates } from '../packages/sdk/dist/index.js';
+import { Templates, Volumes } from '../packages/sdk/dist/index.js';
 import { eventually, startTestDaemon } from './helpers.mjs';
 
 const CACHE = process.env.SPACE_MICROVM_CACHE_DIR ?? '/var/cache/space/microvm';
@@ -169,6 +169,11 @@ describe('one daemon, two drivers: each sandbox chooses at creation', () => {
     await m.wake();
     assert.equal(await m.files.read('/tmp/who'), 'vm');
     await assert.rejects(fx.create({ driver: 'firecracker' }), (e) => e.code === 'DRIVER_NOT_ENABLED' && e.status === 400 && /--drivers/.test(e.message));
+    // Volumes mount into gVisor sandboxes only (the microVM driver takes no host directories yet).
+    await Volumes.create('vmvol', { ...fx.conn, sizeMb: 64 });
+    await assert.rejects(fx.create({ driver: 'microvm', volumes: [{ volume: 'vmvol', path: '/data' }] }), (e) => e.code === 'VOLUMES_UNAVAILABLE' && /gVisor/.test(e.message));
+    assert.deepEqual((await Volumes.get('vmvol', fx.conn)).mountedBy, [], 'nothing holds it');
+    await Volumes.remove('vmvol', fx.conn);
     for (const sb of [g, m, copy]) await sb.kill();
   });
 });
