@@ -37,3 +37,25 @@ export class AsyncQueue<T> {
     }
   }
 }
+
+/**
+ * Runs work one at a time per key, in the order it was asked for: each call starts after every
+ * earlier call with the same key has settled (whether it succeeded or not).
+ *
+ * @example
+ * const serial = new KeyedSerial();
+ * await Promise.all([serial.run('vol-1', mount), serial.run('vol-1', unmount)]); // mount, then unmount
+ */
+export class KeyedSerial {
+  private readonly tails = new Map<string, Promise<unknown>>();
+
+  run<T>(key: string, fn: () => Promise<T>): Promise<T> {
+    const next = (this.tails.get(key) ?? Promise.resolve()).then(fn, fn);
+    const tail = next.catch(() => {});
+    this.tails.set(key, tail);
+    void tail.then(() => {
+      if (this.tails.get(key) === tail) this.tails.delete(key);
+    });
+    return next;
+  }
+}

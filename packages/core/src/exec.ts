@@ -1,5 +1,6 @@
-/** Running host commands with a timeout, and errors that carry their output. */
+/** Running host commands with a timeout, and errors that carry their output; the host's mount table. */
 import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { SpaceError } from './errors.js';
 
 /** Output of a finished command. */
@@ -10,14 +11,15 @@ export interface RunResult {
 
 /**
  * Runs `cmd args` and resolves with its output; rejects with `DRIVER_FAILED` (stderr in the
- * message) when it fails or outlives `timeoutMs`. `input` is written to its stdin.
+ * message) when it fails or outlives `timeoutMs`. `input` is written to its stdin; `env` is added
+ * to the daemon's environment.
  *
  * @example
  * const { stdout } = await run('runsc', ['--version']);
  */
-export function run(cmd: string, args: string[], timeoutMs = 30_000, input?: string): Promise<RunResult> {
+export function run(cmd: string, args: string[], timeoutMs = 30_000, input?: string, env?: Record<string, string>): Promise<RunResult> {
   return new Promise((resolve, reject) => {
-    const child = execFile(cmd, args, { timeout: timeoutMs, killSignal: 'SIGKILL', maxBuffer: 16 * 1024 * 1024 }, (err, stdout, stderr) => {
+    const child = execFile(cmd, args, { timeout: timeoutMs, killSignal: 'SIGKILL', maxBuffer: 16 * 1024 * 1024, ...(env ? { env: { ...process.env, ...env } } : {}) }, (err, stdout, stderr) => {
       if (err) {
         // A Go panic's message is at the top and its stack at the bottom: keep the lines that say what went wrong.
         const lines = (stderr || err.message).trim().split('\n');
@@ -37,4 +39,19 @@ export async function tryRun(cmd: string, args: string[], timeoutMs = 30_000, in
   } catch {
     return undefined;
   }
+}
+
+/**
+ * The mount points of this host (of the daemon's mount namespace), from /proc/self/mountinfo.
+ *
+ * @example
+ * if (!mountPoints().has('/var/lib/space/disks/mnt')) await run('mount', [...]);
+ */
+export function mountPoints(): Set<string> {
+  return new Set(
+    readFileSync('/proc/self/mountinfo', 'utf8')
+      .split('\n')
+      .map((l) => l.split(' ')[4] ?? '')
+      .filter(Boolean),
+  );
 }

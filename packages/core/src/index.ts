@@ -38,7 +38,7 @@ export type { DataKeyRecord, KeyProvider, TenantKey } from './security/keys.js';
 export type { PortExposure, VolumeRecord, VolumeSnapshotRecord } from './records.js';
 export { EncryptedBlobStore, ENCRYPTION_CHUNK } from './storage/encrypted-blobs.js';
 export { DedupBlobStore, PACK_TARGET, cutPoint } from './storage/dedup-blobs.js';
-export { AsyncQueue } from './async-queue.js';
+export { AsyncQueue, KeyedSerial } from './async-queue.js';
 export { Volumes, VOLUME_NAME_RE, checkMountPath } from './volumes/volumes.js';
 export type { ResolvedMount, VolumesOptions } from './volumes/volumes.js';
 export { VolumeFiles } from './volumes/volume-files.js';
@@ -47,7 +47,7 @@ export { DEFAULT_EGRESS_POLICY, EGRESS_LIMITS, MAX_SECRET_BYTES, SecretService, 
 export type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, SecretAttachment, SecretInfo, SecretRecord, SecretSpec } from './security/egress-policy.js';
 export type { SandboxNetwork } from './ports/driver.js';
 export { CHECKPOINT_COMPLETE } from './ports/driver.js';
-export { run, tryRun } from './exec.js';
+export { mountPoints, run, tryRun } from './exec.js';
 export type { RunResult } from './exec.js';
 export { AGENT_ARGV, RUNTIME, ensureRuntime } from './agent/runtime.js';
 export { EVERY_PORT, MAX_EXPOSURE_S, checkHostHeader } from './sandboxes/ports.js';

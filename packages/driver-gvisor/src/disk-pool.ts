@@ -12,10 +12,10 @@
  * Everything is done with the `btrfs` command (btrfs-progs), the tool made for it.
  */
 import { execFile } from 'node:child_process';
-import { existsSync, promises as fs, readFileSync } from 'node:fs';
+import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { SpaceError } from '@space/core';
+import { SpaceError, mountPoints } from '@space/core';
 
 const run = promisify(execFile);
 
@@ -45,12 +45,9 @@ function checkName(kind: string, name: string): void {
   if (!NAME.test(name)) throw new SpaceError('BAD_REQUEST', `Invalid ${kind} name ${JSON.stringify(name)}: use 1 to 128 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit`);
 }
 
-/** Whether `dir` is a mount point, from /proc/self/mountinfo. */
+/** Whether `dir` is a mount point. */
 function isMountPoint(dir: string): boolean {
-  const target = path.resolve(dir);
-  return readFileSync('/proc/self/mountinfo', 'utf8')
-    .split('\n')
-    .some((l) => l.split(' ')[4] === target);
+  return mountPoints().has(path.resolve(dir));
 }
 
 /**

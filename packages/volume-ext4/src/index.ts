@@ -14,10 +14,9 @@
  * Layout: `<dir>/<id>/volume.img`, mounted (loop) at `<dir>/<id>/mnt`, files in `mnt/files`;
  * snapshots are copies of the image in `<dir>/<id>/snapshots/<snapshot>.img` (ciphertext too).
  */
-import { execFile } from 'node:child_process';
 import { existsSync, promises as fs, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
-import { SpaceError, type VolumeHost, type VolumeHostReport } from '@space/core';
+import { KeyedSerial, SpaceError, mountPoints, run, type VolumeHost, type VolumeHostReport } from '@space/core';
 
 /** Options of {@link Ext4Volumes}. */
 export interface Ext4VolumesOptions {
@@ -57,15 +56,6 @@ async function syncFile(file: string): Promise<void> {
   }
 }
 
-function mountPoints(): Set<string> {
-  return new Set(
-    readFileSync('/proc/self/mountinfo', 'utf8')
-      .split('\n')
-      .map((l) => l.split(' ')[4] ?? '')
-      .filter(Boolean),
-  );
-}
-
 /**
  * Volumes as ext4 images with fscrypt-encrypted files.
  *
@@ -77,23 +67,20 @@ function mountPoints(): Set<string> {
 export class Ext4Volumes implements VolumeHost {
   private readonly timeoutMs: number;
   /** Serializes the operations on each volume (a mount racing an unmount would leave either state). */
-  private readonly locks = new Map<string, Promise<unknown>>();
+  private readonly serial = new KeyedSerial();
 
   constructor(private readonly opts: Ext4VolumesOptions) {
     this.timeoutMs = opts.timeoutMs ?? 120_000;
   }
 
-  private run(cmd: string, args: string[], opts: { input?: Buffer; env?: Record<string, string> } = {}): Promise<string> {
-    return new Promise((resolve, reject) => {
-      const child = execFile(cmd, args, { timeout: this.timeoutMs, env: { ...process.env, ...opts.env }, encoding: 'utf8' }, (err, stdout, stderr) => {
-        if (!err) return resolve(stdout);
-        const missing = (err as NodeJS.ErrnoException).code === 'ENOENT';
-        reject(
-          new SpaceError(missing ? 'VOLUMES_UNAVAILABLE' : 'INTERNAL', missing ? `${cmd} is not installed: volumes need it (apt-get install fscrypt e2fsprogs util-linux)` : `${cmd} ${args.join(' ')} failed: ${(stderr || err.message).trim().slice(0, 500)}`, { cause: err }),
-        );
-      });
-      child.stdin?.end(opts.input);
-    });
+  /** Runs a host command; a missing tool is `VOLUMES_UNAVAILABLE`, a failure `INTERNAL` (with its output). */
+  private async run(cmd: string, args: string[], env?: Record<string, string>): Promise<string> {
+    try {
+      return (await run(cmd, args, this.timeoutMs, undefined, env)).stdout;
+    } catch (err) {
+      if ((err as { cause?: NodeJS.ErrnoException }).cause?.code === 'ENOENT') throw new SpaceError('VOLUMES_UNAVAILABLE', `${cmd} is not installed: volumes need it (apt-get install fscrypt e2fsprogs util-linux)`, { cause: err });
+      throw new SpaceError('INTERNAL', (err as Error).message, { cause: err });
+    }
   }
 
   /**
@@ -102,11 +89,11 @@ export class Ext4Volumes implements VolumeHost {
    */
   private async fscrypt(id: string, args: string[], key?: Buffer): Promise<string> {
     const env = { FSCRYPT_CONF: this.confPath, FSCRYPT_ROOT_MNT: this.mnt(id) };
-    if (!key) return this.run('fscrypt', [...args, '--quiet'], { env });
+    if (!key) return this.run('fscrypt', [...args, '--quiet'], env);
     const dir = await fs.mkdtemp(path.join(existsSync('/dev/shm') ? '/dev/shm' : '/run', 'space-volume-'));
     try {
       await fs.writeFile(path.join(dir, 'key'), key, { mode: 0o600 });
-      return await this.run('fscrypt', [...args, `--key=${path.join(dir, 'key')}`, '--quiet'], { env });
+      return await this.run('fscrypt', [...args, `--key=${path.join(dir, 'key')}`, '--quiet'], env);
     } finally {
       await fs.rm(dir, { recursive: true, force: true });
     }
@@ -136,17 +123,6 @@ export class Ext4Volumes implements VolumeHost {
   private snapshotPath(id: string, snapshotId: string): string {
     if (!ID.test(snapshotId)) throw new SpaceError('BAD_REQUEST', `Invalid snapshot id ${JSON.stringify(snapshotId)}`);
     return path.join(this.box(id), 'snapshots', `${snapshotId}.img`);
-  }
-
-  private locked<T>(id: string, fn: () => Promise<T>): Promise<T> {
-    const prev = this.locks.get(id) ?? Promise.resolve();
-    const next = prev.then(fn, fn);
-    const tail = next.catch(() => {});
-    this.locks.set(id, tail);
-    void tail.then(() => {
-      if (this.locks.get(id) === tail) this.locks.delete(id);
-    });
-    return next;
   }
 
   async doctor(): Promise<VolumeHostReport> {
@@ -217,7 +193,7 @@ export class Ext4Volumes implements VolumeHost {
   }
 
   create(id: string, sizeMb: number, key: Buffer): Promise<void> {
-    return this.locked(id, async () => {
+    return this.serial.run(id, async () => {
       await this.ensureConf();
       await fs.mkdir(path.join(this.box(id), 'snapshots'), { recursive: true, mode: 0o700 });
       try {
@@ -257,7 +233,7 @@ export class Ext4Volumes implements VolumeHost {
   }
 
   open(id: string, key: Buffer): Promise<string> {
-    return this.locked(id, async () => {
+    return this.serial.run(id, async () => {
       if (!existsSync(this.image(id))) throw new SpaceError('VOLUME_NOT_FOUND', `Volume ${id} has no image on this node`, { details: { volumeId: id } });
       await this.ensureConf();
       await this.mount(id);
@@ -274,7 +250,7 @@ export class Ext4Volumes implements VolumeHost {
   }
 
   close(id: string): Promise<void> {
-    return this.locked(id, () => this.unmount(id));
+    return this.serial.run(id, () => this.unmount(id));
   }
 
   async openIds(): Promise<string[]> {
@@ -289,14 +265,14 @@ export class Ext4Volumes implements VolumeHost {
   }
 
   remove(id: string): Promise<void> {
-    return this.locked(id, async () => {
+    return this.serial.run(id, async () => {
       await this.unmount(id);
       await fs.rm(this.box(id), { recursive: true, force: true });
     });
   }
 
   snapshot(id: string, snapshotId: string): Promise<void> {
-    return this.locked(id, async () => {
+    return this.serial.run(id, async () => {
       const dest = this.snapshotPath(id, snapshotId);
       const tmp = `${dest}.tmp`;
       const frozen = mountPoints().has(this.mnt(id));
@@ -315,7 +291,7 @@ export class Ext4Volumes implements VolumeHost {
   }
 
   restore(id: string, snapshotId: string): Promise<void> {
-    return this.locked(id, async () => {
+    return this.serial.run(id, async () => {
       if (mountPoints().has(this.mnt(id))) throw new SpaceError('VOLUME_IN_USE', `Volume ${id} is open: close it before restoring a snapshot`, { details: { volumeId: id } });
       const src = this.snapshotPath(id, snapshotId);
       if (!existsSync(src)) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Volume ${id} has no snapshot ${snapshotId} on this node`, { details: { snapshotId } });
@@ -330,7 +306,7 @@ export class Ext4Volumes implements VolumeHost {
   }
 
   removeSnapshot(id: string, snapshotId: string): Promise<void> {
-    return this.locked(id, () => fs.rm(this.snapshotPath(id, snapshotId), { force: true }));
+    return this.serial.run(id, () => fs.rm(this.snapshotPath(id, snapshotId), { force: true }));
   }
 
   async recover(): Promise<void> {

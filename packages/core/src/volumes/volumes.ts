@@ -13,6 +13,7 @@
 import path from 'node:path';
 import type { Volume, VolumeMount, VolumeSnapshot } from '@space/api';
 import { SpaceError } from '../errors.js';
+import { KeyedSerial } from '../async-queue.js';
 import { randomString } from '../ids.js';
 import type { Logger } from '../logger.js';
 import type { Sandbox } from '../model.js';
@@ -94,7 +95,8 @@ function toSnapshot(v: VolumeRecord, s: VolumeSnapshotRecord): VolumeSnapshot {
  */
 export class Volumes {
   private readonly holders = new Map<string, Map<string, Holder>>();
-  private readonly chains = new Map<string, Promise<unknown>>();
+  /** Opens and closes of each volume, in turn (a close re-checks its holders when its turn comes). */
+  private readonly serial = new KeyedSerial();
   /** Volumes being removed: claimed by nothing from the moment the removal passed its check. */
   private readonly removing = new Set<string>();
   private fileHolders = 0;
@@ -114,17 +116,6 @@ export class Volumes {
   private host(): VolumeHost {
     if (!this.opts.host) throw new SpaceError('VOLUMES_UNAVAILABLE', `This daemon has no volumes${this.opts.unavailable ? `: ${this.opts.unavailable}` : ''}`);
     return this.opts.host;
-  }
-
-  /** Runs `fn` after every earlier open/close of volume `id`. */
-  private serial<T>(id: string, fn: () => Promise<T>): Promise<T> {
-    const next = (this.chains.get(id) ?? Promise.resolve()).then(fn, fn);
-    const tail = next.catch(() => {});
-    this.chains.set(id, tail);
-    void tail.then(() => {
-      if (this.chains.get(id) === tail) this.chains.delete(id);
-    });
-    return next;
   }
 
   private async record(tenantId: string, name: unknown): Promise<VolumeRecord> {
@@ -207,7 +198,7 @@ export class Volumes {
   }
 
   private async finishRemove(v: VolumeRecord): Promise<void> {
-    await this.serial(v.id, () => this.host().remove(v.id));
+    await this.serial.run(v.id, () => this.host().remove(v.id));
     for (const s of await this.opts.store.listVolumeSnapshots(v.id)) await this.opts.store.deleteVolumeSnapshot(s.id);
     await this.opts.store.deleteDataKey(`volume/${v.id}`);
     await this.opts.store.deleteVolume(v.id);
@@ -280,7 +271,7 @@ export class Volumes {
       // A restart's recovery may come here before anything else claimed it.
       if (!this.holders.get(v.id)?.has(sb.id)) this.hold(v.id, sb.id, { path: m.path, readOnly: !!m.readOnly });
       const key = await this.key(v);
-      const source = await this.serial(v.id, () => host.open(v.id, key));
+      const source = await this.serial.run(v.id, () => host.open(v.id, key));
       out.push({ source, target: m.path, readOnly: !!m.readOnly });
     }
     return out;
@@ -297,7 +288,7 @@ export class Volumes {
   private async closeIfUnheld(id: string): Promise<void> {
     if (this.holders.get(id)?.size) return;
     this.holders.delete(id);
-    await this.serial(id, async () => {
+    await this.serial.run(id, async () => {
       // Checked again in turn: a claim made meanwhile keeps it open.
       if (this.holders.get(id)?.size) return;
       await this.host().close(id);
@@ -317,7 +308,7 @@ export class Volumes {
     this.hold(v.id, holder, { path: '', readOnly: !write });
     try {
       const key = await this.key(v);
-      const root = await this.serial(v.id, () => host.open(v.id, key));
+      const root = await this.serial.run(v.id, () => host.open(v.id, key));
       return new VolumeFiles(
         root,
         !write,
@@ -344,7 +335,7 @@ export class Volumes {
     const s: VolumeSnapshotRecord = { id: `vs-${randomString(16)}`, volumeId: v.id, createdAt: new Date().toISOString(), state: 'creating' };
     await this.opts.store.insertVolumeSnapshot(s);
     try {
-      await this.serial(v.id, () => host.snapshot(v.id, s.id));
+      await this.serial.run(v.id, () => host.snapshot(v.id, s.id));
     } catch (err) {
       await host.removeSnapshot(v.id, s.id).catch(() => {});
       await this.opts.store.deleteVolumeSnapshot(s.id);
@@ -375,7 +366,7 @@ export class Volumes {
     // Held by the restore itself meanwhile: a create that claimed it now would see either contents.
     this.hold(v.id, 'restore', { path: '', readOnly: false });
     try {
-      await this.serial(v.id, async () => {
+      await this.serial.run(v.id, async () => {
         await host.close(v.id);
         await host.restore(v.id, s.id);
       });
@@ -390,7 +381,7 @@ export class Volumes {
   async removeSnapshot(tenantId: string, name: string, snapshotId: string): Promise<void> {
     const v = await this.find(tenantId, name);
     const s = await this.ownSnapshot(v, snapshotId);
-    await this.serial(v.id, () => this.host().removeSnapshot(v.id, s.id));
+    await this.serial.run(v.id, () => this.host().removeSnapshot(v.id, s.id));
     await this.opts.store.deleteVolumeSnapshot(s.id);
   }
 
