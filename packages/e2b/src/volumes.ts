@@ -7,7 +7,7 @@
 import type { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { VolumeEntry } from '@space/api';
-import { SpaceError, type ApiKeys, type SandboxService, type VolumeFiles, type Volumes } from '@space/core';
+import { SpaceError, type ApiKeys, type SandboxService, type VolumeFileMeta, type VolumeFiles, type Volumes } from '@space/core';
 import type { AccessTokens } from './access.js';
 
 /** What the volume routes need. */
@@ -64,17 +64,18 @@ export function registerVolumes(app: FastifyInstance, deps: VolumeRouteDeps): vo
   });
 
   // ---- content: the volume's token, not an API key
-  /** Runs `fn` on the volume's files (written when `write`), closing them after. */
-  const withFiles = async <T>(req: FastifyRequest<{ Params: { id: string } }>, write: boolean, fn: (f: VolumeFiles) => Promise<T>): Promise<T> => {
-    const tenantId = deps.tokens.verifyVolume(req.params.id, req.headers.authorization);
-    const f = await volumes().files(tenantId, req.params.id, write);
-    try {
-      return await fn(f);
-    } finally {
-      await f.close();
+  /** Runs `fn` on the volume's files (written when `write`), for the holder of its token. */
+  const withFiles = <T>(req: FastifyRequest<{ Params: { id: string } }>, write: boolean, fn: (f: VolumeFiles) => Promise<T>): Promise<T> =>
+    volumes().withFiles(deps.tokens.verifyVolume(req.params.id, req.headers.authorization), req.params.id, write, fn);
+  /** Owner and mode from the query (uid, gid, mode), each checked once. */
+  const meta = (q: Q): VolumeFileMeta => {
+    const out: VolumeFileMeta = {};
+    for (const k of ['uid', 'gid', 'mode'] as const) {
+      const n = int(q, k);
+      if (n !== undefined) out[k] = n;
     }
+    return out;
   };
-  const meta = (q: Q) => ({ ...(int(q, 'uid') !== undefined ? { uid: int(q, 'uid') } : {}), ...(int(q, 'gid') !== undefined ? { gid: int(q, 'gid') } : {}), ...(int(q, 'mode') !== undefined ? { mode: int(q, 'mode') } : {}) });
   app.get<{ Params: { id: string }; Querystring: Q }>('/volumecontent/:id/dir', async (req) => withFiles(req, false, async (f) => (await f.list(req.query.path ?? '/', int(req.query, 'depth') ?? 1)).map(e2bEntry)));
   app.post<{ Params: { id: string }; Querystring: Q }>('/volumecontent/:id/dir', async (req, reply) =>
     reply.code(201).send(await withFiles(req, true, async (f) => e2bEntry(await f.mkdir(req.query.path ?? '', { ...meta(req.query), parents: req.query.force === 'true' })))),

@@ -51,20 +51,10 @@ export function registerVolumeRoutes(app: App, svc: SandboxService, maxUploadByt
 
   // ---- files, without a sandbox: reading needs no sandbox writing the volume, writing needs it free
   app.get('/v1/volumes/:name/files', { schema: { tags, params: S.VolumeParams, querystring: S.VolumeListQuery, response: { 200: Type.Object({ entries: Type.Array(S.VolumeEntrySchema) }), ...err } } }, async (req) => {
-    const f = await need(svc).files(req.principal.tenantId, req.params.name, false);
-    try {
-      return { entries: await f.list(req.query.path ?? '/', req.query.depth ?? 1) };
-    } finally {
-      await f.close();
-    }
+    return { entries: await need(svc).withFiles(req.principal.tenantId, req.params.name, false, (f) => f.list(req.query.path ?? '/', req.query.depth ?? 1)) };
   });
   app.get('/v1/volumes/:name/files/stat', { schema: { tags, params: S.VolumeParams, querystring: S.VolumePathQuery, response: { 200: S.VolumeEntrySchema, ...err } } }, async (req) => {
-    const f = await need(svc).files(req.principal.tenantId, req.params.name, false);
-    try {
-      return await f.stat(req.query.path);
-    } finally {
-      await f.close();
-    }
+    return need(svc).withFiles(req.principal.tenantId, req.params.name, false, (f) => f.stat(req.query.path));
   });
   app.get('/v1/volumes/:name/files/content', { schema: { tags, params: S.VolumeParams, querystring: S.VolumePathQuery } }, async (req, reply) => {
     const { stream, size } = await (await need(svc).files(req.principal.tenantId, req.params.name, false)).download(req.query.path);
@@ -73,28 +63,13 @@ export function registerVolumeRoutes(app: App, svc: SandboxService, maxUploadByt
   app.put('/v1/volumes/:name/files/content', { schema: { tags, params: S.VolumeParams, querystring: S.VolumePathQuery, response: { 200: S.VolumeEntrySchema, ...err } }, bodyLimit: maxUploadBytes }, async (req) => {
     const body = req.body as Readable | undefined;
     if (!body || !(body instanceof Readable)) throw new SpaceError('BAD_REQUEST', 'Send the file as the request body with Content-Type: application/octet-stream');
-    const f = await need(svc).files(req.principal.tenantId, req.params.name, true);
-    try {
-      return await f.write(req.query.path, body);
-    } finally {
-      await f.close();
-    }
+    return need(svc).withFiles(req.principal.tenantId, req.params.name, true, (f) => f.write(req.query.path, body));
   });
   app.post('/v1/volumes/:name/files/mkdir', { schema: { tags, params: S.VolumeParams, body: S.VolumeMkdirBody, response: { 200: S.VolumeEntrySchema, ...err } } }, async (req) => {
-    const f = await need(svc).files(req.principal.tenantId, req.params.name, true);
-    try {
-      return await f.mkdir(req.body.path, { parents: req.body.parents ?? false });
-    } finally {
-      await f.close();
-    }
+    return need(svc).withFiles(req.principal.tenantId, req.params.name, true, (f) => f.mkdir(req.body.path, { parents: req.body.parents ?? false }));
   });
   app.delete('/v1/volumes/:name/files', { schema: { tags, params: S.VolumeParams, querystring: S.VolumePathQuery } }, async (req, reply) => {
-    const f = await need(svc).files(req.principal.tenantId, req.params.name, true);
-    try {
-      await f.remove(req.query.path);
-    } finally {
-      await f.close();
-    }
+    await need(svc).withFiles(req.principal.tenantId, req.params.name, true, (f) => f.remove(req.query.path));
     return reply.code(204).send();
   });
 }

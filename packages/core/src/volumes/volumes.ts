@@ -322,6 +322,19 @@ export class Volumes {
     }
   }
 
+  /**
+   * Runs `fn` on a volume's files (see {@link files}) and lets go of them after, however it ends.
+   * @example const entries = await volumes.withFiles('tenant-a', 'data', false, (f) => f.list('/'));
+   */
+  async withFiles<T>(tenantId: string, nameOrId: string, write: boolean, fn: (f: VolumeFiles) => Promise<T>): Promise<T> {
+    const f = await this.files(tenantId, nameOrId, write);
+    try {
+      return await fn(f);
+    } finally {
+      await f.close();
+    }
+  }
+
   /** What an open volume holds, bytes (undefined when closed). */
   async usedBytes(tenantId: string, name: string): Promise<number | undefined> {
     const v = await this.find(tenantId, name);
