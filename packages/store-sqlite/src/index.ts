@@ -411,12 +411,19 @@ export class SqliteStore implements MetadataStore {
     }
   }
 
-  async updateVolume(id: string, patch: Partial<Pick<VolumeRecord, 'state'>>): Promise<VolumeRecord> {
-    const cur = await this.getVolumeById(id);
-    if (!cur) throw new SpaceError('VOLUME_NOT_FOUND', `No volume ${id}`, { details: { volumeId: id } });
-    const next = { ...cur, ...patch };
-    await this.db.updateTable('volumes').set({ doc: JSON.stringify(next) }).where('id', '=', id).execute();
-    return next;
+  updateVolume(id: string, patch: Partial<Pick<VolumeRecord, 'state'>>): Promise<VolumeRecord> {
+    return this.patchDoc<VolumeRecord>('volumes', id, patch, () => new SpaceError('VOLUME_NOT_FOUND', `No volume ${id}`, { details: { volumeId: id } }));
+  }
+
+  /** Merges `patch` into the JSON document of row `id` of `table`, in one transaction; `missing()` when there is no such row. */
+  private patchDoc<T>(table: 'volumes' | 'volume_snapshots', id: string, patch: Partial<T>, missing: () => SpaceError): Promise<T> {
+    return this.db.transaction().execute(async (tx) => {
+      const row = await tx.selectFrom(table).select('doc').where('id', '=', id).executeTakeFirst();
+      if (!row) throw missing();
+      const next = { ...(JSON.parse(row.doc) as T), ...patch };
+      await tx.updateTable(table).set({ doc: JSON.stringify(next) }).where('id', '=', id).execute();
+      return next;
+    });
   }
 
   async getVolume(tenantId: string, name: string): Promise<VolumeRecord | undefined> {
@@ -443,12 +450,8 @@ export class SqliteStore implements MetadataStore {
     await this.db.insertInto('volume_snapshots').values({ id: s.id, volume_id: s.volumeId, created_at: s.createdAt, doc: JSON.stringify(s) }).execute();
   }
 
-  async updateVolumeSnapshot(id: string, patch: Partial<Pick<VolumeSnapshotRecord, 'state'>>): Promise<VolumeSnapshotRecord> {
-    const cur = await this.getVolumeSnapshot(id);
-    if (!cur) throw new SpaceError('SNAPSHOT_NOT_FOUND', `No volume snapshot ${id}`, { details: { snapshotId: id } });
-    const next = { ...cur, ...patch };
-    await this.db.updateTable('volume_snapshots').set({ doc: JSON.stringify(next) }).where('id', '=', id).execute();
-    return next;
+  updateVolumeSnapshot(id: string, patch: Partial<Pick<VolumeSnapshotRecord, 'state'>>): Promise<VolumeSnapshotRecord> {
+    return this.patchDoc<VolumeSnapshotRecord>('volume_snapshots', id, patch, () => new SpaceError('SNAPSHOT_NOT_FOUND', `No volume snapshot ${id}`, { details: { snapshotId: id } }));
   }
 
   async getVolumeSnapshot(id: string): Promise<VolumeSnapshotRecord | undefined> {
