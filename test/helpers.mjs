@@ -1,11 +1,12 @@
 // Shared test fixtures: a real daemon (real runsc, real SQLite, real sockets) on a loopback
 // port in a fresh data directory, and leak checks. Every sandbox a test makes is killed.
+import assert from 'node:assert/strict';
 import { execFile, execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { startDaemon } from '../packages/server/dist/index.js';
-import { Sandbox } from '../packages/sdk/dist/index.js';
+import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
 
 /** Template cache shared by test daemons so `base` is built once per machine. */
 export const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/space/templates';
@@ -253,4 +254,19 @@ export async function stopSpaced(d) {
     d.child.on('exit', r);
     d.child.kill('SIGTERM');
   });
+}
+
+/**
+ * The code of the SpaceError a promise rejects with; fails the test when it resolves or rejects
+ * with anything else.
+ * @example assert.equal(await rejectionCode(Volumes.get('nope', conn)), 'VOLUME_NOT_FOUND');
+ */
+export async function rejectionCode(p) {
+  try {
+    await p;
+  } catch (err) {
+    assert.ok(err instanceof SpaceError, String(err));
+    return err.code;
+  }
+  assert.fail('expected a rejection');
 }

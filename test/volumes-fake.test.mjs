@@ -12,6 +12,7 @@ import { KeyService, LocalKeyProvider, Volumes } from '../packages/core/dist/ind
 import { FakeDriver } from '../packages/driver-fake/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { T, fakeHarness, quiet } from './fake-harness.mjs';
+import { rejectionCode } from './helpers.mjs';
 
 /** A volume store in memory: what is open, with which key. */
 class MemVolumes {
@@ -58,14 +59,6 @@ class MemVolumes {
   async recover() {}
 }
 
-async function code(p) {
-  try {
-    await p;
-  } catch (err) {
-    return err.code;
-  }
-  assert.fail('expected a rejection');
-}
 
 describe('volumes on the fake driver (fast lane)', () => {
   const dir = mkdtempSync('/tmp/space-fakevol-');
@@ -102,13 +95,13 @@ describe('volumes on the fake driver (fast lane)', () => {
     const w = await svc.create(T, { volumes: [{ volume: 'data', path: '/data' }] });
     assert.deepEqual(driver.mountsOf(w.id), [`/data:${path.join(dir, 'volumes', v.id)}`]);
     assert.equal(w.createTimings.source, 'boot', 'a sandbox with volumes boots (a template image has no mounts)');
-    assert.equal(await code(svc.create(T, { volumes: [{ volume: 'data', path: '/x' }] })), 'VOLUME_IN_USE');
-    assert.equal(await code(svc.create(T, { volumes: [{ volume: 'data', path: '/x', readOnly: true }] })), 'VOLUME_IN_USE');
+    assert.equal(await rejectionCode(svc.create(T, { volumes: [{ volume: 'data', path: '/x' }] })), 'VOLUME_IN_USE');
+    assert.equal(await rejectionCode(svc.create(T, { volumes: [{ volume: 'data', path: '/x', readOnly: true }] })), 'VOLUME_IN_USE');
     await svc.hibernate(T, w.id);
     assert.deepEqual(await host.openIds(), [v.id], 'a hibernated sandbox holds its volume');
     await svc.wake(T, w.id);
     assert.deepEqual(driver.mountsOf(w.id), [`/data:${path.join(dir, 'volumes', v.id)}`], 'the wake got the same mounts');
-    assert.equal(await code(svc.fork(T, w.id, { count: 1 })), 'VOLUME_IN_USE', 'a writer is not forked');
+    assert.equal(await rejectionCode(svc.fork(T, w.id, { count: 1 })), 'VOLUME_IN_USE', 'a writer is not forked');
     await svc.kill(T, w.id);
     assert.deepEqual(await host.openIds(), []);
     const r = await svc.create(T, { volumes: [{ volume: 'data', path: '/data', readOnly: true }] });
@@ -125,11 +118,11 @@ describe('volumes on the fake driver (fast lane)', () => {
     await svc.shutdown();
     await start();
     assert.deepEqual((await svc.volumes.get(T, 'data')).mountedBy.map((m) => m.sandboxId), [w.id]);
-    assert.equal(await code(svc.volumes.remove(T, 'data')), 'VOLUME_IN_USE');
-    assert.equal(await code(svc.create(T, { volumes: [{ volume: 'data', path: '/data' }] })), 'VOLUME_IN_USE');
+    assert.equal(await rejectionCode(svc.volumes.remove(T, 'data')), 'VOLUME_IN_USE');
+    assert.equal(await rejectionCode(svc.create(T, { volumes: [{ volume: 'data', path: '/data' }] })), 'VOLUME_IN_USE');
     await svc.kill(T, w.id);
     await svc.volumes.remove(T, 'data');
-    assert.equal(await code(svc.volumes.get(T, 'data')), 'VOLUME_NOT_FOUND');
+    assert.equal(await rejectionCode(svc.volumes.get(T, 'data')), 'VOLUME_NOT_FOUND');
   });
 
   it('a removal and a create racing for one volume never both win', async () => {

@@ -9,8 +9,8 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { Sandbox, SpaceError, Volumes } from '../packages/sdk/dist/index.js';
-import { cliRunner, crashableSpaced, eventually, startTestDaemon } from './helpers.mjs';
+import { Sandbox, Volumes } from '../packages/sdk/dist/index.js';
+import { cliRunner, crashableSpaced, eventually, rejectionCode, startTestDaemon } from './helpers.mjs';
 
 /** Every file under `dir`. */
 function files(dir) {
@@ -21,16 +21,6 @@ function files(dir) {
   });
 }
 
-/** The code a promise rejects with. */
-async function code(p) {
-  try {
-    await p;
-  } catch (err) {
-    assert.ok(err instanceof SpaceError, String(err));
-    return err.code;
-  }
-  assert.fail('expected a rejection');
-}
 
 /** Whether the volume's image is a clean ext4 (it must be closed). */
 function fsckClean(dataDir, volumeId) {
@@ -53,9 +43,9 @@ describe('volumes (gVisor)', () => {
     const w = await a.commands.run('echo from-a > /data/a.txt && id -u && stat -c %U /data && touch ~/in-my-home', { user: 'user' });
     assert.equal(w.exitCode, 0, w.stderr);
     assert.equal(w.stdout, '1000\nuser\n', 'the default user owns the volume (and, in minimal, its home)');
-    assert.equal(await code(fx.create({ template: 'minimal', volumes: [{ volume: 'shared', path: '/data' }] })), 'VOLUME_IN_USE');
-    assert.equal(await code(fx.create({ template: 'minimal', volumes: [{ volume: 'shared', path: '/data', readOnly: true }] })), 'VOLUME_IN_USE', 'no reader while a sandbox writes it');
-    assert.equal(await code(Volumes.remove('shared', fx.conn)), 'VOLUME_IN_USE');
+    assert.equal(await rejectionCode(fx.create({ template: 'minimal', volumes: [{ volume: 'shared', path: '/data' }] })), 'VOLUME_IN_USE');
+    assert.equal(await rejectionCode(fx.create({ template: 'minimal', volumes: [{ volume: 'shared', path: '/data', readOnly: true }] })), 'VOLUME_IN_USE', 'no reader while a sandbox writes it');
+    assert.equal(await rejectionCode(Volumes.remove('shared', fx.conn)), 'VOLUME_IN_USE');
     assert.deepEqual((await Volumes.get('shared', fx.conn)).mountedBy, [{ sandboxId: a.id, path: '/data', readOnly: false }]);
     await a.kill();
     assert.deepEqual((await Volumes.get('shared', fx.conn)).mountedBy, []);
@@ -65,7 +55,7 @@ describe('volumes (gVisor)', () => {
     const ro = await r1.commands.run('echo x > /mnt/in/b.txt');
     assert.notEqual(ro.exitCode, 0);
     assert.match(ro.stderr, /Read-only file system/);
-    assert.equal(await code(fx.create({ template: 'minimal', volumes: [{ volume: 'shared', path: '/data' }] })), 'VOLUME_IN_USE', 'no writer while sandboxes read it');
+    assert.equal(await rejectionCode(fx.create({ template: 'minimal', volumes: [{ volume: 'shared', path: '/data' }] })), 'VOLUME_IN_USE', 'no writer while sandboxes read it');
     await r1.kill();
     await r2.kill();
     await Volumes.remove('shared', fx.conn);
@@ -76,17 +66,17 @@ describe('volumes (gVisor)', () => {
   it('bad input is refused with its code and changes nothing', async () => {
     await Volumes.create('ok', { ...fx.conn, sizeMb: 64 });
     const before = JSON.stringify(await Volumes.list(fx.conn));
-    for (const sizeMb of [0, -1, 63, 10 ** 7]) assert.equal(await code(Volumes.create('v2', { ...fx.conn, sizeMb })), 'INVALID_LIMITS', `sizeMb ${sizeMb}`);
-    for (const name of ['', 'UPPER', '../x', 'a b', 'x'.repeat(64)]) assert.equal(await code(Volumes.create(name, fx.conn)), 'BAD_REQUEST', `name ${JSON.stringify(name)}`);
-    assert.equal(await code(Volumes.create('ok', fx.conn)), 'VOLUME_EXISTS');
-    assert.equal(await code(Volumes.get('nope', fx.conn)), 'VOLUME_NOT_FOUND');
-    assert.equal(await code(Volumes.remove('nope', fx.conn)), 'VOLUME_NOT_FOUND');
+    for (const sizeMb of [0, -1, 63, 10 ** 7]) assert.equal(await rejectionCode(Volumes.create('v2', { ...fx.conn, sizeMb })), 'INVALID_LIMITS', `sizeMb ${sizeMb}`);
+    for (const name of ['', 'UPPER', '../x', 'a b', 'x'.repeat(64)]) assert.equal(await rejectionCode(Volumes.create(name, fx.conn)), 'BAD_REQUEST', `name ${JSON.stringify(name)}`);
+    assert.equal(await rejectionCode(Volumes.create('ok', fx.conn)), 'VOLUME_EXISTS');
+    assert.equal(await rejectionCode(Volumes.get('nope', fx.conn)), 'VOLUME_NOT_FOUND');
+    assert.equal(await rejectionCode(Volumes.remove('nope', fx.conn)), 'VOLUME_NOT_FOUND');
     const sandboxes = (await Sandbox.list(fx.conn)).items.length;
-    assert.equal(await code(fx.create({ volumes: [{ volume: 'nope', path: '/data' }] })), 'VOLUME_NOT_FOUND');
+    assert.equal(await rejectionCode(fx.create({ volumes: [{ volume: 'nope', path: '/data' }] })), 'VOLUME_NOT_FOUND');
     for (const p of ['data', '/', '/a/../b', '/a/./b', '/proc', '/dev/x', '/sys/fs', '/.space', '/tmp']) {
-      assert.equal(await code(fx.create({ volumes: [{ volume: 'ok', path: p }] })), 'INVALID_PATH', `path ${p}`);
+      assert.equal(await rejectionCode(fx.create({ volumes: [{ volume: 'ok', path: p }] })), 'INVALID_PATH', `path ${p}`);
     }
-    assert.equal(await code(fx.create({ volumes: [{ volume: 'ok', path: '/a' }, { volume: 'ok', path: '/b' }] })), 'BAD_REQUEST', 'one volume twice');
+    assert.equal(await rejectionCode(fx.create({ volumes: [{ volume: 'ok', path: '/a' }, { volume: 'ok', path: '/b' }] })), 'BAD_REQUEST', 'one volume twice');
     assert.equal((await Sandbox.list(fx.conn)).items.length, sandboxes, 'no sandbox was made');
     assert.equal(JSON.stringify(await Volumes.list(fx.conn)), before);
     await Volumes.remove('ok', fx.conn);
@@ -117,7 +107,7 @@ describe('volumes (gVisor)', () => {
     assert.equal(await sb.files.read('/data/f'), 'two');
     await sb.rollback(s1.id);
     assert.equal(await sb.files.read('/data/f'), 'two', 'a volume is not rolled back with the sandbox');
-    assert.equal(await code(sb.fork({ count: 1 })), 'VOLUME_IN_USE');
+    assert.equal(await rejectionCode(sb.fork({ count: 1 })), 'VOLUME_IN_USE');
     await sb.kill();
     const reader = await fx.create({ template: 'minimal', volumes: [{ volume: 'keep', path: '/data', readOnly: true }] });
     const forks = await reader.fork({ count: 2 });
@@ -140,21 +130,21 @@ describe('volumes (gVisor)', () => {
     const sb = await fx.create({ template: 'minimal', volumes: [{ volume: 'snap', path: '/data' }] });
     assert.equal(await sb.files.read('/data/in/data.csv'), 'changed');
     assert.equal((await sb.commands.run('ln -s /etc/passwd /data/link && ln -s / /data/root && echo out > /data/out.txt')).exitCode, 0);
-    assert.equal(await code(Volumes.write('snap', '/x', 'x', fx.conn)), 'VOLUME_IN_USE', 'files go into a volume no sandbox holds');
-    assert.equal(await code(Volumes.read('snap', '/out.txt', fx.conn)), 'VOLUME_IN_USE', 'nor out of one a sandbox writes');
-    assert.equal(await code(Volumes.restore('snap', s1.id, fx.conn)), 'VOLUME_IN_USE');
+    assert.equal(await rejectionCode(Volumes.write('snap', '/x', 'x', fx.conn)), 'VOLUME_IN_USE', 'files go into a volume no sandbox holds');
+    assert.equal(await rejectionCode(Volumes.read('snap', '/out.txt', fx.conn)), 'VOLUME_IN_USE', 'nor out of one a sandbox writes');
+    assert.equal(await rejectionCode(Volumes.restore('snap', s1.id, fx.conn)), 'VOLUME_IN_USE');
     await sb.kill();
     assert.equal(await Volumes.read('snap', '/out.txt', fx.conn), 'out\n');
-    assert.equal(await code(Volumes.read('snap', '/link', fx.conn)), 'INVALID_PATH', 'a link to the host is not followed');
-    assert.equal(await code(Volumes.read('snap', '/root/etc/passwd', fx.conn)), 'INVALID_PATH');
-    assert.equal(await code(Volumes.write('snap', '/root/tmp/x', 'x', fx.conn)), 'INVALID_PATH');
-    assert.equal(await code(Volumes.read('snap', '/../../etc/passwd', fx.conn)), 'INVALID_PATH');
+    assert.equal(await rejectionCode(Volumes.read('snap', '/link', fx.conn)), 'INVALID_PATH', 'a link to the host is not followed');
+    assert.equal(await rejectionCode(Volumes.read('snap', '/root/etc/passwd', fx.conn)), 'INVALID_PATH');
+    assert.equal(await rejectionCode(Volumes.write('snap', '/root/tmp/x', 'x', fx.conn)), 'INVALID_PATH');
+    assert.equal(await rejectionCode(Volumes.read('snap', '/../../etc/passwd', fx.conn)), 'INVALID_PATH');
     const names = (await Volumes.entries('snap', '/', fx.conn)).map((e) => `${e.name}:${e.type}`);
     assert.deepEqual(names, ['in:directory', 'link:symlink', 'out.txt:file', 'root:symlink']);
     await Volumes.restore('snap', s1.id, fx.conn);
     assert.equal(await Volumes.read('snap', '/in/data.csv', fx.conn), 'a,b\n1,2\n');
-    assert.equal(await code(Volumes.read('snap', '/out.txt', fx.conn)), 'FILE_NOT_FOUND', 'the restore put the whole volume back');
-    assert.equal(await code(Volumes.restore('snap', 'vs-nope', fx.conn)), 'SNAPSHOT_NOT_FOUND');
+    assert.equal(await rejectionCode(Volumes.read('snap', '/out.txt', fx.conn)), 'FILE_NOT_FOUND', 'the restore put the whole volume back');
+    assert.equal(await rejectionCode(Volumes.restore('snap', 'vs-nope', fx.conn)), 'SNAPSHOT_NOT_FOUND');
     assert.deepEqual((await Volumes.snapshots('snap', fx.conn)).map((s) => s.id), [s1.id]);
     await Volumes.remove('snap', fx.conn);
   });
