@@ -518,45 +518,6 @@ http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()
     assert.equal((await curl(['-o', '/dev/null', '-w', '%{http_code}', `http://${host}/`])).stdout, '404', 'a killed sandbox\'s ports are gone');
   });
 
-  it('volumes: Volume.create, files written and read without a sandbox, volumeMounts on create, one writer at a time, destroy', async () => {
-    // The SDK's volume content client goes to E2B_VOLUME_API_URL (SPACE's E2B listener).
-    process.env.E2B_VOLUME_API_URL = opts.apiUrl;
-    try {
-      const vol = await Volume.create('e2b-vol', opts);
-      assert.match(vol.volumeId, /^vol-/);
-      await vol.writeFile('/in/hello.txt', 'from the SDK');
-      await vol.makeDir('/out');
-      assert.deepEqual((await vol.list('/')).map((e) => `${e.name}:${e.type}`), ['in:directory', 'out:directory']);
-      assert.equal((await vol.getInfo('/in/hello.txt')).size, 12);
-      assert.ok((await vol.getInfo('/in/hello.txt')).mtime instanceof Date);
-      assert.equal(await vol.exists('/nope'), false);
-      await assert.rejects(vol.readFile('/nope'), VolumePathNotFoundError);
-      assert.deepEqual((await Volume.list(opts)).map((v) => v.name), ['e2b-vol']);
-      const again = await Volume.connect(vol.volumeId, opts);
-      assert.equal(await again.readFile('/in/hello.txt'), 'from the SDK');
-      const sb = await create({ volumeMounts: { '/data': vol } });
-      assert.equal((await sb.commands.run('cat /data/in/hello.txt && echo inside > /data/out/x.txt')).stdout, 'from the SDK');
-      assert.deepEqual((await sb.getInfo()).volumeMounts, [{ name: 'e2b-vol', path: '/data' }]);
-      await assert.rejects(create({ volumeMounts: { '/data': 'e2b-vol' } }), /VOLUME_IN_USE/);
-      await assert.rejects(vol.writeFile('/y', 'y'), /VOLUME_IN_USE/);
-      await sb.kill();
-      assert.equal(await vol.readFile('/out/x.txt'), 'inside\n');
-      await vol.remove('/out/x.txt');
-      assert.equal(await vol.exists('/out/x.txt'), false);
-      // Another volume's token opens nothing here.
-      const other = await Volume.create('e2b-other', opts);
-      const forged = new Volume(vol.volumeId, vol.name, other.token, undefined, false);
-      await assert.rejects(forged.readFile('/in/hello.txt'), /UNAUTHENTICATED|401/);
-      assert.equal(await Volume.destroy(other.volumeId, opts), true);
-      assert.equal(await Volume.destroy(vol.volumeId, opts), true);
-      assert.equal(await Volume.destroy(vol.volumeId, opts), false);
-      await assert.rejects(Volume.getInfo(vol.volumeId, opts), VolumeNotFoundError);
-      await assert.rejects(create({ volumeMounts: { '/data': 'e2b-vol' } }), /VOLUME_NOT_FOUND/);
-    } finally {
-      delete process.env.E2B_VOLUME_API_URL;
-    }
-  });
-
   it('what SPACE cannot honour is refused with the SDK\'s error shape and says what', async () => {
     await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['example.com'], rules: { '*': [{ transform: { headers: { 'X-A': 'b' } } }] } } }), /bare "\*" is not a host/);
     await assert.rejects(Sandbox.create('base', { ...opts, network: { allowOut: ['not a host!'] } }), /EGRESS_POLICY_INVALID|not a host|domain/i);
@@ -600,4 +561,58 @@ describe('E2B-compatible API with --e2b-public-traffic deny', () => {
     assert.match(ports[0].url, new RegExp(`^http://\\{port\\}-${sb.sandboxId}\\.localhost:\\d+/$`));
     await sb.kill();
   });
+});
+
+describe('E2B-compatible API: volumes (a daemon with disks)', () => {
+  let fx;
+  let opts;
+  before(async () => {
+    // Volumes mount into gVisor sandboxes that have disks (their mount points land there).
+    fx = await startTestDaemon({ disks: { mode: 'on' } });
+    const key = await api(fx, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b' } });
+    const url = (await api(fx, 'GET', '/v1/e2b')).body.url;
+    opts = { apiKey: key.body.key, apiUrl: url, sandboxUrl: url };
+  });
+  after(async () => assert.deepEqual(await fx.close(), []));
+
+  it('volumes: Volume.create, files written and read without a sandbox, volumeMounts on create, one writer at a time, destroy', async () => {
+    // The SDK's volume content client goes to E2B_VOLUME_API_URL (SPACE's E2B listener).
+    process.env.E2B_VOLUME_API_URL = opts.apiUrl;
+    try {
+      const vol = await Volume.create('e2b-vol', opts);
+      assert.match(vol.volumeId, /^vol-/);
+      await vol.writeFile('/in/hello.txt', 'from the SDK');
+      await vol.makeDir('/out');
+      assert.deepEqual((await vol.list('/')).map((e) => `${e.name}:${e.type}`), ['in:directory', 'out:directory']);
+      assert.equal((await vol.getInfo('/in/hello.txt')).size, 12);
+      assert.ok((await vol.getInfo('/in/hello.txt')).mtime instanceof Date);
+      assert.equal(await vol.exists('/nope'), false);
+      await assert.rejects(vol.readFile('/nope'), VolumePathNotFoundError);
+      assert.deepEqual((await Volume.list(opts)).map((v) => v.name), ['e2b-vol']);
+      const again = await Volume.connect(vol.volumeId, opts);
+      assert.equal(await again.readFile('/in/hello.txt'), 'from the SDK');
+      const sb = await Sandbox.create('base', { ...opts, volumeMounts: { '/data': vol } });
+      fx.track(sb.sandboxId);
+      assert.equal((await sb.commands.run('cat /data/in/hello.txt && echo inside > /data/out/x.txt')).stdout, 'from the SDK');
+      assert.deepEqual((await sb.getInfo()).volumeMounts, [{ name: 'e2b-vol', path: '/data' }]);
+      await assert.rejects(Sandbox.create('base', { ...opts, volumeMounts: { '/data': 'e2b-vol' } }), /VOLUME_IN_USE/);
+      await assert.rejects(vol.writeFile('/y', 'y'), /VOLUME_IN_USE/);
+      await sb.kill();
+      assert.equal(await vol.readFile('/out/x.txt'), 'inside\n');
+      await vol.remove('/out/x.txt');
+      assert.equal(await vol.exists('/out/x.txt'), false);
+      // Another volume's token opens nothing here.
+      const other = await Volume.create('e2b-other', opts);
+      const forged = new Volume(vol.volumeId, vol.name, other.token, undefined, false);
+      await assert.rejects(forged.readFile('/in/hello.txt'), /UNAUTHENTICATED|401/);
+      assert.equal(await Volume.destroy(other.volumeId, opts), true);
+      assert.equal(await Volume.destroy(vol.volumeId, opts), true);
+      assert.equal(await Volume.destroy(vol.volumeId, opts), false);
+      await assert.rejects(Volume.getInfo(vol.volumeId, opts), VolumeNotFoundError);
+      await assert.rejects(Sandbox.create('base', { ...opts, volumeMounts: { '/data': 'e2b-vol' } }), /VOLUME_NOT_FOUND/);
+    } finally {
+      delete process.env.E2B_VOLUME_API_URL;
+    }
+  });
+
 });

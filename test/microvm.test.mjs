@@ -169,9 +169,11 @@ describe('one daemon, two drivers: each sandbox chooses at creation', () => {
     await m.wake();
     assert.equal(await m.files.read('/tmp/who'), 'vm');
     await assert.rejects(fx.create({ driver: 'firecracker' }), (e) => e.code === 'DRIVER_NOT_ENABLED' && e.status === 400 && /--drivers/.test(e.message));
-    // Volumes mount into gVisor sandboxes only (the microVM driver takes no host directories yet).
+    // Volumes mount into gVisor sandboxes with disks only: the microVM driver takes no host
+    // directories yet, and without a disk the mount point would be made in the template's shared files.
     await Volumes.create('vmvol', { ...fx.conn, sizeMb: 64 });
     await assert.rejects(fx.create({ driver: 'microvm', volumes: [{ volume: 'vmvol', path: '/data' }] }), (e) => e.code === 'VOLUMES_UNAVAILABLE' && /gVisor/.test(e.message));
+    await assert.rejects(fx.create({ volumes: [{ volume: 'vmvol', path: '/data' }] }), (e) => e.code === 'VOLUMES_UNAVAILABLE' && /--disks on/.test(e.message));
     assert.deepEqual((await Volumes.get('vmvol', fx.conn)).mountedBy, [], 'nothing holds it');
     await Volumes.remove('vmvol', fx.conn);
     for (const sb of [g, m, copy]) await sb.kill();

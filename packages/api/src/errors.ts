@@ -20,7 +20,7 @@ export const ERRORS = {
   INVALID_JSON: { status: 400, message: 'The request body is not valid JSON', hint: 'Send a JSON object with Content-Type: application/json.' },
   INVALID_LIMITS: { status: 400, message: 'Resource limits are out of range', hint: 'Use cpu 0.1–16, memoryMb 64–65536, timeoutMs 1000–604800000, diskMb larger than the template up to the node\'s maximum, and a volume\'s sizeMb from 64 up to the node\'s maximum; sizes on the command line look like 512M, 4G, 1T.' },
   DISKS_UNAVAILABLE: { status: 400, message: 'This daemon keeps sandbox files in memory: it has no disks', hint: 'Leave diskMb out, or start the daemon with --disks on (it needs btrfs-progs: `space doctor`).' },
-  VOLUMES_UNAVAILABLE: { status: 400, message: 'This daemon has no volumes', hint: 'Start the daemon with --volumes on (it needs fscrypt and e2fsprogs: `space doctor`); volumes mount into sandboxes of the gVisor driver.' },
+  VOLUMES_UNAVAILABLE: { status: 400, message: 'This daemon has no volumes', hint: 'Volumes mount into gVisor sandboxes of a daemon with disks: `space up --disks on` (volumes need fscrypt and e2fsprogs: `space doctor`).' },
   INVALID_PATH: { status: 400, message: 'The path is invalid', hint: 'Use an absolute path without NUL bytes, at most 4096 bytes long.' },
   INVALID_PORT: { status: 400, message: 'The port is invalid', hint: 'Use a TCP port from 1 to 65535 that a server inside the sandbox listens on.' },
   INGRESS_UNAUTHENTICATED: { status: 401, message: 'This port needs its access token', hint: 'Send the token `space expose` printed as "X-Space-Access-Token: <token>", or open the signed link it printed (it sets a cookie for this host).' },

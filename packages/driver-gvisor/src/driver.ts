@@ -89,8 +89,15 @@ const CAPS = ['CAP_SYS_ADMIN', 'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FOWNER', 'C
  */
 export class GvisorDriver implements SandboxDriver {
   readonly name = 'gvisor';
-  /** Host directories (volumes) are bind mounts the gofer serves; checkpoints keep them. */
-  readonly mounts = true;
+  /**
+   * Host directories (volumes) are bind mounts the gofer serves; checkpoints keep them. Only with
+   * disks: runsc makes a missing mount point in the root's host directory, which without a disk is
+   * the template's files, shared by every sandbox of every tenant (seen: a tenant's `/data`
+   * appeared in `base` for all). With a disk it lands on the sandbox's own.
+   */
+  get mounts(): boolean {
+    return !!this.pool;
+  }
   /** runsc's state file stored with its blocks decompressed, so consecutive snapshots deduplicate. */
   readonly imageCodec = new StatefileCodec();
   /** The state file's codec; with disks, the disk copy's too (its files into the encrypted store). */

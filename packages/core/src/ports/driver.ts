@@ -150,7 +150,8 @@ export interface SandboxDriver {
   readonly disks?: DriverDisks;
   /**
    * True when {@link DriverCreateSpec.mounts} work: host directories mounted into the sandbox,
-   * kept across checkpoints (a restore gets the same mounts). Absent: volumes are refused.
+   * kept across checkpoints (a restore gets the same mounts), their mount points made in the
+   * sandbox's own files (never in files sandboxes share). Absent or false: volumes are refused.
    */
   readonly mounts?: boolean;
   /** Registers core's callbacks; called once before any other method. */

@@ -219,7 +219,7 @@ export class Volumes {
     if (!Array.isArray(mounts)) throw new SpaceError('BAD_REQUEST', 'volumes must be a list of { volume, path, readOnly? }', { details: { field: 'volumes' } });
     if (!mounts.length) return [];
     this.host();
-    if (!driverMounts) throw new SpaceError('VOLUMES_UNAVAILABLE', 'This sandbox\'s driver cannot mount volumes: create it on the gVisor driver (the default)', { details: { field: 'volumes' } });
+    if (!driverMounts) throw new SpaceError('VOLUMES_UNAVAILABLE', 'This sandbox\'s driver cannot mount volumes: they mount into gVisor sandboxes with disks (the default driver, spaced --disks on)', { details: { field: 'volumes' } });
     if (mounts.length > MAX_VOLUME_MOUNTS) throw new SpaceError('BAD_REQUEST', `A sandbox mounts at most ${MAX_VOLUME_MOUNTS} volumes; got ${mounts.length}`, { details: { field: 'volumes' } });
     const out: ResolvedMount[] = [];
     for (const m of mounts as Record<string, unknown>[]) {
