@@ -9,13 +9,13 @@ import { Sandbox, SpaceError } from '../../packages/sdk/dist/index.js';
 import { eventually, readAll, startTestDaemon } from '../helpers.mjs';
 
 /**
- * @param {{ name: string, daemonOpts?: object, skip?: { test: string, reason: string }[] }} driver
+ * @param {{ name: string, label?: string, daemonOpts?: object, skip?: { test: string, reason: string }[] }} driver
  */
 export function conformance(driver) {
   const skips = new Map((driver.skip ?? []).map((s) => [s.test, s.reason]));
   const test = (name, fn) => it(name, skips.has(name) ? { skip: `${driver.name}: ${skips.get(name)}` } : {}, fn);
 
-  describe(`driver conformance: ${driver.name}`, () => {
+  describe(`driver conformance: ${driver.label ?? driver.name}`, () => {
     let fx;
     let sb;
     before(async () => {

@@ -88,6 +88,7 @@ interface DaemonFlags {
   diskDefault?: string;
   diskMax?: string;
   volumes?: string;
+  database?: string;
 }
 
 /** The flags `up` and `daemon` share, passed on to spaced. */
@@ -109,11 +110,12 @@ function daemonCommand(name: string, description: string): Command {
     .option('--disk-pool <dir>', 'directory of the disk pool (default: DATA_DIR/disks)')
     .option('--disk-default <size>', 'disk size of a sandbox whose create gives none, e.g. 5G')
     .option('--disk-max <size>', 'largest disk a create may ask for, e.g. 64G')
-    .option('--volumes <auto|on|off>', 'named volumes: auto (on when the host can: fscrypt, ext4 encryption), on, or off');
+    .option('--volumes <auto|on|off>', 'named volumes: auto (on when the host can: fscrypt, ext4 encryption), on, or off')
+    .option('--database <url>', 'metadata in PostgreSQL: postgres://USER@HOST:PORT/DB (password in PGPASSWORD or ~/.pgpass); default SQLite in the data directory');
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : [])];
 }
 
 /**

@@ -13,6 +13,7 @@ import { parseSizeMb } from '@space/api';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
+import { PostgresStore } from '@space/store-postgres';
 import { LocalBlobStore } from '@space/blob-local';
 import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
@@ -85,6 +86,31 @@ export interface DaemonOptions {
    * (the daemon refuses to start without them), `off`. @default "auto" (or SPACE_VOLUMES)
    */
   volumes?: 'auto' | 'on' | 'off';
+  /**
+   * Metadata database: a `postgres://USER@HOST:PORT/DB` URL keeps it in PostgreSQL (password from
+   * PGPASSWORD or ~/.pgpass, see {@link checkDatabaseUrl}); absent, SQLite in the data directory.
+   * @default SPACE_DATABASE, else `${dataDir}/space.db`
+   */
+  database?: string;
+}
+
+/**
+ * Checks a `--database` URL: PostgreSQL's scheme, and no password when it came from the command
+ * line (`fromArgv`), where every user of the host can read it in `ps`: put the password in
+ * PGPASSWORD or ~/.pgpass, or the whole URL in SPACE_DATABASE.
+ *
+ * @example checkDatabaseUrl('postgres://space@db:5432/space', true) // ok
+ */
+export function checkDatabaseUrl(url: string, fromArgv: boolean): string {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch (err) {
+    throw new SpaceError('CONFIG_INVALID', `--database ${JSON.stringify(url)} is not a URL: use postgres://USER@HOST:PORT/DATABASE`, { cause: err });
+  }
+  if (u.protocol !== 'postgres:' && u.protocol !== 'postgresql:') throw new SpaceError('CONFIG_INVALID', `--database must be a postgres:// URL (SQLite, the default, needs no flag); got ${u.protocol}`);
+  if (fromArgv && u.password) throw new SpaceError('CONFIG_INVALID', '--database carries a password, which every user of this host can read in `ps`: put it in PGPASSWORD or ~/.pgpass, or pass the whole URL in SPACE_DATABASE');
+  return url;
 }
 
 /** Checks the volumes setting (flag `--volumes`, `SPACE_VOLUMES`). */
@@ -238,7 +264,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   if (running && running.pid !== process.pid) throw new SpaceError('BAD_REQUEST', `A daemon (pid ${running.pid}) already serves ${dataDir} at ${running.url}; stop it with \`space down --data-dir ${dataDir}\``);
 
   const logger = pino({ level: opts.logLevel ?? process.env.SPACE_LOG_LEVEL ?? 'info', base: { svc: 'spaced' } });
-  const store = SqliteStore.open(path.join(dataDir, 'space.db'));
+  const database = opts.database ?? process.env.SPACE_DATABASE;
+  const store = database ? await PostgresStore.open(checkDatabaseUrl(database, false), { logger }) : SqliteStore.open(path.join(dataDir, 'space.db'));
   const rootfs = new RootfsStore(opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR ?? path.join(dataDir, 'templates'), opts.debianMirror ? { mirror: opts.debianMirror } : {});
   const pools = opts.pools ?? (process.env.SPACE_POOLS ? parsePools(process.env.SPACE_POOLS) : undefined);
   const localBlobs = new LocalBlobStore(path.join(dataDir, 'blobs'));

@@ -9,11 +9,12 @@
  *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
  *        [--disks on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--volumes auto|on|off]
+ *        [--database postgres://USER@HOST:PORT/DB]
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
 import { parseSizeMb } from '@space/api';
-import { parseAccel, parseVolumesMode, parseDisksMode, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
+import { checkDatabaseUrl, parseAccel, parseVolumesMode, parseDisksMode, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
 import { parseEgressHosts } from './networking.js';
 
 const { values } = parseArgs({
@@ -50,6 +51,7 @@ const { values } = parseArgs({
     'disk-default': { type: 'string' },
     'disk-max': { type: 'string' },
     volumes: { type: 'string' },
+    database: { type: 'string' },
   },
 });
 
@@ -79,6 +81,7 @@ try {
     ingress,
     disks,
     ...(values.volumes ? { volumes: parseVolumesMode(values.volumes) } : {}),
+    ...(values.database ? { database: checkDatabaseUrl(values.database, true) } : {}),
     ...(values.driver ? { driver: parseDriver(values.driver) } : {}),
     ...(values.drivers ? { drivers: parseDrivers(values.drivers) } : {}),
     ...(values['microvm-accel'] || values['microvm-kernel-deb'] ? { microvm: { ...(values['microvm-accel'] ? { accel: parseAccel(values['microvm-accel']) } : {}), ...(values['microvm-kernel-deb'] ? { kernelDeb: values['microvm-kernel-deb'] } : {}) } } : {}),
