@@ -10,13 +10,13 @@ import { existsSync, readFileSync, readdirSync } from 'node:fs';
 
 // The fast lane first: seconds, no runtime (the fake driver, the protocol, the stores, the
 // import-cycle check), so a broken core fails the run before the real-runtime suites start.
-export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'snapshot-store'].map((n) => `test/${n}.test.mjs`);
+export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'snapshot-store'].map((n) => `test/${n}.test.mjs`);
 const all = readdirSync(new URL('../test/', import.meta.url)).filter((f) => f.endsWith('.test.mjs')).sort().map((f) => `test/${f}`);
 const files = all;
 const fastOnly = process.argv[2] === '--fast';
 const only = fastOnly ? FAST : process.argv.slice(2);
 
-/** Host resources of sandboxes: `space-*` network namespaces, `space/*` cgroups, mounted disk pools, open volumes; and the tests' PostgreSQL servers. */
+/** Host resources of sandboxes: `space-*` network namespaces, `space/*` cgroups, mounted disk pools, open volumes; and the tests' PostgreSQL and Swift servers. */
 function sandboxResources() {
   const netns = (spawnSync('ip', ['netns', 'list'], { encoding: 'utf8' }).stdout ?? '').split('\n').map((l) => l.split(' ')[0]).filter((n) => n?.startsWith('space-')).map((n) => `netns ${n}`);
   const cgroups = ['memory', 'cpu'].flatMap((c) => {
@@ -28,8 +28,11 @@ function sandboxResources() {
   // Open volumes: a volume is closed (unmounted) when no sandbox holds it.
   const volumes = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => /\/volumes\/vol-[a-z0-9]+\/mnt$/.test(m ?? '')).map((m) => `volume open at ${m}`);
   // Throwaway PostgreSQL servers of the tests (test/postgres.mjs): each test stops its own.
-  const postgres = (spawnSync('ps', ['-eo', 'args'], { encoding: 'utf8' }).stdout ?? '').split('\n').filter((l) => /postgres -D \/tmp\/spt-pg-/.test(l)).map((l) => `PostgreSQL still running: ${l.trim()}`);
-  return new Set([...netns, ...cgroups, ...pools, ...volumes, ...postgres]);
+  const procs = (spawnSync('ps', ['-eo', 'args'], { encoding: 'utf8' }).stdout ?? '').split('\n');
+  const postgres = procs.filter((l) => /postgres -D \/tmp\/spt-pg-/.test(l)).map((l) => `PostgreSQL still running: ${l.trim()}`);
+  // … and their object stores (test/s3-server.mjs).
+  const swift = procs.filter((l) => /swift-[a-z]+-server \/tmp\/spt-s3-/.test(l)).map((l) => `Swift still running: ${l.trim()}`);
+  return new Set([...netns, ...cgroups, ...pools, ...volumes, ...postgres, ...swift]);
 }
 
 const before = sandboxResources();

@@ -1,16 +1,19 @@
 // The driver conformance suite on gVisor (real runsc). No skips. Its daemon keeps its metadata
-// in PostgreSQL (a throwaway server, test/postgres.mjs): every other daemon of the suite uses
-// the SQLite default, so this one shows a whole node working on PostgreSQL at no extra cost.
+// in PostgreSQL and its blobs (template images) in S3 — a throwaway PostgreSQL and OpenStack
+// Swift (test/postgres.mjs, test/s3-server.mjs): every other daemon of the suite uses the
+// embedded defaults, so this one shows a whole node working on the external stores.
 import assert from 'node:assert/strict';
 import { after } from 'node:test';
 import { conformance } from './conformance/suite.mjs';
 import { startPostgres } from './postgres.mjs';
+import { startS3 } from './s3-server.mjs';
 
-const pg = await startPostgres();
+const [pg, s3] = await Promise.all([startPostgres(), startS3()]);
+Object.assign(process.env, s3.env);
 after(async () => {
   const rows = pg.psql('SELECT count(*) FROM sandboxes', 'space');
   assert.ok(Number(rows.trim()) > 0, 'the daemon stored its sandboxes in PostgreSQL');
-  await pg.stop();
+  await Promise.all([pg.stop(), s3.stop()]);
 });
 
-conformance({ name: 'gvisor', label: 'gvisor (metadata in PostgreSQL)', daemonOpts: { database: pg.url }, skip: [] });
+conformance({ name: 'gvisor', label: 'gvisor (metadata in PostgreSQL, blobs in S3)', daemonOpts: { database: pg.url, blobStore: s3.url }, skip: [] });

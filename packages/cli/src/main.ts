@@ -89,6 +89,7 @@ interface DaemonFlags {
   diskMax?: string;
   volumes?: string;
   database?: string;
+  blobStore?: string;
 }
 
 /** The flags `up` and `daemon` share, passed on to spaced. */
@@ -111,11 +112,12 @@ function daemonCommand(name: string, description: string): Command {
     .option('--disk-default <size>', 'disk size of a sandbox whose create gives none, e.g. 5G')
     .option('--disk-max <size>', 'largest disk a create may ask for, e.g. 64G')
     .option('--volumes <auto|on|off>', 'named volumes: auto (on when the host can: fscrypt, ext4 encryption), on, or off')
-    .option('--database <url>', 'metadata in PostgreSQL: postgres://USER@HOST:PORT/DB (password in PGPASSWORD or ~/.pgpass); default SQLite in the data directory');
+    .option('--database <url>', 'metadata in PostgreSQL: postgres://USER@HOST:PORT/DB (password in PGPASSWORD or ~/.pgpass); default SQLite in the data directory')
+    .option('--blob-store <url>', 'snapshots and template images: file:///PATH or s3://BUCKET[/PREFIX]?endpoint=http://HOST:PORT (keys in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); default DATA_DIR/blobs');
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : [])];
 }
 
 /**

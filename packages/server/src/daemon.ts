@@ -14,7 +14,7 @@ import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
-import { LocalBlobStore } from '@space/blob-local';
+import { openBlobStore } from './blob-store.js';
 import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
 import { startIngress, type IngressOptions } from './ingress.js';
@@ -92,6 +92,12 @@ export interface DaemonOptions {
    * @default SPACE_DATABASE, else `${dataDir}/space.db`
    */
   database?: string;
+  /**
+   * Blob store (snapshots, template images): `file:///PATH` or `s3://BUCKET[/PREFIX]?endpoint=URL`
+   * (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_SHARED_CREDENTIALS_FILE).
+   * @default SPACE_BLOB_STORE, else `${dataDir}/blobs`
+   */
+  blobStore?: string;
 }
 
 /**
@@ -264,12 +270,23 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   if (running && running.pid !== process.pid) throw new SpaceError('BAD_REQUEST', `A daemon (pid ${running.pid}) already serves ${dataDir} at ${running.url}; stop it with \`space down --data-dir ${dataDir}\``);
 
   const logger = pino({ level: opts.logLevel ?? process.env.SPACE_LOG_LEVEL ?? 'info', base: { svc: 'spaced' } });
+  const blobStore = await openBlobStore(opts.blobStore ?? process.env.SPACE_BLOB_STORE, dataDir);
   const database = opts.database ?? process.env.SPACE_DATABASE;
-  const store = database ? await PostgresStore.open(checkDatabaseUrl(database, false), { logger }) : SqliteStore.open(path.join(dataDir, 'space.db'));
+  let store: MetadataStore & { close(): Promise<void> };
+  try {
+    store = database ? await PostgresStore.open(checkDatabaseUrl(database, false), { logger }) : SqliteStore.open(path.join(dataDir, 'space.db'));
+  } catch (err) {
+    blobStore.close();
+    throw err;
+  }
+  logger.info({ database: database ? 'postgres' : 'sqlite', blobs: blobStore.where }, 'stores open');
+  /** Lets both stores go (every way out of start, and close). */
+  const closeStores = async () => {
+    blobStore.close();
+    await store.close();
+  };
   const rootfs = new RootfsStore(opts.templatesDir ?? process.env.SPACE_TEMPLATES_DIR ?? path.join(dataDir, 'templates'), opts.debianMirror ? { mirror: opts.debianMirror } : {});
   const pools = opts.pools ?? (process.env.SPACE_POOLS ? parsePools(process.env.SPACE_POOLS) : undefined);
-  const localBlobs = new LocalBlobStore(path.join(dataDir, 'blobs'));
-  await localBlobs.sweep();
   const keyDir = opts.keyDir ?? process.env.SPACE_KEY_DIR ?? path.join(dataDir, 'keys');
   const pkcs11Opts = opts.pkcs11 ?? (process.env.SPACE_PKCS11_MODULE ? { module: process.env.SPACE_PKCS11_MODULE, tokenLabel: process.env.SPACE_PKCS11_TOKEN ?? '', pin: process.env.SPACE_PKCS11_PIN ?? '' } : undefined);
   let pkcs11: Pkcs11KeyProvider | undefined;
@@ -277,7 +294,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     // A wrong module, token or PIN stops the daemon here (KEY_INVALID), not at the first restore.
     pkcs11 = pkcs11Opts ? Pkcs11KeyProvider.open(pkcs11Opts) : undefined;
   } catch (err) {
-    await store.close();
+    await closeStores();
     throw err;
   }
   const encryptionKeys = new KeyService({
@@ -292,7 +309,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     await encryptionKeys.start();
   } catch (err) {
     pkcs11?.close();
-    await store.close();
+    await closeStores();
     throw err;
   }
   let egress: Awaited<ReturnType<typeof prepareEgress>>;
@@ -300,7 +317,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     egress = await prepareEgress({ ...egressFromEnv(), ...(opts.egress ?? {}) }, { dataDir, store, keys: encryptionKeys, logger });
   } catch (err) {
     pkcs11?.close();
-    await store.close();
+    await closeStores();
     throw err;
   }
   const driverName = opts.driver ?? parseDriver(process.env.SPACE_DRIVER ?? 'gvisor');
@@ -316,7 +333,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const driver = make(driverName);
   const extra = (opts.drivers ?? (process.env.SPACE_DRIVERS ? parseDrivers(process.env.SPACE_DRIVERS) : [])).filter((n) => n !== driverName).map(make);
   const gcFault = process.env.SPACE_FAULT_INJECT?.startsWith('gc:after-') ? Number(process.env.SPACE_FAULT_INJECT.slice('gc:after-'.length)) : undefined;
-  const blobs = new DedupBlobStore(new EncryptedBlobStore(localBlobs, encryptionKeys, store), encryptionKeys, gcFault);
+  const blobs = new DedupBlobStore(new EncryptedBlobStore(blobStore.store, encryptionKeys, store), encryptionKeys, gcFault);
   // Template images used to be kept in plaintext on disk: they are captured again (and stored encrypted).
   await fs.rm(path.join(dataDir, 'template-images'), { recursive: true, force: true });
   const imagesDir = templateImagesDir(dataDir);
@@ -355,7 +372,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   } catch (err) {
     await service.shutdown().catch(() => {});
     await egress?.close().catch(() => {});
-    await store.close();
+    await closeStores();
     throw err;
   }
 
@@ -432,7 +449,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       await fs.rm(path.dirname(imagesDir), { recursive: true, force: true });
       await egress?.close();
       pkcs11?.close();
-      await store.close();
+      await closeStores();
       if (existsSync(stateFile) && readState(dataDir)?.pid === process.pid) await fs.rm(stateFile, { force: true });
       logger.info('stopped');
     })());
