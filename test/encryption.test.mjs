@@ -7,7 +7,7 @@ import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, w
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
-import { startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
+import { defaultWorkDir, startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
 import { TEMPLATES_DIR, api, eventually, startSpaced, startTestDaemon, stopSpaced } from './helpers.mjs';
 import { inflateStatefile, unpackSnapshot } from './statefile.mjs';
 import { makeOciImage } from './oci-image.mjs';
@@ -305,6 +305,47 @@ describe('chunk collection survives a daemon crash', () => {
       }
       const r = await (await fetch(`${d.conn.apiUrl}/v1/admin/gc`, { method: 'POST', headers: { authorization: `Bearer ${d.conn.apiKey}` } })).json();
       assert.equal(r.deletedChunks, 0, 'the restart finished the collection');
+      await again.kill();
+    } finally {
+      await stopSpaced(d);
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('checkpoint images never touch the node\'s disk', () => {
+  it('killed right after a checkpoint, the image is in RAM (and holds the memory), nothing under the data directory, and the restart finishes the snapshot from it', async () => {
+    const dataDir = mkdtempSync('/tmp/spt-ram-');
+    let d = await startSpaced(dataDir, { SPACE_FAULT_INJECT: 'snapshot:after-checkpoint' });
+    try {
+      const sb = await Sandbox.create({ ...d.conn, memoryMb: 256 });
+      const memMarker = `SPACEMARKER${randomBytes(12).toString('hex')}`;
+      await sb.commands.run(`sh -c 'M=${memMarker}; while true; do sleep 1; done' >/dev/null 2>&1 &`);
+      await assert.rejects(sb.snapshot());
+      assert.equal((await d.exited).sig, 'SIGKILL', 'the fault killed the daemon with a complete image not yet stored');
+      const work = defaultWorkDir(dataDir);
+      assert.ok(work.startsWith('/dev/shm/'), work);
+      const images = readdirSync(work);
+      assert.equal(images.length, 1, `one image in ${work}`);
+      // The scan below can fail: the image the crash left holds the process's memory.
+      assert.ok(inflateStatefile(readFileSync(path.join(work, images[0], 'checkpoint.img'))).includes(memMarker), 'the image in RAM holds the memory marker');
+      for (const f of files(dataDir)) {
+        assert.notEqual(path.basename(f), 'checkpoint.img', `a checkpoint image on disk: ${f}`);
+        let buf;
+        try {
+          buf = readFileSync(f);
+        } catch (err) {
+          if (err.code === 'ENOENT') continue;
+          throw err;
+        }
+        if (buf.subarray(0, 8).toString('latin1') === 'gVisorSF') assert.ok(!inflateStatefile(buf).includes(memMarker), `the memory marker is readable in ${f}`);
+        assert.equal(buf.indexOf(memMarker), -1, `the memory marker is readable in ${f}`);
+      }
+      d = await startSpaced(dataDir);
+      const again = await Sandbox.connect(sb.id, d.conn);
+      assert.equal((await again.snapshots()).length, 1, 'the restart stored the snapshot from the image in RAM');
+      assert.match((await again.commands.run('ps -o args')).stdout, new RegExp(memMarker));
+      assert.deepEqual(readdirSync(work), [], 'and let the image go');
       await again.kill();
     } finally {
       await stopSpaced(d);

@@ -4,7 +4,8 @@
 // runsc, no QEMU; the same behaviour on the real drivers is tested by the conformance and
 // session suites.
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
@@ -84,6 +85,31 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     assert.deepEqual((await svc.snapshots(T, sb.id)).map((s) => s.name), ['one']);
     await svc.kill(T, sb.id);
     assert.deepEqual(await svc.snapshots(T, sb.id).catch(() => []), [], 'killing deletes its snapshots');
+  });
+
+  it('a snapshot the work directory has no room for is refused before the sandbox is touched (CAPACITY_EXHAUSTED)', { skip: process.getuid?.() !== 0 && 'mounting a small tmpfs needs root' }, async () => {
+    const sb = await svc.create(T, {});
+    await out(sb.id, 'tick');
+    // The work directory (RAM in the daemon) with 16 MiB: a 256 MiB sandbox's image may not fit.
+    const work = path.join(dir, 'work');
+    mkdirSync(work, { recursive: true });
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=16m', 'tmpfs', work]);
+    try {
+      await assert.rejects(svc.snapshot(T, sb.id, {}), (e) => e.code === 'CAPACITY_EXHAUSTED' && /has 16 MiB free; the sandbox is untouched/.test(e.message));
+      await assert.rejects(svc.hibernate(T, sb.id), (e) => e.code === 'CAPACITY_EXHAUSTED');
+      await svc.pause(T, sb.id);
+      await assert.rejects(svc.snapshot(T, sb.id, {}), (e) => e.code === 'CAPACITY_EXHAUSTED');
+      assert.equal((await svc.get(T, sb.id)).state, 'paused', 'a paused sandbox stays paused');
+      await svc.resume(T, sb.id);
+    } finally {
+      execFileSync('umount', [work]);
+    }
+    assert.equal(await out(sb.id, 'tick'), '2\n', 'the sandbox ran on with its memory, untouched');
+    assert.deepEqual(await svc.snapshots(T, sb.id), [], 'nothing listed');
+    assert.deepEqual(await store.listIntents(), [], 'nothing left in the journal');
+    await svc.snapshot(T, sb.id, {});
+    assert.equal((await svc.snapshots(T, sb.id)).length, 1, 'with room again, snapshots work');
+    await svc.kill(T, sb.id);
   });
 
   it('hibernate frees the runtime; wake restores memory and files', async () => {

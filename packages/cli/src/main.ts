@@ -90,6 +90,7 @@ interface DaemonFlags {
   volumes?: string;
   database?: string;
   blobStore?: string;
+  workDir?: string;
 }
 
 /** The flags `up` and `daemon` share, passed on to spaced. */
@@ -113,11 +114,12 @@ function daemonCommand(name: string, description: string): Command {
     .option('--disk-max <size>', 'largest disk a create may ask for, e.g. 64G')
     .option('--volumes <auto|on|off>', 'named volumes: auto (on when the host can: fscrypt, ext4 encryption), on, or off')
     .option('--database <url>', 'metadata in PostgreSQL: postgres://USER@HOST:PORT/DB (password in PGPASSWORD or ~/.pgpass); default SQLite in the data directory')
-    .option('--blob-store <url>', 'snapshots and template images: file:///PATH or s3://BUCKET[/PREFIX]?endpoint=http://HOST:PORT (keys in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); default DATA_DIR/blobs');
+    .option('--blob-store <url>', 'snapshots and template images: file:///PATH or s3://BUCKET[/PREFIX]?endpoint=http://HOST:PORT (keys in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); default DATA_DIR/blobs')
+    .option('--work-dir <dir>', 'where checkpoint images pass through (up to a sandbox\'s memory each); default in RAM, /dev/shm');
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : []), ...(o.workDir ? ['--work-dir', o.workDir] : [])];
 }
 
 /**

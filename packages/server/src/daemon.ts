@@ -98,7 +98,14 @@ export interface DaemonOptions {
    * @default SPACE_BLOB_STORE, else `${dataDir}/blobs`
    */
   blobStore?: string;
+  /**
+   * Where checkpoint images are written and snapshots unpacked (transient, up to a sandbox's
+   * memory size each). @default SPACE_WORK_DIR, else RAM (`/dev/shm/spaced-<hash>/work`);
+   * with disks on, `${dataDir}/work` (disk streams pass through it)
+   */
+  workDir?: string;
 }
+
 
 /**
  * Checks a `--database` URL: PostgreSQL's scheme, and no password when it came from the command
@@ -235,7 +242,23 @@ async function snapshotKeys(store: MetadataStore): Promise<string[]> {
  * templateImagesDir('/var/lib/space') // '/dev/shm/spaced-<12 hex>/template-images'
  */
 export function templateImagesDir(dataDir: string): string {
-  return path.join('/dev/shm', `spaced-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 12)}`, 'template-images');
+  return path.join(ramDir(dataDir), 'template-images');
+}
+
+/** The daemon's directory in RAM (tmpfs): template images' working copies, checkpoint images under way. */
+function ramDir(dataDir: string): string {
+  return path.join('/dev/shm', `spaced-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 12)}`);
+}
+
+/**
+ * Where checkpoint images are written and snapshots unpacked on their way to and from the
+ * blob store: in RAM, so a session's memory never lands on the node's disk in plaintext (the
+ * stored snapshot is encrypted); the data directory only on a host without /dev/shm.
+ *
+ * @example defaultWorkDir('/var/lib/space') // '/dev/shm/spaced-<12 hex>/work'
+ */
+export function defaultWorkDir(dataDir: string): string {
+  return existsSync('/dev/shm') ? path.join(ramDir(dataDir), 'work') : path.join(dataDir, 'work');
 }
 
 /** Parses `HOST:PORT` (IPv6 as `[::1]:7070`). */
@@ -337,6 +360,9 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   // Template images used to be kept in plaintext on disk: they are captured again (and stored encrypted).
   await fs.rm(path.join(dataDir, 'template-images'), { recursive: true, force: true });
   const imagesDir = templateImagesDir(dataDir);
+  // With disks, a snapshot's disk stream (GiBs) passes through the work directory: on disk,
+  // beside the pool whose copies are plaintext on the node anyway (docs/disks.md).
+  const workDir = opts.workDir ?? process.env.SPACE_WORK_DIR ?? (disks ? path.join(dataDir, 'work') : defaultWorkDir(dataDir));
   const volumes = await openVolumes(opts.volumes ?? parseVolumesMode(process.env.SPACE_VOLUMES ?? 'auto'), dataDir, store, encryptionKeys, logger);
   const service = new SandboxService({
     store,
@@ -345,7 +371,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     logger,
     blobs,
     rootfs,
-    workDir: path.join(dataDir, 'work'),
+    workDir,
     imagesDir,
     uploadsDir: path.join(dataDir, 'uploads'),
     maxSandboxes: opts.maxSandboxes ?? 64,
@@ -363,6 +389,9 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const keyFile = path.join(dataDir, 'admin.key');
   try {
     await service.start();
+    // Checkpoint images used to pass through <data>/work, on disk: recovery has finished what a
+    // crash left there (the journal names each image's path), so the directory goes.
+    if (path.resolve(workDir) !== path.join(dataDir, 'work')) await fs.rm(path.join(dataDir, 'work'), { recursive: true, force: true });
     await egress?.start(service, daemonEndpoint);
     if (!(await keys.any())) {
       const { key } = await keys.create({ tenantId: 'default', name: 'first admin key', admin: true });
@@ -446,7 +475,10 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       await gcRun;
       await service.shutdown();
       // The working copies of template images: RAM is given back; the next start reloads them.
-      await fs.rm(path.dirname(imagesDir), { recursive: true, force: true });
+      // The work directory stays if an operation left something in it for the next start.
+      await fs.rm(imagesDir, { recursive: true, force: true });
+      await fs.rmdir(workDir).catch(() => {});
+      await fs.rmdir(ramDir(dataDir)).catch(() => {});
       await egress?.close();
       pkcs11?.close();
       await closeStores();

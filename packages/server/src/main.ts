@@ -9,7 +9,7 @@
  *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
  *        [--disks on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--volumes auto|on|off]
- *        [--database postgres://USER@HOST:PORT/DB] [--blob-store file:///PATH|s3://BUCKET?endpoint=URL]
+ *        [--database postgres://USER@HOST:PORT/DB] [--blob-store file:///PATH|s3://BUCKET?endpoint=URL] [--work-dir DIR]
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
@@ -53,6 +53,7 @@ const { values } = parseArgs({
     volumes: { type: 'string' },
     database: { type: 'string' },
     'blob-store': { type: 'string' },
+    'work-dir': { type: 'string' },
   },
 });
 
@@ -84,6 +85,7 @@ try {
     ...(values.volumes ? { volumes: parseVolumesMode(values.volumes) } : {}),
     ...(values.database ? { database: checkDatabaseUrl(values.database, true) } : {}),
     ...(values['blob-store'] ? { blobStore: values['blob-store'] } : {}),
+    ...(values['work-dir'] ? { workDir: values['work-dir'] } : {}),
     ...(values.driver ? { driver: parseDriver(values.driver) } : {}),
     ...(values.drivers ? { drivers: parseDrivers(values.drivers) } : {}),
     ...(values['microvm-accel'] || values['microvm-kernel-deb'] ? { microvm: { ...(values['microvm-accel'] ? { accel: parseAccel(values['microvm-accel']) } : {}), ...(values['microvm-kernel-deb'] ? { kernelDeb: values['microvm-kernel-deb'] } : {}) } } : {}),

@@ -12,6 +12,9 @@ import { newSnapshotId, type Sandbox, type Snapshot, type SnapshotTrigger } from
 import { packSnapshot, readSnapshot } from '../storage/snapshot-format.js';
 import type { CheckpointHooks, SandboxContext } from './context.js';
 
+/** Room a checkpoint needs beyond the sandbox's memory limit: the runtime's own state files. */
+const IMAGE_MARGIN_MB = 64;
+
 /** Checkpoints and restores. Built by the facade (SandboxService), which wires it into the hooks. */
 export class Checkpoints implements CheckpointHooks {
   constructor(private readonly c: SandboxContext) {}
@@ -38,6 +41,21 @@ export class Checkpoints implements CheckpointHooks {
     throw new SpaceError('SNAPSHOT_UNSUPPORTED_STATE', `Cannot snapshot ${what}: process ${String(b.pid)} (${String(b.command).slice(0, 100)}) holds a ${String(b.socket).slice(0, 100)}: ${String(b.reason).slice(0, 200)}. The sandbox keeps running.`, {
       details: { blockers: blockers.map((x) => ({ pid: Number(x.pid), command: String(x.command).slice(0, 200), socket: String(x.socket).slice(0, 200), reason: String(x.reason).slice(0, 200) })) },
     });
+  }
+
+  /**
+   * Refuses (`CAPACITY_EXHAUSTED`) a checkpoint the work directory has no room for, before the
+   * sandbox is touched: the image can be as large as the sandbox's memory, and a runtime that
+   * runs out of room mid-checkpoint takes the sandbox down with it (runsc does).
+   */
+  private async assertRoomForImage(sb: Sandbox): Promise<void> {
+    await fs.mkdir(this.c.workDir, { recursive: true, mode: 0o700 });
+    const st = await fs.statfs(this.c.workDir);
+    const freeMb = Math.floor((st.bavail * st.bsize) / 2 ** 20);
+    const needMb = sb.memoryMb + IMAGE_MARGIN_MB;
+    if (freeMb < needMb) {
+      throw new SpaceError('CAPACITY_EXHAUSTED', `No room to checkpoint ${sb.id}: its image can take up to ${needMb} MiB and the work directory ${this.c.workDir} has ${freeMb} MiB free; the sandbox is untouched. Retry later, or give the daemon a larger --work-dir`, { details: { retryAfterS: 30, needMb, freeMb } });
+    }
   }
 
   /**
@@ -92,6 +110,7 @@ export class Checkpoints implements CheckpointHooks {
   private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
     try {
       await this.assertSnapshottable(ch, sb.id, `sandbox ${sb.id}`);
+      await this.assertRoomForImage(sb);
     } catch (err) {
       if (wasPaused) await this.c.driver.pause(sb.id);
       throw err;
