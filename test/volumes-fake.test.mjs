@@ -11,7 +11,7 @@ import { after, before, describe, it } from 'node:test';
 import { KeyService, LocalKeyProvider, Volumes } from '../packages/core/dist/index.js';
 import { FakeDriver } from '../packages/driver-fake/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
-import { T, fakeHarness, quiet } from './fake-harness.mjs';
+import { T, fakeHarness, quiet, until } from './fake-harness.mjs';
 import { rejectionCode } from './helpers.mjs';
 
 /** A volume store in memory: what is open, with which key. */
@@ -98,8 +98,15 @@ describe('volumes on the fake driver (fast lane)', () => {
     assert.equal(await rejectionCode(svc.create(T, { volumes: [{ volume: 'data', path: '/x' }] })), 'VOLUME_IN_USE');
     assert.equal(await rejectionCode(svc.create(T, { volumes: [{ volume: 'data', path: '/x', readOnly: true }] })), 'VOLUME_IN_USE');
     await svc.hibernate(T, w.id);
-    assert.deepEqual(await host.openIds(), [v.id], 'a hibernated sandbox holds its volume');
+    await until(async () => (await host.openIds()).length === 0, 'the hibernated sandbox\'s volume closed');
+    assert.equal(await rejectionCode(svc.create(T, { volumes: [{ volume: 'data', path: '/x', readOnly: true }] })), 'VOLUME_IN_USE', 'a hibernated sandbox still holds its volume (closed: ciphertext at rest)');
+    assert.deepEqual((await svc.volumes.get(T, 'data')).mountedBy.map((m) => m.sandboxId), [w.id]);
+    // A restart while it sleeps keeps it held and closed.
+    await svc.shutdown();
+    await start();
+    assert.deepEqual([await host.openIds(), (await svc.volumes.get(T, 'data')).mountedBy.map((m) => m.sandboxId)], [[], [w.id]]);
     await svc.wake(T, w.id);
+    assert.deepEqual(await host.openIds(), [v.id], 'the wake opened it again');
     assert.deepEqual(driver.mountsOf(w.id), [`/data:${path.join(dir, 'volumes', v.id)}`], 'the wake got the same mounts');
     assert.equal(await rejectionCode(svc.fork(T, w.id, { count: 1 })), 'VOLUME_IN_USE', 'a writer is not forked');
     await svc.kill(T, w.id);

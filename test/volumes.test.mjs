@@ -96,14 +96,21 @@ describe('volumes (gVisor)', () => {
     await Volumes.remove('small', fx.conn);
   });
 
-  it('a volume keeps its files through hibernate → wake and is not rolled back; forks of a read-only mount share it, a writer cannot be forked', async () => {
+  it('a volume keeps its files through hibernate → wake (closed while it sleeps) and is not rolled back; forks of a read-only mount share it, a writer cannot be forked', async () => {
     await Volumes.create('keep', { ...fx.conn, sizeMb: 128 });
     const sb = await fx.create({ template: 'minimal', volumes: [{ volume: 'keep', path: '/data' }] });
     await sb.files.write('/data/f', 'one');
     const s1 = await sb.snapshot();
     await sb.files.write('/data/f', 'two');
+    const volId = (await Volumes.get('keep', fx.conn)).id;
+    const mounted = () => readFileSync('/proc/self/mountinfo', 'utf8').includes(path.join(fx.dataDir, 'volumes', volId, 'mnt'));
+    assert.ok(mounted(), 'open while its sandbox runs');
     await sb.hibernate();
+    // While the session sleeps its volume is closed: ciphertext at rest, its key out of the kernel.
+    await eventually(() => !mounted());
+    assert.equal(await rejectionCode(fx.create({ template: 'minimal', volumes: [{ volume: 'keep', path: '/x', readOnly: true }] })), 'VOLUME_IN_USE', 'and still held');
     await sb.wake();
+    assert.ok(mounted(), 'the wake opened it again');
     assert.equal(await sb.files.read('/data/f'), 'two');
     await sb.rollback(s1.id);
     assert.equal(await sb.files.read('/data/f'), 'two', 'a volume is not rolled back with the sandbox');

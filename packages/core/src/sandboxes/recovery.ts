@@ -181,6 +181,7 @@ export class Recovery implements RecoveryHooks {
       }
       await this.c.driver.destroy(sb.id);
       const r = await this.c.store.updateSandbox(sb.id, { state: 'hibernated' });
+      if (sb.volumes?.length) await this.c.volumes?.suspend(sb.id);
       this.c.hooks.timers.schedule(r);
       await this.c.event(sb.id, 'recovered', `${what}: rolled forward, hibernated in snapshot ${snap.id} (its checkpoint was complete); nothing lost`);
       return true;

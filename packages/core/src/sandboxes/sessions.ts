@@ -145,6 +145,9 @@ export class Sessions implements SessionHooks {
     await this.c.event(id, 'hibernated', `hibernated to snapshot ${snapshot.id} in ${Date.now() - t0} ms`);
     const r = await this.c.store.updateSandbox(id, { state: 'hibernated' });
     await this.c.journal.done(intent);
+    // Its volumes close (ciphertext at rest while it sleeps) once its runtime has let go of them:
+    // in the background, as the runtime is released in the background; the wake opens them again.
+    if (sb.volumes?.length) void this.c.volumes?.suspend(id);
     return r;
   }
 

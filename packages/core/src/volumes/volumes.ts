@@ -60,6 +60,11 @@ export interface ResolvedMount extends VolumeMount {
 interface Holder {
   path: string;
   readOnly: boolean;
+  /**
+   * Whether it needs the volume open now. A hibernated sandbox holds its volumes (nobody else
+   * may write them) without needing them open: they are closed, ciphertext only, until it wakes.
+   */
+  active: boolean;
 }
 
 /**
@@ -252,7 +257,7 @@ export class Volumes {
       const why = this.conflict(m.volumeId, sandboxId, m.readOnly);
       if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${m.volume} is in use by ${why}: a volume is mounted read-write by one sandbox, or read-only (:ro) by many`, { details: { name: m.volume } });
     }
-    for (const m of mounts) this.hold(m.volumeId, sandboxId, { path: m.path, readOnly: m.readOnly });
+    for (const m of mounts) this.hold(m.volumeId, sandboxId, { path: m.path, readOnly: m.readOnly, active: true });
   }
 
   private hold(id: string, holder: string, h: Holder): void {
@@ -268,8 +273,9 @@ export class Volumes {
     const out: DriverMount[] = [];
     for (const m of sb.volumes) {
       const v = await this.record(sb.tenantId, m.volume);
-      // A restart's recovery may come here before anything else claimed it.
-      if (!this.holders.get(v.id)?.has(sb.id)) this.hold(v.id, sb.id, { path: m.path, readOnly: !!m.readOnly });
+      // Held from now on as one that needs it open (a wake, a restore; or a restart's recovery
+      // that came here before anything else claimed it).
+      this.hold(v.id, sb.id, { path: m.path, readOnly: !!m.readOnly, active: true });
       const key = await this.key(v);
       const source = await this.serial.run(v.id, () => host.open(v.id, key));
       out.push({ source, target: m.path, readOnly: !!m.readOnly });
@@ -277,20 +283,39 @@ export class Volumes {
     return out;
   }
 
-  /** Sandbox `sandboxId` lets go of its volumes (it ended); a volume nobody holds is closed. */
+  /** Sandbox `sandboxId` lets go of its volumes (it ended); a volume nobody needs open is closed. */
   async release(sandboxId: string): Promise<void> {
     for (const [id, hs] of this.holders) {
       if (!hs.delete(sandboxId)) continue;
-      await this.closeIfUnheld(id);
+      await this.closeIfIdle(id);
     }
   }
 
-  private async closeIfUnheld(id: string): Promise<void> {
-    if (this.holders.get(id)?.size) return;
-    this.holders.delete(id);
+  /**
+   * Sandbox `sandboxId` keeps its volumes but needs none open (it hibernated): each is closed
+   * once no one else needs it open, so a hibernated session's volumes are ciphertext at rest.
+   * Its next restore ({@link mountsOf}) opens them again.
+   */
+  async suspend(sandboxId: string): Promise<void> {
+    for (const [id, hs] of this.holders) {
+      const h = hs.get(sandboxId);
+      if (!h) continue;
+      h.active = false;
+      await this.closeIfIdle(id);
+    }
+  }
+
+  /** Whether nobody needs volume `id` open (hibernated holders and none are alike). */
+  private idle(id: string): boolean {
+    return ![...(this.holders.get(id)?.values() ?? [])].some((h) => h.active);
+  }
+
+  private async closeIfIdle(id: string): Promise<void> {
+    if (!this.idle(id)) return;
+    if (!this.holders.get(id)?.size) this.holders.delete(id);
     await this.serial.run(id, async () => {
-      // Checked again in turn: a claim made meanwhile keeps it open.
-      if (this.holders.get(id)?.size) return;
+      // Checked again in turn: a claim or a wake made meanwhile keeps it open.
+      if (!this.idle(id)) return;
       await this.host().close(id);
     }).catch((err) => this.opts.logger.warn({ err, volumeId: id }, 'closing a volume failed; it stays open'));
   }
@@ -305,7 +330,7 @@ export class Volumes {
     const holder = `files:${++this.fileHolders}`;
     const why = this.conflict(v.id, holder, !write);
     if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${why}: ${write ? 'files can be written into a volume no sandbox has mounted' : 'files can be read from a volume no sandbox writes'}`, { details: { name: v.name } });
-    this.hold(v.id, holder, { path: '', readOnly: !write });
+    this.hold(v.id, holder, { path: '', readOnly: !write, active: true });
     try {
       const key = await this.key(v);
       const root = await this.serial.run(v.id, () => host.open(v.id, key));
@@ -313,11 +338,11 @@ export class Volumes {
         root,
         !write,
         () => this.holders.get(v.id)?.delete(holder),
-        () => this.closeIfUnheld(v.id),
+        () => this.closeIfIdle(v.id),
       );
     } catch (err) {
       this.holders.get(v.id)?.delete(holder);
-      await this.closeIfUnheld(v.id);
+      await this.closeIfIdle(v.id);
       throw err;
     }
   }
@@ -377,7 +402,7 @@ export class Volumes {
     const why = this.conflict(v.id, 'restore', false);
     if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${why}: restore it once nothing holds it (kill the sandboxes)`, { details: { name: v.name } });
     // Held by the restore itself meanwhile: a create that claimed it now would see either contents.
-    this.hold(v.id, 'restore', { path: '', readOnly: false });
+    this.hold(v.id, 'restore', { path: '', readOnly: false, active: false });
     try {
       await this.serial.run(v.id, async () => {
         await host.close(v.id);
@@ -400,7 +425,8 @@ export class Volumes {
 
   /**
    * After a restart: holders again from the sandbox records, unfinished creates and removals
-   * undone or finished, half-made snapshots dropped, and volumes nobody holds closed.
+   * undone or finished, half-made snapshots dropped, and volumes nobody needs open (held by
+   * nobody, or by hibernated sandboxes only) closed.
    */
   async recover(): Promise<void> {
     const host = this.opts.host;
@@ -410,7 +436,7 @@ export class Volumes {
     for (const sb of live) {
       for (const m of sb.volumes ?? []) {
         const v = await this.opts.store.getVolume(sb.tenantId, m.volume);
-        if (v) this.hold(v.id, sb.id, { path: m.path, readOnly: !!m.readOnly });
+        if (v) this.hold(v.id, sb.id, { path: m.path, readOnly: !!m.readOnly, active: sb.state !== 'hibernated' });
       }
     }
     for (const v of await this.opts.store.listVolumes()) {
@@ -426,7 +452,7 @@ export class Volumes {
       await host.removeSnapshot(s.volumeId, s.id);
       await this.opts.store.deleteVolumeSnapshot(s.id);
     }
-    for (const id of await host.openIds()) if (!this.holders.get(id)?.size) await this.closeIfUnheld(id);
+    for (const id of await host.openIds()) await this.closeIfIdle(id);
   }
 }
 
