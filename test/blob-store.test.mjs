@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { after, describe, it } from 'node:test';
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
-import { openBlobStore } from '../packages/server/dist/blob-store.js';
+import { claimBlobStore, openBlobStore } from '../packages/server/dist/blob-store.js';
+import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { blobSuite } from './blob-suite.mjs';
 
 const dirs = [];
@@ -34,5 +35,22 @@ describe('--blob-store', () => {
     const { store } = await openBlobStore(`file://${d}`, '/nonexistent');
     assert.equal(existsSync(`${d}/chunks/t1/p1.tmp-0123456789ab`), false);
     assert.deepEqual(await store.list('chunks/t1'), ['chunks/t1/p2']);
+  });
+
+  it('belongs to one deployment: a second database is refused (BLOB_STORE_IN_USE) and its collection never runs there', async () => {
+    const d = tmp();
+    const blobs = new LocalBlobStore(`${d}/blobs`);
+    const a = SqliteStore.open(`${d}/a.db`);
+    const b = SqliteStore.open(`${d}/b.db`);
+    await claimBlobStore(blobs, a, 'test');
+    await claimBlobStore(blobs, a, 'test'); // again (a restart, every collection): fine
+    await assert.rejects(claimBlobStore(blobs, b, 'test'), (e) => e.code === 'BLOB_STORE_IN_USE' && /give each deployment its own/.test(e.message));
+    const other = new LocalBlobStore(`${d}/other`);
+    await claimBlobStore(other, b, 'test');
+    const { writeFileSync } = await import('node:fs');
+    writeFileSync(`${d}/other/meta/deployment.json`, 'garbage');
+    await assert.rejects(claimBlobStore(other, b, 'test'), (e) => e.code === 'BLOB_STORE_IN_USE' && /unreadable/.test(e.message));
+    await a.close();
+    await b.close();
   });
 });

@@ -54,8 +54,11 @@ describe('external stores: start-up refusals', () => {
       // The refused starts let the database go: a daemon can take it now. (A database of its
       // own: its data keys are wrapped by this data directory's node key.)
       makeNodeKey(dir);
-      const d = await startDaemon({ dataDir: dir, listen: '127.0.0.1:0', logLevel: 'silent', templatesDir: TEMPLATES_DIR, egress: { mode: 'off' }, database: pg.freshDatabase(), blobStore: s3.url });
+      const prefixUrl = `s3://${s3.bucket}/refusals?endpoint=${s3.endpoint}`;
+      const d = await startDaemon({ dataDir: dir, listen: '127.0.0.1:0', logLevel: 'silent', templatesDir: TEMPLATES_DIR, egress: { mode: 'off' }, database: pg.freshDatabase(), blobStore: prefixUrl });
       await d.close();
+      // A blob store is one deployment's: another database there would collect the first one's chunks.
+      await assert.rejects(startDaemon({ dataDir: dir, listen: '127.0.0.1:0', logLevel: 'silent', templatesDir: TEMPLATES_DIR, egress: { mode: 'off' }, database: pg.freshDatabase(), blobStore: prefixUrl }), (e) => e.code === 'BLOB_STORE_IN_USE' && /s3:\/\/space-test\/refusals\//.test(e.message));
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -165,6 +165,15 @@ export function storeSuite(name, h) {
       await s.close();
     });
 
+    it('deployment settings: the first value stored stays', async () => {
+      const s = await h.open('meta');
+      assert.equal(await s.getMeta('deployment-id'), undefined);
+      assert.deepEqual(await Promise.all([s.putMetaIfAbsent('deployment-id', 'a'), s.putMetaIfAbsent('deployment-id', 'b')]).then((r) => new Set(r).size), 1, 'racing writers agree');
+      const first = await s.getMeta('deployment-id');
+      assert.equal(await s.putMetaIfAbsent('deployment-id', 'c'), first);
+      await s.close();
+    });
+
     it('volumes: names unique per tenant (VOLUME_EXISTS), snapshots by volume, unknown ids refused', async () => {
       const s = await h.open('volumes');
       await s.insertVolume({ id: 'v1', tenantId: 't1', name: 'data', sizeMb: 64, createdAt: 'x', state: 'ready' });

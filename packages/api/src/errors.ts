@@ -57,6 +57,7 @@ export const ERRORS = {
   DRIVER_NOT_ENABLED: { status: 400, message: 'This daemon does not run the requested driver', hint: 'Omit driver (the daemon default), or start spaced with --drivers listing it.' },
   METADATA_UNAVAILABLE: { status: 503, message: 'The metadata database cannot be reached', hint: 'Retry in a moment; running sandboxes keep running. The operator should check that PostgreSQL is up and reachable from this node (the daemon log names the error).' },
   BLOB_STORE_UNAVAILABLE: { status: 503, message: 'The object store cannot be reached', hint: 'Retry in a moment; the sandbox keeps running and nothing was changed. The operator should check that the object store (--blob-store) is up and reachable from this node.' },
+  BLOB_STORE_IN_USE: { status: 409, message: 'The blob store belongs to another SPACE deployment', hint: 'Give each deployment (metadata database) its own bucket, key prefix or directory: two would delete each other\'s snapshot chunks.' },
   DATABASE_IN_USE: { status: 409, message: 'Another SPACE daemon uses this database', hint: 'Give each daemon its own database (or stop the other one); nodes that share one database are a cluster, which this daemon does not run yet.' },
   DRIVER_UNAVAILABLE: { status: 503, message: 'The isolation driver cannot run on this host', hint: 'Run `space doctor` to see what is missing.' },
   DRIVER_FAILED: { status: 500, message: 'The isolation driver failed', hint: 'See the daemon log for the runtime\'s output.' },

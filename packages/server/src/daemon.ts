@@ -14,7 +14,7 @@ import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
-import { openBlobStore } from './blob-store.js';
+import { claimBlobStore, openBlobStore } from './blob-store.js';
 import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
 import { startIngress, type IngressOptions } from './ingress.js';
@@ -302,6 +302,13 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     blobStore.close();
     throw err;
   }
+  try {
+    await claimBlobStore(blobStore.store, store, blobStore.where);
+  } catch (err) {
+    blobStore.close();
+    await store.close();
+    throw err;
+  }
   logger.info({ database: database ? 'postgres' : 'sqlite', blobs: blobStore.where }, 'stores open');
   /** Lets both stores go (every way out of start, and close). */
   const closeStores = async () => {
@@ -431,6 +438,9 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   }
   // Chunks no snapshot references any more go at start and every 10 minutes (and on demand).
   const gcNow = async () => {
+    // Only in a blob store that is still this deployment's (its collection deletes what this
+    // database does not reference).
+    await claimBlobStore(blobStore.store, store, blobStore.where);
     const deleted = await blobs.gc(() => snapshotKeys(store));
     if (deleted) logger.info({ deleted }, 'snapshot chunks collected');
     const pruned = await store.pruneEgressLog(new Date(Date.now() - EGRESS_LOG_DAYS * 86_400_000).toISOString());

@@ -117,6 +117,9 @@ export const MIGRATIONS: string[] = [
      created_at TEXT COLLATE "C" NOT NULL,
      doc TEXT NOT NULL);
    CREATE INDEX volume_snapshots_volume ON volume_snapshots(volume_id, created_at);`,
+  `CREATE TABLE space_meta (
+     key TEXT COLLATE "C" PRIMARY KEY,
+     value TEXT NOT NULL);`,
 ];
 
 /** Advisory-lock keys (first half: "SPCE"): migrations; one daemon per database. */

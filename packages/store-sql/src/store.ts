@@ -111,8 +111,15 @@ export interface VolumeSnapshotTable {
   doc: string;
 }
 
+/** The deployment's own settings. */
+export interface MetaTable {
+  key: string;
+  value: string;
+}
+
 /** The tables, as both databases hold them. */
 export interface Schema {
+  space_meta: MetaTable;
   volumes: VolumeTable;
   volume_snapshots: VolumeSnapshotTable;
   port_exposures: PortExposureTable;
@@ -432,6 +439,16 @@ export class SqlStore implements MetadataStore {
   private async pruneLog(table: LogTable, before: string): Promise<number> {
     const r = await this.db.deleteFrom(table).where('at', '<', before).executeTakeFirst();
     return Number(r.numDeletedRows);
+  }
+
+  async getMeta(key: string): Promise<string | undefined> {
+    const r = await this.db.selectFrom('space_meta').select('value').where('key', '=', key).executeTakeFirst();
+    return r?.value;
+  }
+
+  async putMetaIfAbsent(key: string, value: string): Promise<string> {
+    await this.db.insertInto('space_meta').values({ key, value }).onConflict((oc) => oc.column('key').doNothing()).execute();
+    return (await this.getMeta(key))!;
   }
 
   async getTenantCa(tenantId: string): Promise<TenantCaRecord | undefined> {

@@ -113,6 +113,9 @@ export const MIGRATIONS: string[] = [
      created_at TEXT NOT NULL,
      doc TEXT NOT NULL);
    CREATE INDEX volume_snapshots_volume ON volume_snapshots(volume_id, created_at);`,
+  `CREATE TABLE space_meta (
+     key TEXT PRIMARY KEY,
+     value TEXT NOT NULL);`,
 ];
 
 const SQLITE: SqlFlavour = {

@@ -134,6 +134,11 @@ export interface MetadataStore extends IntentStore {
   /** Stores the CA unless the tenant has one already; returns the one that is stored. */
   putTenantCaIfAbsent(ca: TenantCaRecord): Promise<TenantCaRecord>;
 
+  /** A setting of the deployment itself (e.g. `deployment-id`), or undefined. */
+  getMeta(key: string): Promise<string | undefined>;
+  /** Stores `value` under `key` unless a value is there; returns the one that is stored. */
+  putMetaIfAbsent(key: string, value: string): Promise<string>;
+
   /** Inserts a volume; `VOLUME_EXISTS` when the tenant has one of that name (in any state). */
   insertVolume(v: VolumeRecord): Promise<void>;
   /** Writes the changed fields; returns the updated volume. */
