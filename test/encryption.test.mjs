@@ -25,6 +25,20 @@ function files(dir, out = []) {
   return out;
 }
 
+/** Every file under `dir` with its bytes (files the runtime removed meanwhile are skipped). */
+function* contents(dir) {
+  for (const f of files(dir)) {
+    let buf;
+    try {
+      buf = readFileSync(f);
+    } catch (err) {
+      if (err.code === 'ENOENT') continue; // a lock or temporary file of the runtime, gone since
+      throw err;
+    }
+    yield [f, buf];
+  }
+}
+
 /**
  * Where in `hay` any 16-byte block of `needle` (at a 16-byte offset) appears, at any offset:
  * any leak of 31 or more consecutive bytes of the needle contains such a block.
@@ -57,14 +71,8 @@ describe('encryption at rest, bring your own key', () => {
     await sb.snapshot();
     const all = files(fx.dataDir).filter((f) => !f.includes(`${path.sep}runtime${path.sep}`));
     assert.ok(all.some((f) => f.includes(`${path.sep}blobs${path.sep}`)), 'the snapshot is stored');
-    for (const f of all) {
-      let buf;
-      try {
-        buf = readFileSync(f);
-      } catch (err) {
-        if (err.code === 'ENOENT') continue; // a lock or temporary file of the runtime, gone since
-        throw err;
-      }
+    for (const [f, buf] of contents(fx.dataDir)) {
+      if (f.includes(`${path.sep}runtime${path.sep}`)) continue;
       assert.equal(buf.indexOf(memMarker), -1, `the memory marker is readable in ${f}`);
       assert.equal(findBlocks(buf, marker), -1, `a block of the random file is readable in ${f}`);
     }
@@ -253,14 +261,7 @@ describe('template images at rest', () => {
       const ram = templateImagesDir(dataDir);
       const img = readdirSync(ram).filter((e) => e.startsWith('t-') && !e.includes('.tmp')).map((e) => path.join(ram, e, 'checkpoint.img'))[0];
       assert.ok(img && inflateStatefile(readFileSync(img)).includes(secret), `the working copy in ${ram} holds the secret`);
-      for (const f of files(dataDir)) {
-        let buf;
-        try {
-          buf = readFileSync(f);
-        } catch (err) {
-          if (err.code === 'ENOENT') continue;
-          throw err;
-        }
+      for (const [f, buf] of contents(dataDir)) {
         assert.equal(buf.indexOf(secret), -1, `the template's secret is readable in ${f}`);
       }
       assert.equal(readdirSync(path.join(dataDir, 'blobs', 'templates', 'default')).length, 1, 'one stored (encrypted) template image');
@@ -329,15 +330,8 @@ describe('checkpoint images never touch the node\'s disk', () => {
       assert.equal(images.length, 1, `one image in ${work}`);
       // The scan below can fail: the image the crash left holds the process's memory.
       assert.ok(inflateStatefile(readFileSync(path.join(work, images[0], 'checkpoint.img'))).includes(memMarker), 'the image in RAM holds the memory marker');
-      for (const f of files(dataDir)) {
+      for (const [f, buf] of contents(dataDir)) {
         assert.notEqual(path.basename(f), 'checkpoint.img', `a checkpoint image on disk: ${f}`);
-        let buf;
-        try {
-          buf = readFileSync(f);
-        } catch (err) {
-          if (err.code === 'ENOENT') continue;
-          throw err;
-        }
         if (buf.subarray(0, 8).toString('latin1') === 'gVisorSF') assert.ok(!inflateStatefile(buf).includes(memMarker), `the memory marker is readable in ${f}`);
         assert.equal(buf.indexOf(memMarker), -1, `the memory marker is readable in ${f}`);
       }

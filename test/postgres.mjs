@@ -3,7 +3,7 @@
 // run as the `postgres` user (PostgreSQL refuses root), removed by stop().
 import { execFileSync, spawnSync } from 'node:child_process';
 import { chownSync, existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { freePort } from './free-port.mjs';
 import path from 'node:path';
 
 /** Debian's newest installed PostgreSQL bin directory, or undefined. */
@@ -12,16 +12,6 @@ export function postgresBin() {
   if (!existsSync(root)) return undefined;
   const versions = readdirSync(root).filter((v) => existsSync(`${root}/${v}/bin/initdb`)).sort((a, b) => Number(b) - Number(a));
   return versions.length ? `${root}/${versions[0]}/bin` : undefined;
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-    s.on('error', reject);
-  });
 }
 
 /** Runs a PostgreSQL program as the postgres user (root cannot run the server). */

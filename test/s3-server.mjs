@@ -6,7 +6,7 @@
 // Why Swift and not Ceph's radosgw: docs/architecture.md ("Object storage for tests").
 import { execFileSync, spawn } from 'node:child_process';
 import { chownSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { freePort } from './free-port.mjs';
 import path from 'node:path';
 
 /** Runs a program to its end without blocking the event loop; rejects with its stderr. */
@@ -17,16 +17,6 @@ function run(cmd, args) {
     p.stderr.on('data', (d) => (err += d));
     p.on('error', reject);
     p.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`${cmd} failed (${code}): ${err}`))));
-  });
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-    s.on('error', reject);
   });
 }
 
