@@ -10,7 +10,7 @@ import { existsSync, readFileSync, readdirSync } from 'node:fs';
 
 // The fast lane first: seconds, no runtime (the fake driver, the protocol, the stores, the
 // import-cycle check), so a broken core fails the run before the real-runtime suites start.
-export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'snapshot-store'].map((n) => `test/${n}.test.mjs`);
+export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'nodes', 'snapshot-store'].map((n) => `test/${n}.test.mjs`);
 const all = readdirSync(new URL('../test/', import.meta.url)).filter((f) => f.endsWith('.test.mjs')).sort().map((f) => `test/${f}`);
 const files = all;
 const fastOnly = process.argv[2] === '--fast';

@@ -2,7 +2,7 @@
 // listing with filters and pages, OpenAPI, and an agent that dies mid-stream.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
+import { Nodes, Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
 import { api, eventually, startTestDaemon } from './helpers.mjs';
 
 describe('HTTP API', () => {
@@ -10,7 +10,7 @@ describe('HTTP API', () => {
   let sb;
   let tenantB;
   before(async () => {
-    fx = await startTestDaemon({ maxUploadBytes: 1024 * 1024, maxSandboxes: 6 });
+    fx = await startTestDaemon({ maxUploadBytes: 1024 * 1024, maxSandboxes: 6, nodeName: 'node-a' });
     sb = await fx.create({ metadata: { team: 'red', run: '1' } });
     const k = await api(fx, 'POST', '/v1/keys', { json: { tenant: 'tenant-b', name: 'b' } });
     assert.equal(k.status, 201);
@@ -29,6 +29,18 @@ describe('HTTP API', () => {
     assert.equal(r.status, 401);
     assert.equal(r.body.error.code, 'UNAUTHENTICATED');
     assert.equal((await api(fx, 'GET', '/v1/sandboxes', { key: 'space_wrong' })).body.error.code, 'UNAUTHENTICATED');
+  });
+
+  it('the node: registered with its capacity, heartbeating; its sandboxes carry its name; listed for admin keys only', async () => {
+    const nodes = await Nodes.list(fx.conn);
+    assert.equal(nodes.length, 1);
+    const [n] = nodes;
+    assert.deepEqual([n.name, n.state, n.url, n.maxSandboxes, n.drivers.includes('gvisor')], ['node-a', 'up', fx.url, 6, true]);
+    assert.ok(n.cpus > 0 && n.memoryMb > 0 && n.sandboxes >= 1, JSON.stringify(n));
+    assert.ok(Date.parse(n.heartbeatAt) >= Date.parse(n.startedAt));
+    assert.equal((await api(fx, 'GET', `/v1/sandboxes/${sb.id}`)).body.node, 'node-a');
+    const b = await api(fx, 'GET', '/v1/nodes', { key: tenantB.apiKey });
+    assert.deepEqual([b.status, b.body.error.code], [403, 'FORBIDDEN']);
   });
 
   it('another tenant can neither see, exec in, read from nor kill the sandbox', async () => {

@@ -110,6 +110,8 @@ export interface Sandbox {
   secrets?: SecretAttachment[];
   /** Volumes mounted into it; it holds them until it is killed or dies. */
   volumes?: VolumeMount[];
+  /** The node it was created on (`GET /v1/nodes`). */
+  node?: string;
 }
 
 /**

@@ -10,7 +10,7 @@ import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
 import { parseSizeMb, parseVolumeMount } from '@space/api';
-import { ApiClient, Commands, Sandbox, Secrets, SpaceError, Templates, type BuildProgress, type EgressPolicy, type SandboxInfo, type TemplateInfo } from '@space/sdk';
+import { ApiClient, Commands, Nodes, Sandbox, Secrets, SpaceError, Templates, type BuildProgress, type EgressPolicy, type SandboxInfo, type TemplateInfo } from '@space/sdk';
 import { defaultDataDir } from '@space/server/state';
 import { checkContextName, connection, e2bKeys, parseDuration, parsePairs, readConfig, selectedContext, upCommand, writeConfig } from './config.js';
 import { answers, daemonStatus, installOnPath } from './daemon.js';
@@ -91,6 +91,7 @@ interface DaemonFlags {
   database?: string;
   blobStore?: string;
   workDir?: string;
+  nodeName?: string;
 }
 
 /** The flags `up` and `daemon` share, passed on to spaced. */
@@ -115,11 +116,12 @@ function daemonCommand(name: string, description: string): Command {
     .option('--volumes <auto|on|off>', 'named volumes: auto (on when the host can: fscrypt, ext4 encryption), on, or off')
     .option('--database <url>', 'metadata in PostgreSQL: postgres://USER@HOST:PORT/DB (password in PGPASSWORD or ~/.pgpass); default SQLite in the data directory')
     .option('--blob-store <url>', 'snapshots and template images: file:///PATH or s3://BUCKET[/PREFIX]?endpoint=http://HOST:PORT (keys in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); default DATA_DIR/blobs')
-    .option('--work-dir <dir>', 'where checkpoint images pass through (up to a sandbox\'s memory each); default in RAM, /dev/shm');
+    .option('--work-dir <dir>', 'where checkpoint images pass through (up to a sandbox\'s memory each); default in RAM, /dev/shm')
+    .option('--node-name <name>', 'this node\'s name in its deployment (space nodes); default the host name');
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : []), ...(o.workDir ? ['--work-dir', o.workDir] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : []), ...(o.workDir ? ['--work-dir', o.workDir] : []), ...(o.nodeName ? ['--node-name', o.nodeName] : [])];
 }
 
 /**
@@ -342,6 +344,18 @@ program
       ...(hasEgressFlags(o) ? { egress: egressOf(o) } : {}),
     });
     process.stdout.write(o.json ? JSON.stringify(sb.info, null, 2) + '\n' : sb.id + '\n');
+  });
+
+program
+  .command('nodes')
+  .description('the deployment\'s nodes: state, sandboxes, capacity, last heartbeat (admin key)')
+  .option('--json', 'print JSON')
+  .action(async (o: { json?: boolean }) => {
+    const nodes = await Nodes.list(connection());
+    if (o.json) return void process.stdout.write(JSON.stringify(nodes, null, 2) + '\n');
+    const rows = [['NAME', 'STATE', 'SANDBOXES', 'CPUS', 'MEMORY', 'DRIVERS', 'HEARTBEAT', 'URL']];
+    for (const n of nodes) rows.push([n.name, n.state, `${n.sandboxes}/${n.maxSandboxes}`, String(n.cpus), `${Math.round(n.memoryMb / 1024)}G`, n.drivers.join(','), `${age(n.heartbeatAt)} ago`, n.url]);
+    process.stdout.write(table(rows) + '\n');
   });
 
 program

@@ -35,7 +35,7 @@ export { ApiKeys, publicKey } from './security/api-keys.js';
 export type { CreatedApiKey, Principal } from './security/api-keys.js';
 export { KeyService, LocalKeyProvider, NODE_TENANT, seal, unseal } from './security/keys.js';
 export type { DataKeyRecord, KeyProvider, TenantKey } from './security/keys.js';
-export type { PortExposure, VolumeRecord, VolumeSnapshotRecord } from './records.js';
+export type { NodeRecord, PortExposure, VolumeRecord, VolumeSnapshotRecord } from './records.js';
 export { EncryptedBlobStore, ENCRYPTION_CHUNK } from './storage/encrypted-blobs.js';
 export { DedupBlobStore, PACK_TARGET, cutPoint } from './storage/dedup-blobs.js';
 export { AsyncQueue, KeyedSerial } from './async-queue.js';

@@ -87,3 +87,18 @@ export interface VolumeSnapshotRecord {
   createdAt: string;
   state: 'creating' | 'ready';
 }
+
+/** A node as stored: what it registered and its last heartbeat (its state is derived from them). */
+export interface NodeRecord {
+  name: string;
+  url: string;
+  version: string;
+  drivers: string[];
+  cpus: number;
+  memoryMb: number;
+  maxSandboxes: number;
+  startedAt: string;
+  heartbeatAt: string;
+  /** Set when it stops gracefully. */
+  stoppedAt?: string;
+}

@@ -81,6 +81,8 @@ export interface SandboxServiceOptions {
   poolMinAvailableMb?: number;
   /** Scratch directory for checkpoint images (removed after use). */
   workDir: string;
+  /** This node's name (`--node-name`), recorded on every sandbox it makes. */
+  nodeName?: string;
   /** Largest snapshot payload accepted on restore, bytes. @default 32 GiB */
   maxSnapshotBytes?: number;
   /** Sandboxes booting at once; more creates wait in a queue. @default the number of CPUs (at least 2) */
@@ -223,6 +225,7 @@ export class SandboxService {
       log: this.log,
       blobs: opts.blobs,
       workDir: opts.workDir,
+      nodeName: opts.nodeName,
       maxSnapshotBytes: opts.maxSnapshotBytes ?? 32 * 1024 ** 3,
       journal: new Journal(this.store),
       egress: opts.egress,

@@ -5,6 +5,7 @@
  */
 import { createHash, randomUUID } from 'node:crypto';
 import { existsSync, promises as fs } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { Ext4Volumes } from '@space/volume-ext4';
@@ -15,6 +16,8 @@ import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
 import { claimBlobStore, openBlobStore } from './blob-store.js';
+import { NodeHeartbeat, checkNodeName, nodeViews } from './node.js';
+import { VERSION } from './version.js';
 import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
 import { startIngress, type IngressOptions } from './ingress.js';
@@ -104,6 +107,10 @@ export interface DaemonOptions {
    * with disks on, `${dataDir}/work` (disk streams pass through it)
    */
   workDir?: string;
+  /** This node's name in its deployment. @default SPACE_NODE_NAME, else the host name */
+  nodeName?: string;
+  /** A node silent this long is shown `lost`, seconds; it heartbeats every third of it. @default 30 (or SPACE_NODE_LOST_AFTER) */
+  nodeLostAfterS?: number;
 }
 
 
@@ -369,6 +376,9 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const imagesDir = templateImagesDir(dataDir);
   // With disks, a snapshot's disk stream (GiBs) passes through the work directory: on disk,
   // beside the pool whose copies are plaintext on the node anyway (docs/disks.md).
+  const nodeName = checkNodeName(opts.nodeName ?? process.env.SPACE_NODE_NAME ?? os.hostname());
+  const lostAfterMs = 1000 * (opts.nodeLostAfterS ?? Number(process.env.SPACE_NODE_LOST_AFTER ?? 30));
+  if (!(lostAfterMs >= 3000)) throw new SpaceError('CONFIG_INVALID', '--node-lost-after must be a number of seconds, at least 3');
   const workDir = opts.workDir ?? process.env.SPACE_WORK_DIR ?? (disks ? path.join(dataDir, 'work') : defaultWorkDir(dataDir));
   const volumes = await openVolumes(opts.volumes ?? parseVolumesMode(process.env.SPACE_VOLUMES ?? 'auto'), dataDir, store, encryptionKeys, logger);
   const service = new SandboxService({
@@ -379,6 +389,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     blobs,
     rootfs,
     workDir,
+    nodeName,
     imagesDir,
     uploadsDir: path.join(dataDir, 'uploads'),
     maxSandboxes: opts.maxSandboxes ?? 64,
@@ -458,7 +469,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
   const instance = randomUUID();
-  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}) });
+  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
@@ -468,7 +479,9 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await fs.rename(`${stateFile}.tmp`, stateFile);
-  logger.info({ url, dataDir, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
+  const heartbeat = new NodeHeartbeat(store, { name: nodeName, url, version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)));
+  await heartbeat.start();
+  logger.info({ url, dataDir, node: nodeName, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
 
   let closing: Promise<void> | undefined;
   const close = () =>
@@ -490,6 +503,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       await fs.rmdir(workDir).catch(() => {});
       await fs.rmdir(ramDir(dataDir)).catch(() => {});
       await egress?.close();
+      await heartbeat.stop();
       pkcs11?.close();
       await closeStores();
       if (existsSync(stateFile) && readState(dataDir)?.pid === process.pid) await fs.rm(stateFile, { force: true });

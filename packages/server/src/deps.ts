@@ -1,4 +1,5 @@
 /** What the HTTP API is built from (its own module, so that app.ts and routes.ts need not import each other). */
+import type { NodeInfo } from '@space/api';
 import type { Ingress } from './ingress.js';
 import type { FastifyBaseLogger } from 'fastify';
 import type { ApiKeys, KeyService, SandboxDriver, SandboxService, SecretService } from '@space/core';
@@ -25,4 +26,6 @@ export interface AppDeps {
   ingress?: Ingress;
   /** Tenants' secrets and the egress log (absent when sandbox networking is off). */
   secrets?: SecretService;
+  /** The deployment's nodes (admin keys: `GET /v1/nodes`). */
+  nodes?: () => Promise<NodeInfo[]>;
 }

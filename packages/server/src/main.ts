@@ -10,6 +10,7 @@
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
  *        [--disks on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--volumes auto|on|off]
  *        [--database postgres://USER@HOST:PORT/DB] [--blob-store file:///PATH|s3://BUCKET?endpoint=URL] [--work-dir DIR]
+ *        [--node-name NAME] [--node-lost-after SECONDS]
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
@@ -54,6 +55,8 @@ const { values } = parseArgs({
     database: { type: 'string' },
     'blob-store': { type: 'string' },
     'work-dir': { type: 'string' },
+    'node-name': { type: 'string' },
+    'node-lost-after': { type: 'string' },
   },
 });
 
@@ -86,6 +89,8 @@ try {
     ...(values.database ? { database: checkDatabaseUrl(values.database, true) } : {}),
     ...(values['blob-store'] ? { blobStore: values['blob-store'] } : {}),
     ...(values['work-dir'] ? { workDir: values['work-dir'] } : {}),
+    ...(values['node-name'] ? { nodeName: values['node-name'] } : {}),
+    ...(values['node-lost-after'] ? { nodeLostAfterS: Number(values['node-lost-after']) } : {}),
     ...(values.driver ? { driver: parseDriver(values.driver) } : {}),
     ...(values.drivers ? { drivers: parseDrivers(values.drivers) } : {}),
     ...(values['microvm-accel'] || values['microvm-kernel-deb'] ? { microvm: { ...(values['microvm-accel'] ? { accel: parseAccel(values['microvm-accel']) } : {}), ...(values['microvm-kernel-deb'] ? { kernelDeb: values['microvm-kernel-deb'] } : {}) } } : {}),

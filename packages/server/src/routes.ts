@@ -306,6 +306,11 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     return ek.destroy(req.principal.tenantId, req.params.keyId, !!(req.query as { shred?: boolean }).shred);
   });
 
+  app.get('/v1/nodes', { schema: { tags: ['system'], description: 'The deployment\'s nodes: state (up, stopped, lost), capacity, sandboxes running, last heartbeat. Admin keys only.' } }, async (req) => {
+    if (!req.principal.admin) throw new SpaceError('FORBIDDEN', 'Listing nodes needs an admin key');
+    return { nodes: deps.nodes ? await deps.nodes() : [] };
+  });
+
   app.post('/v1/admin/gc', { schema: { tags: ['system'], description: 'Deletes snapshot chunks no snapshot references (also runs every 10 minutes). Admin keys only.' } }, async (req) => {
     if (!req.principal.admin) throw new SpaceError('FORBIDDEN', 'Garbage collection needs an admin key');
     return { deletedChunks: deps.gc ? await deps.gc() : 0 };

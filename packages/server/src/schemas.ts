@@ -102,6 +102,7 @@ export const SandboxSchema = Type.Object({
   egress: Type.Optional(EgressPolicySchema),
   secrets: Type.Optional(Type.Array(SecretAttachmentSchema)),
   volumes: Type.Optional(Type.Array(VolumeMountSchema)),
+  node: Type.Optional(Type.String({ description: 'The node it was created on (GET /v1/nodes)' })),
   createTimings: Type.Optional(
     Type.Object(
       {

@@ -120,6 +120,10 @@ export const MIGRATIONS: string[] = [
   `CREATE TABLE space_meta (
      key TEXT COLLATE "C" PRIMARY KEY,
      value TEXT NOT NULL);`,
+  `CREATE TABLE nodes (
+     name TEXT COLLATE "C" PRIMARY KEY,
+     heartbeat_at TEXT COLLATE "C" NOT NULL,
+     doc TEXT NOT NULL);`,
 ];
 
 /** Advisory-lock keys (first half: "SPCE"): migrations; one daemon per database. */

@@ -5,7 +5,7 @@
  * ({@link SqlFlavour}).
  */
 import { sql, type Generated, type Kysely, type RawBuilder } from 'kysely';
-import type { Intent, ApiKeyRecord, PortExposure, DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, MetadataStore, SecretRecord, TenantCaRecord, VolumeRecord, VolumeSnapshotRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
+import type { Intent, ApiKeyRecord, NodeRecord, PortExposure, DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, MetadataStore, SecretRecord, TenantCaRecord, VolumeRecord, VolumeSnapshotRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
 import { SpaceError } from '@space/core';
 
 export interface SandboxTable {
@@ -111,6 +111,13 @@ export interface VolumeSnapshotTable {
   doc: string;
 }
 
+/** The nodes of the deployment. */
+export interface NodeTable {
+  name: string;
+  heartbeat_at: string;
+  doc: string;
+}
+
 /** The deployment's own settings. */
 export interface MetaTable {
   key: string;
@@ -120,6 +127,7 @@ export interface MetaTable {
 /** The tables, as both databases hold them. */
 export interface Schema {
   space_meta: MetaTable;
+  nodes: NodeTable;
   volumes: VolumeTable;
   volume_snapshots: VolumeSnapshotTable;
   port_exposures: PortExposureTable;
@@ -439,6 +447,15 @@ export class SqlStore implements MetadataStore {
   private async pruneLog(table: LogTable, before: string): Promise<number> {
     const r = await this.db.deleteFrom(table).where('at', '<', before).executeTakeFirst();
     return Number(r.numDeletedRows);
+  }
+
+  async putNode(n: NodeRecord): Promise<void> {
+    const doc = JSON.stringify(n);
+    await this.db.insertInto('nodes').values({ name: n.name, heartbeat_at: n.heartbeatAt, doc }).onConflict((oc) => oc.column('name').doUpdateSet({ heartbeat_at: n.heartbeatAt, doc })).execute();
+  }
+
+  async listNodes(): Promise<NodeRecord[]> {
+    return (await this.db.selectFrom('nodes').select('doc').orderBy('name').execute()).map((r) => JSON.parse(r.doc) as NodeRecord);
   }
 
   async getMeta(key: string): Promise<string | undefined> {

@@ -116,6 +116,10 @@ export const MIGRATIONS: string[] = [
   `CREATE TABLE space_meta (
      key TEXT PRIMARY KEY,
      value TEXT NOT NULL);`,
+  `CREATE TABLE nodes (
+     name TEXT PRIMARY KEY,
+     heartbeat_at TEXT NOT NULL,
+     doc TEXT NOT NULL);`,
 ];
 
 const SQLITE: SqlFlavour = {

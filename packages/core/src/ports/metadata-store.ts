@@ -2,7 +2,7 @@
  * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
  * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
  */
-import type { DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, PortExposure, SecretRecord, TenantKey, VolumeRecord, VolumeSnapshotRecord } from '../records.js';
+import type { DataKeyRecord, NodeRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, PortExposure, SecretRecord, TenantKey, VolumeRecord, VolumeSnapshotRecord } from '../records.js';
 import type { IntentStore } from './intent-journal.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from '../model.js';
 
@@ -133,6 +133,11 @@ export interface MetadataStore extends IntentStore {
   getTenantCa(tenantId: string): Promise<TenantCaRecord | undefined>;
   /** Stores the CA unless the tenant has one already; returns the one that is stored. */
   putTenantCaIfAbsent(ca: TenantCaRecord): Promise<TenantCaRecord>;
+
+  /** Inserts or replaces a node's record (its registration and every heartbeat). */
+  putNode(n: NodeRecord): Promise<void>;
+  /** Every node that ever registered, by name. */
+  listNodes(): Promise<NodeRecord[]>;
 
   /** A setting of the deployment itself (e.g. `deployment-id`), or undefined. */
   getMeta(key: string): Promise<string | undefined>;

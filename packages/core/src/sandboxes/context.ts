@@ -125,6 +125,8 @@ export interface SandboxContext {
   readonly blobs: BlobStore;
   /** Scratch directory for checkpoint images. */
   readonly workDir: string;
+  /** This node's name, recorded on the sandboxes it makes. */
+  readonly nodeName: string | undefined;
   /** Largest snapshot payload accepted on restore, bytes. */
   readonly maxSnapshotBytes: number;
   /** Intents of lifecycle operations under way, durable. */

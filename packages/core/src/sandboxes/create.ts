@@ -86,6 +86,7 @@ export class Creates {
       ...(egress ? { egress } : {}),
       secrets: [...(secrets ?? []), ...rules],
       volumes: mounts.map((m) => ({ volume: m.volume, path: m.path, ...(m.readOnly ? { readOnly: true } : {}) })),
+      node: this.c.nodeName,
     });
     reservation.track(sb.id);
     let release: (() => void) | undefined;

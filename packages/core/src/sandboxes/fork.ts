@@ -62,6 +62,7 @@ export class Forks {
           ...(parent.volumes ? { volumes: parent.volumes } : {}),
           parentId: parent.id,
           fromSnapshotId: snap.id,
+          node: this.c.nodeName,
         });
         reservation.track(child.id);
         if (mounts.length) this.c.volumes!.claim(child.id, mounts);

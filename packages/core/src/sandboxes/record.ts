@@ -27,6 +27,8 @@ export interface NewSandboxRecord {
   /** A fork's copy: the sandbox and snapshot it comes from. */
   parentId?: string;
   fromSnapshotId?: string;
+  /** The node it is made on. */
+  node?: string;
   /** @default now */
   createdAt?: Date;
 }
@@ -61,5 +63,6 @@ export function newSandboxRecord(r: NewSandboxRecord): Sandbox {
     ...(r.timeoutMs ? { expiresAt: new Date(now.getTime() + r.timeoutMs).toISOString() } : {}),
     ...(r.parentId ? { parentId: r.parentId } : {}),
     ...(r.fromSnapshotId ? { fromSnapshotId: r.fromSnapshotId } : {}),
+    ...(r.node ? { node: r.node } : {}),
   };
 }

@@ -1,0 +1,34 @@
+/**
+ * A node: one `spaced` of a deployment, as `GET /v1/nodes` (admin keys) and `space nodes`
+ * show it. A deployment on the embedded stores has one; nodes that share a PostgreSQL database
+ * and an object store list each other (issue 22).
+ */
+
+/** How a node is doing: `up` (heartbeats arrive), `stopped` (it said so), `lost` (silent too long). */
+export type NodeState = 'up' | 'stopped' | 'lost';
+
+/**
+ * @example
+ * { name: 'node-a', state: 'up', url: 'http://10.0.0.5:7070', drivers: ['gvisor'], cpus: 2, memoryMb: 24000, maxSandboxes: 64, sandboxes: 3, … }
+ */
+export interface NodeInfo {
+  /** `--node-name` (default: the host name). */
+  name: string;
+  state: NodeState;
+  /** Its API, as it listens. */
+  url: string;
+  /** SPACE's version on it. */
+  version: string;
+  /** Isolation drivers it runs. */
+  drivers: string[];
+  cpus: number;
+  /** The host's memory, MiB. */
+  memoryMb: number;
+  /** Most sandboxes at once (`--max-sandboxes`). */
+  maxSandboxes: number;
+  /** Its sandboxes that run now (starting, running or paused). */
+  sandboxes: number;
+  startedAt: string;
+  /** Its last heartbeat (ISO time). */
+  heartbeatAt: string;
+}

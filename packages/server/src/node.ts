@@ -1,0 +1,76 @@
+/**
+ * This daemon as a node of its deployment: it registers in the metadata store at start,
+ * heartbeats while it runs and says when it stops; `GET /v1/nodes` reads every node's record
+ * and derives its state. With the embedded stores a deployment has one node; nodes that share
+ * a PostgreSQL database see each other (the cluster's placement and ownership build on this).
+ */
+import type { NodeInfo } from '@space/api';
+import { SpaceError, type Logger, type MetadataStore, type NodeRecord } from '@space/core';
+
+/**
+ * Keeps a node's record fresh: `start()` registers, then a heartbeat every `everyMs`;
+ * `stop()` records the stop.
+ *
+ * @example
+ * const hb = new NodeHeartbeat(store, record, logger, 10_000);
+ * await hb.start(); … await hb.stop();
+ */
+export class NodeHeartbeat {
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly store: MetadataStore,
+    private record: NodeRecord,
+    private readonly logger: Logger,
+    private readonly everyMs: number,
+  ) {}
+
+  async start(): Promise<void> {
+    await this.beat();
+    this.timer = setInterval(() => void this.beat().catch((err: unknown) => this.logger.warn({ err }, 'node heartbeat failed; the next one retries')), this.everyMs);
+    this.timer.unref();
+  }
+
+  private async beat(): Promise<void> {
+    this.record = { ...this.record, heartbeatAt: new Date().toISOString() };
+    delete this.record.stoppedAt;
+    await this.store.putNode(this.record);
+  }
+
+  async stop(): Promise<void> {
+    clearInterval(this.timer);
+    const at = new Date().toISOString();
+    await this.store.putNode({ ...this.record, heartbeatAt: at, stoppedAt: at }).catch((err: unknown) => this.logger.warn({ err }, 'could not record this node\'s stop'));
+  }
+}
+
+/**
+ * Every node with its state — `stopped` if it said so, `lost` when its last heartbeat is older
+ * than `lostAfterMs`, else `up` — and how many sandboxes run on it.
+ *
+ * @example const nodes = await nodeViews(store, 30_000);
+ */
+export async function nodeViews(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<NodeInfo[]> {
+  const [nodes, live] = await Promise.all([store.listNodes(), store.sandboxesInStates(['starting', 'running', 'paused'])]);
+  const count = new Map<string, number>();
+  for (const sb of live) if (sb.node) count.set(sb.node, (count.get(sb.node) ?? 0) + 1);
+  return nodes.map((n) => ({
+    name: n.name,
+    state: n.stoppedAt ? 'stopped' : now - Date.parse(n.heartbeatAt) > lostAfterMs ? 'lost' : 'up',
+    url: n.url,
+    version: n.version,
+    drivers: n.drivers,
+    cpus: n.cpus,
+    memoryMb: n.memoryMb,
+    maxSandboxes: n.maxSandboxes,
+    sandboxes: count.get(n.name) ?? 0,
+    startedAt: n.startedAt,
+    heartbeatAt: n.heartbeatAt,
+  }));
+}
+
+/** Checks a node name: what a host name may be (letters, digits, `-`, `.`), 1–63 characters. */
+export function checkNodeName(name: string): string {
+  if (!/^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$/i.test(name)) throw new SpaceError('CONFIG_INVALID', `Invalid --node-name ${JSON.stringify(name)}: 1-63 letters, digits, '-' and '.', starting and ending with a letter or digit`);
+  return name;
+}

@@ -1,0 +1,42 @@
+// A daemon as a node of its deployment (fast lane, no runtime): its record registered and
+// kept fresh by heartbeats, its state derived — up, stopped when it said so, lost when silent
+// too long — and the sandboxes counted per node. Real SQLite; the daemon's part is in
+// test/api.test.mjs.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { after, describe, it } from 'node:test';
+import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
+import { NodeHeartbeat, checkNodeName, nodeViews } from '../packages/server/dist/node.js';
+import { quiet } from './fake-harness.mjs';
+import { sandbox } from './store-suite.mjs';
+
+const dir = mkdtempSync('/tmp/spn-');
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+const record = (name, at) => ({ name, url: `http://${name}:7070`, version: '0.1.0', drivers: ['gvisor'], cpus: 2, memoryMb: 4096, maxSandboxes: 8, startedAt: at, heartbeatAt: at });
+
+describe('nodes', () => {
+  it('a heartbeat keeps a node up; a stop shows stopped; silence beyond the limit shows lost; sandboxes are counted per node', async () => {
+    const store = SqliteStore.open(`${dir}/a.db`);
+    const t0 = new Date(Date.now() - 60_000).toISOString();
+    const hb = new NodeHeartbeat(store, record('node-a', t0), quiet, 60_000);
+    await hb.start();
+    await store.putNode(record('node-b', t0)); // registered a minute ago, silent since
+    await store.putNode({ ...record('node-c', t0), stoppedAt: t0 });
+    for (const [id, node, state] of [['s1', 'node-a', 'running'], ['s2', 'node-a', 'paused'], ['s3', 'node-a', 'killed'], ['s4', 'node-b', 'running']]) await store.insertSandbox({ ...sandbox(id, 't', state), node });
+    const views = await nodeViews(store, 30_000);
+    assert.deepEqual(views.map((n) => [n.name, n.state, n.sandboxes]), [['node-a', 'up', 2], ['node-b', 'lost', 1], ['node-c', 'stopped', 0]]);
+    assert.ok(Date.parse(views[0].heartbeatAt) > Date.parse(t0), 'start() beat at once');
+    await hb.stop();
+    assert.equal((await nodeViews(store, 30_000))[0].state, 'stopped');
+    await hb.start();
+    assert.equal((await nodeViews(store, 30_000))[0].state, 'up', 'a restart is up again');
+    await hb.stop();
+    await store.close();
+  });
+
+  it('node names are host-name-like', () => {
+    for (const ok of ['a', 'node-1', 'n1.example.com']) assert.equal(checkNodeName(ok), ok);
+    for (const bad of ['', '-a', 'a-', 'a b', 'a/b', 'x'.repeat(64)]) assert.throws(() => checkNodeName(bad), (e) => e.code === 'CONFIG_INVALID', bad);
+  });
+});
