@@ -113,7 +113,6 @@ export interface DaemonOptions {
   nodeLostAfterS?: number;
 }
 
-
 /**
  * Checks a `--database` URL: PostgreSQL's scheme, and no password when it came from the command
  * line (`fromArgv`), where every user of the host can read it in `ps`: put the password in
@@ -300,6 +299,10 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   if (running && running.pid !== process.pid) throw new SpaceError('BAD_REQUEST', `A daemon (pid ${running.pid}) already serves ${dataDir} at ${running.url}; stop it with \`space down --data-dir ${dataDir}\``);
 
   const logger = pino({ level: opts.logLevel ?? process.env.SPACE_LOG_LEVEL ?? 'info', base: { svc: 'spaced' } });
+  // Settings first: a bad one changes nothing.
+  const nodeName = checkNodeName(opts.nodeName ?? process.env.SPACE_NODE_NAME ?? os.hostname());
+  const lostAfterMs = 1000 * (opts.nodeLostAfterS ?? Number(process.env.SPACE_NODE_LOST_AFTER ?? 30));
+  if (!(lostAfterMs >= 3000)) throw new SpaceError('CONFIG_INVALID', '--node-lost-after must be a number of seconds, at least 3');
   const blobStore = await openBlobStore(opts.blobStore ?? process.env.SPACE_BLOB_STORE, dataDir);
   const database = opts.database ?? process.env.SPACE_DATABASE;
   let store: MetadataStore & { close(): Promise<void> };
@@ -376,9 +379,6 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const imagesDir = templateImagesDir(dataDir);
   // With disks, a snapshot's disk stream (GiBs) passes through the work directory: on disk,
   // beside the pool whose copies are plaintext on the node anyway (docs/disks.md).
-  const nodeName = checkNodeName(opts.nodeName ?? process.env.SPACE_NODE_NAME ?? os.hostname());
-  const lostAfterMs = 1000 * (opts.nodeLostAfterS ?? Number(process.env.SPACE_NODE_LOST_AFTER ?? 30));
-  if (!(lostAfterMs >= 3000)) throw new SpaceError('CONFIG_INVALID', '--node-lost-after must be a number of seconds, at least 3');
   const workDir = opts.workDir ?? process.env.SPACE_WORK_DIR ?? (disks ? path.join(dataDir, 'work') : defaultWorkDir(dataDir));
   const volumes = await openVolumes(opts.volumes ?? parseVolumesMode(process.env.SPACE_VOLUMES ?? 'auto'), dataDir, store, encryptionKeys, logger);
   const service = new SandboxService({

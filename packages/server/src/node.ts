@@ -25,8 +25,9 @@ export class NodeHeartbeat {
     private readonly everyMs: number,
   ) {}
 
+  /** Registers (a store that does not answer now is logged: the next heartbeat registers) and starts beating. */
   async start(): Promise<void> {
-    await this.beat();
+    await this.beat().catch((err: unknown) => this.logger.warn({ err }, 'could not register this node yet; the next heartbeat retries'));
     this.timer = setInterval(() => void this.beat().catch((err: unknown) => this.logger.warn({ err }, 'node heartbeat failed; the next one retries')), this.everyMs);
     this.timer.unref();
   }

@@ -1,6 +1,7 @@
 /**
- * The metadata-store interface: sandboxes, tenants' API keys. Implemented by
- * `@space/store-sqlite` (embedded default); a PostgreSQL implementation shares the schema.
+ * The metadata-store interface: sandboxes, tenants' API keys and keys' records, secrets, logs,
+ * volumes, nodes. Implemented by `@space/store-sqlite` (the embedded default) and
+ * `@space/store-postgres`, both on `@space/store-sql`'s queries (test/store-suite.mjs runs on each).
  */
 import type { DataKeyRecord, NodeRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, PortExposure, SecretRecord, TenantKey, VolumeRecord, VolumeSnapshotRecord } from '../records.js';
 import type { IntentStore } from './intent-journal.js';
