@@ -91,6 +91,8 @@ export class Checkpoints implements CheckpointHooks {
    * without (hibernate), the caller finishes the returned intent once the sandbox is retired.
    */
   async takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
+    // Refuse before touching anything when the image may not fit.
+    await this.assertRoomForImage(sb);
     const wasPaused = sb.state === 'paused';
     if (wasPaused) await this.c.driver.resume(sb.id);
     // Refuse before stopping anything if the snapshot could not be stored (e.g. a revoked key).
@@ -110,7 +112,6 @@ export class Checkpoints implements CheckpointHooks {
   private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
     try {
       await this.assertSnapshottable(ch, sb.id, `sandbox ${sb.id}`);
-      await this.assertRoomForImage(sb);
     } catch (err) {
       if (wasPaused) await this.c.driver.pause(sb.id);
       throw err;
