@@ -9,7 +9,7 @@
 import { Transform, type Readable } from 'node:stream';
 import { DeleteObjectCommand, GetObjectCommand, HeadBucketCommand, HeadObjectCommand, ListObjectsV2Command, S3Client, S3ServiceException } from '@aws-sdk/client-s3';
 import { Upload } from '@aws-sdk/lib-storage';
-import { SpaceError, type BlobInfo, type BlobStore } from '@space/core';
+import { SpaceError, isUnreachableError, type BlobInfo, type BlobStore } from '@space/core';
 
 const KEY = /^[a-z0-9][a-z0-9_\-/.]{0,255}$/;
 
@@ -75,7 +75,7 @@ export interface S3BlobStoreOptions {
 /** Whether `err` means the server could not be reached or could not answer (not "no such key"). */
 function isUnavailable(err: unknown): boolean {
   const e = err as { code?: string; name?: string; $metadata?: { httpStatusCode?: number } };
-  if (['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'EPIPE'].includes(e.code ?? '')) return true;
+  if (isUnreachableError(err)) return true;
   if (e.name === 'TimeoutError' || e.name === 'RequestTimeout') return true;
   return [500, 502, 503, 504].includes(e.$metadata?.httpStatusCode ?? 0);
 }

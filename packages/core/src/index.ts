@@ -3,7 +3,7 @@
  * (`SandboxDriver`) and stores (`MetadataStore`) implement. Imports no driver, HTTP framework
  * or database driver.
  */
-export { ERRORS, SpaceError, asErrorCode, isErrorCode, toSpaceError } from './errors.js';
+export { ERRORS, SpaceError, asErrorCode, isErrorCode, isUnreachableError, toSpaceError } from './errors.js';
 export type { ErrorBody, ErrorCode, ErrorSpec, SpaceErrorOptions } from './errors.js';
 export { ALLOWED, LIMITS, SANDBOX_ID_RE, SANDBOX_STATES, TERMINAL_STATES, assertAllowed, newSandboxId, randomString } from './model.js';
 export type { CreateTimings, EndReason, Sandbox, SandboxAction, SandboxEvent, SandboxState, Snapshot, SnapshotPolicy, SnapshotTrigger, Template, TemplateImage, TemplateSource, TemplateStart } from './model.js';

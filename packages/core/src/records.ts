@@ -2,7 +2,7 @@
  * Record types the store keeps that never travel on the wire (the ones that do are in
  * @space/api, re-exported here). At the bottom of core: no import of core's.
  */
-import type { SecretInfo } from '@space/api';
+import type { NodeInfo, SecretInfo } from '@space/api';
 
 export type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, IngressLogEntry, IngressLogPage, SecretAttachment, SecretInfo } from '@space/api';
 
@@ -88,17 +88,11 @@ export interface VolumeSnapshotRecord {
   state: 'creating' | 'ready';
 }
 
-/** A node as stored: what it registered and its last heartbeat (its state is derived from them). */
-export interface NodeRecord {
-  name: string;
-  url: string;
-  version: string;
-  drivers: string[];
-  cpus: number;
-  memoryMb: number;
-  maxSandboxes: number;
-  startedAt: string;
-  heartbeatAt: string;
+/**
+ * A node as stored: what it registered and its last heartbeat; its `state` and `sandboxes`
+ * are derived when listed (`NodeInfo`), the rest is the same.
+ */
+export type NodeRecord = Omit<NodeInfo, 'state' | 'sandboxes'> & {
   /** Set when it stops gracefully. */
   stoppedAt?: string;
-}
+};

@@ -55,18 +55,10 @@ export async function nodeViews(store: MetadataStore, lostAfterMs: number, now =
   const [nodes, live] = await Promise.all([store.listNodes(), store.sandboxesInStates(['starting', 'running', 'paused'])]);
   const count = new Map<string, number>();
   for (const sb of live) if (sb.node) count.set(sb.node, (count.get(sb.node) ?? 0) + 1);
-  return nodes.map((n) => ({
-    name: n.name,
-    state: n.stoppedAt ? 'stopped' : now - Date.parse(n.heartbeatAt) > lostAfterMs ? 'lost' : 'up',
-    url: n.url,
-    version: n.version,
-    drivers: n.drivers,
-    cpus: n.cpus,
-    memoryMb: n.memoryMb,
-    maxSandboxes: n.maxSandboxes,
+  return nodes.map(({ stoppedAt, ...n }) => ({
+    ...n,
+    state: stoppedAt ? 'stopped' : now - Date.parse(n.heartbeatAt) > lostAfterMs ? 'lost' : 'up',
     sandboxes: count.get(n.name) ?? 0,
-    startedAt: n.startedAt,
-    heartbeatAt: n.heartbeatAt,
   }));
 }
 

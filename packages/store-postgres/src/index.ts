@@ -6,7 +6,7 @@
  */
 import pg from 'pg';
 import { Kysely, PostgresDialect, sql, type PostgresPool, type PostgresPoolClient } from 'kysely';
-import { SpaceError, type Logger, type MetadataStore } from '@space/core';
+import { SpaceError, isUnreachableError, type Logger, type MetadataStore } from '@space/core';
 import { SqlStore, type Schema, type SqlFlavour } from '@space/store-sql';
 
 /**
@@ -137,15 +137,14 @@ const POSTGRES: SqlFlavour = {
   lockRows: true,
 };
 
-/** Node's socket errors and PostgreSQL's SQLSTATEs that mean "the server is not there now", not "the query is wrong". */
-const NET_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'EPIPE']);
+/** PostgreSQL's SQLSTATEs (beside class 08, connection exceptions) that mean "the server is not there now", not "the query is wrong". */
 const SERVER_GONE = new Set(['57P01', '57P02', '57P03', '53300']);
 
 /** Whether `err` says PostgreSQL cannot be reached (as opposed to refusing a query). */
 export function isUnreachable(err: unknown): boolean {
   const e = err as { code?: string; message?: string } | undefined;
   const code = e?.code ?? '';
-  if (NET_CODES.has(code) || SERVER_GONE.has(code) || code.startsWith('08')) return true;
+  if (isUnreachableError(err) || SERVER_GONE.has(code) || code.startsWith('08')) return true;
   return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|connect ECONNREFUSED/.test(e?.message ?? '');
 }
 
@@ -221,7 +220,8 @@ export class PostgresStore extends SqlStore implements MetadataStore {
 
   private constructor(
     db: Kysely<Schema>,
-    private readonly pool: pg.Pool,
+    /** How to connect (the lock's connection is made again with it: keep-alive, timeouts). */
+    private readonly config: pg.ClientConfig,
     private lockClient: pg.Client | undefined,
     private readonly url: string,
     private readonly opts: PostgresStoreOptions,
@@ -261,7 +261,7 @@ export class PostgresStore extends SqlStore implements MetadataStore {
       throw err;
     }
     const db = new Kysely<Schema>({ dialect: new PostgresDialect({ pool: guardedPool(pool, url) }) });
-    return new PostgresStore(db, pool, lockClient, url, opts);
+    return new PostgresStore(db, config, lockClient, url, opts);
   }
 
   /** Keeps the daemon's lock: a dropped lock connection is re-taken as soon as the server answers. */
@@ -276,7 +276,7 @@ export class PostgresStore extends SqlStore implements MetadataStore {
       this.locked = new Promise((resolve) => (this.onLocked = resolve));
       const retry = (delayMs: number) => {
         this.relock = setTimeout(() => {
-          takeDatabase({ connectionString: this.url, connectionTimeoutMillis: this.opts.connectTimeoutMs ?? 5000 }, this.url).then(
+          takeDatabase(this.config, this.url).then(
             (c) => {
               if (this.closed) return void c.end().catch(() => {});
               this.lockClient = c;
