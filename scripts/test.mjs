@@ -1,20 +1,29 @@
 #!/usr/bin/env node
-// Runs the whole suite with node's test runner, one file at a time (sandboxes are heavy on
-// 2 cores), the fast lane first. Pass test files to run only those: ./space test test/api.test.mjs;
-// --fast runs the fast lane alone (~15 s): ./space test --fast
+// Runs the whole suite with node's test runner: the fast lane first (seconds, no runtime), then
+// the real-runtime files in two lanes side by side, each lane one file at a time (sandboxes are
+// heavy on 2 cores): the microVM lane (QEMU, emulated where there is no KVM) and the gVisor lane.
+// Pass test files to run only those, one at a time: ./space test test/api.test.mjs; --fast runs
+// the fast lane alone (~35 s): ./space test --fast; SPACE_TEST_LANES=1 runs the real-runtime
+// files one at a time in a single lane.
 // Afterwards, every network namespace and cgroup a sandbox had must be gone: anything new
 // under `space-*` netns or the `space` cgroups fails the run, whichever test leaked it (what a
 // daemon still running beside the suite holds is its own, not a leak).
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { createInterface } from 'node:readline';
 
 // The fast lane first: seconds, no runtime (the fake driver, the protocol, the stores, the
 // import-cycle check), so a broken core fails the run before the real-runtime suites start.
 export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'nodes', 'snapshot-store'].map((n) => `test/${n}.test.mjs`);
+/**
+ * The files that boot microVMs: a lane of their own, beside the rest. They are the only users of
+ * the microVM guest cache (/var/cache/space/microvm), which therefore never sees two builders.
+ */
+export const MICROVM_LANE = ['workloads', 'conformance-microvm', 'microvm', 'ingress-sandbox'].map((n) => `test/${n}.test.mjs`);
 const all = readdirSync(new URL('../test/', import.meta.url)).filter((f) => f.endsWith('.test.mjs')).sort().map((f) => `test/${f}`);
-const files = all;
 const fastOnly = process.argv[2] === '--fast';
 const only = fastOnly ? FAST : process.argv.slice(2);
+const LANES = Number(process.env.SPACE_TEST_LANES ?? 2);
 
 /** Host resources of sandboxes: `space-*` network namespaces, `space/*` cgroups, mounted disk pools, open volumes; and the tests' PostgreSQL and Swift servers. */
 function sandboxResources() {
@@ -38,14 +47,64 @@ function sandboxResources() {
 const before = sandboxResources();
 // A file may take up to 30 min: the workload battery boots both drivers' `base` (~11 min warm;
 // more when the agent changed and the microVM's template is taken again).
-const runFiles = (list) => spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-timeout=1800000', ...list], { stdio: 'inherit' });
-let r;
-if (only.length) r = runFiles(only);
+const testArgs = ['--test', '--test-concurrency=1', '--test-timeout=1800000'];
+const runFiles = (list) => spawnSync(process.execPath, [...testArgs, ...list], { stdio: 'inherit' });
+
+/**
+ * Runs `list` one file at a time, each line of output prefixed with the lane's name; resolves
+ * to each file's result and wall time. `lane` (0, 1) is the tests' SPACE_TEST_LANE: the lanes'
+ * daemons take their sandbox networks from disjoint ranges (test/helpers.mjs, egressRange).
+ */
+async function runLane(name, lane, list) {
+  const results = [];
+  for (const file of list) {
+    const started = Date.now();
+    const child = spawn(process.execPath, [...testArgs, file], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SPACE_TEST_LANE: String(lane) } });
+    for (const stream of [child.stdout, child.stderr]) createInterface({ input: stream }).on('line', (line) => console.log(`[${name}] ${line}`));
+    const code = await new Promise((resolve) => child.on('close', (c, sig) => resolve(c ?? (sig ? 128 : 1))));
+    results.push({ file, lane: name, seconds: (Date.now() - started) / 1000, ok: code === 0 });
+  }
+  return results;
+}
+
+/**
+ * Builds the built-in templates' root file systems into the shared cache before the lanes
+ * start, so two daemons never build the same one at once (a build replaces the directory).
+ */
+async function warmTemplates() {
+  const { RootfsStore } = await import('../packages/templates/dist/index.js');
+  const store = new RootfsStore(process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/space/templates');
+  for (const name of ['minimal', 'base']) {
+    const key = store.builtinKey(name);
+    if (store.has(key)) continue;
+    const t = Date.now();
+    console.log(`# building the ${name} template's root file system for the suite (once per machine)`);
+    await store.build(key, { type: 'builtin', name });
+    console.log(`# ${name} built in ${((Date.now() - t) / 1000).toFixed(0)} s`);
+  }
+}
+
+let status;
+if (only.length) status = runFiles(only).status;
 else {
   // Node's runner orders the files it is given, so the fast lane is a run of its own, first;
   // a broken core fails here in seconds instead of half an hour in.
-  r = runFiles(FAST);
-  if (r.status === 0) r = runFiles(files.filter((f) => !FAST.includes(f)));
+  status = runFiles(FAST).status;
+  if (status === 0) {
+    const rest = all.filter((f) => !FAST.includes(f));
+    const started = Date.now();
+    let results;
+    if (LANES >= 2) {
+      await warmTemplates();
+      const lanes = await Promise.all([runLane('microvm', 0, rest.filter((f) => MICROVM_LANE.includes(f))), runLane('gvisor', 1, rest.filter((f) => !MICROVM_LANE.includes(f)))]);
+      results = lanes.flat();
+    } else results = await runLane('all', 0, rest);
+    console.log(`\n# real-runtime files (${LANES >= 2 ? 'two lanes' : 'one lane'}), ${((Date.now() - started) / 60000).toFixed(1)} min in all:`);
+    for (const r of [...results].sort((a, b) => b.seconds - a.seconds)) console.log(`#  ${r.ok ? 'ok  ' : 'FAIL'} ${r.seconds.toFixed(0).padStart(5)} s  ${r.lane.padEnd(7)} ${r.file}`);
+    const failed = results.filter((r) => !r.ok);
+    if (failed.length) console.log(`# ${failed.length} file(s) failed: ${failed.map((r) => r.file).join(', ')}`);
+    status = failed.length ? 1 : 0;
+  }
 }
 /**
  * Sandbox ids another daemon on this host still holds (a `spaced` process that outlives the
@@ -83,4 +142,4 @@ if (leaked.length) {
   console.error(`\nLEAK: the suite left these sandbox resources behind:\n  ${leaked.join('\n  ')}`);
   process.exit(1);
 }
-process.exit(r.status ?? 1);
+process.exit(status ?? 1);

@@ -14,9 +14,13 @@ export const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/spac
 /**
  * The sandbox network of a test daemon: a /24 of its own, derived from its data directory, so
  * daemons side by side do not share a proxy address and a restarted one finds its links again.
+ * The suite's two lanes (SPACE_TEST_LANE 0 and 1, scripts/test.mjs) draw from disjoint halves
+ * of 10.232.0.0/13, so daemons of files running side by side never meet.
  */
 export function egressRange(dataDir) {
   const h = createHash('sha256').update(dataDir).digest();
+  const lane = process.env.SPACE_TEST_LANE;
+  if (lane === '0' || lane === '1') return `10.${232 + Number(lane) * 4 + (h[0] % 4)}.${h[1]}.0/24`;
   return `10.${232 + (h[0] % 8)}.${h[1]}.0/24`;
 }
 
