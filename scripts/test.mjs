@@ -14,7 +14,7 @@ import { createInterface } from 'node:readline';
 
 // The fast lane first: seconds, no runtime (the fake driver, the protocol, the stores, the
 // import-cycle check), so a broken core fails the run before the real-runtime suites start.
-export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'nodes', 'snapshot-store'].map((n) => `test/${n}.test.mjs`);
+export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'cluster-fake', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'nodes', 'snapshot-store'].map((n) => `test/${n}.test.mjs`);
 /**
  * The files that boot microVMs: a lane of their own, beside the rest. They are the only users of
  * the microVM guest cache (/var/cache/space/microvm), which therefore never sees two builders.

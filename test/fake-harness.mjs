@@ -63,11 +63,12 @@ export class Life {
 }
 
 /**
- * Builds services over one directory, store and fake driver.
+ * Builds services over one directory, store and fake driver (and `blobsDir`: the blob store's
+ * directory, which nodes of a cluster share; default under `dir`).
  * @example const h = fakeHarness(dir, store, driver); const svc = h.service(); await svc.start();
  */
-export function fakeHarness(dir, store, driver) {
-  const blobs = new LocalBlobStore(path.join(dir, 'blobs'));
+export function fakeHarness(dir, store, driver, { blobsDir = path.join(dir, 'blobs') } = {}) {
+  const blobs = new LocalBlobStore(blobsDir);
   /** A SandboxService as the daemon makes it; with `life`, one that can die (see {@link Life}). */
   function service(opts = {}, life) {
     const w = (x) => (life ? life.wrap(x) : x);

@@ -51,13 +51,14 @@ describe('PostgresStore', () => {
     assert.deepEqual(await query(url, 'SELECT version FROM space_schema'), [{ version: MIGRATIONS.length + 1 }]);
   });
 
-  it('one daemon per database: a second is refused with DATABASE_IN_USE until the first closes', async () => {
+  it('one daemon per node name: a second as the same node is refused with DATABASE_IN_USE until the first closes; other nodes share the database', async () => {
     const url = server.freshDatabase();
-    const first = await PostgresStore.open(url);
-    await assert.rejects(PostgresStore.open(url), (e) => e.code === 'DATABASE_IN_USE');
+    const first = await PostgresStore.open(url, { node: 'n1' });
+    await assert.rejects(PostgresStore.open(url, { node: 'n1' }), (e) => e.code === 'DATABASE_IN_USE' && /node "n1"/.test(e.message) && /--node-name/.test(e.message));
+    const other = await PostgresStore.open(url, { node: 'n2' });
     await first.close();
-    const second = await PostgresStore.open(url);
-    await second.close();
+    const again = await PostgresStore.open(url, { node: 'n1' });
+    await Promise.all([again.close(), other.close()]);
   });
 
   it('start-up errors say which and why: unreachable, wrong password, no such database', async () => {

@@ -89,6 +89,8 @@ export interface Template {
   readyAt?: string;
   rootfsBytes?: number;
   image?: TemplateImage;
+  /** The node that built it (a tenant's template: its root file system is in that node's cache). */
+  node?: string;
 }
 
 /** Template names: lowercase letters, digits, `.`, `_`, `-`. */

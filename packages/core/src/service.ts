@@ -83,6 +83,15 @@ export interface SandboxServiceOptions {
   workDir: string;
   /** This node's name (`--node-name`), recorded on every sandbox it makes. */
   nodeName?: string;
+  /**
+   * The metadata store is shared with other nodes (a cluster on PostgreSQL): this node acts
+   * only on the sandboxes it runs (their `node` is its name) — recovery, timers, pools and
+   * admission leave the others alone, and {@link SandboxService.get} refuses them with
+   * `SANDBOX_ON_OTHER_NODE` (the API forwards their requests to their node). Without it the
+   * daemon is the store's only one and takes every sandbox in it for its own (a renamed host's
+   * included). @default false
+   */
+  shared?: boolean;
   /** Largest snapshot payload accepted on restore, bytes. @default 32 GiB */
   maxSnapshotBytes?: number;
   /** Sandboxes booting at once; more creates wait in a queue. @default the number of CPUs (at least 2) */
@@ -145,6 +154,9 @@ export class SandboxService {
   private readonly log: Logger;
   private readonly workDir: string;
   private stopping = false;
+  /** Whether this node acts on the sandbox (see {@link SandboxServiceOptions.shared}). */
+  readonly owns: (sb: Pick<Sandbox, 'node'>) => boolean;
+  private readonly nodeName: string | undefined;
   /** The last hour of each running sandbox's usage. */
   private readonly usageHistory: UsageHistory;
   /** Clean-ups running in the background (awaited by {@link shutdown}). */
@@ -178,13 +190,16 @@ export class SandboxService {
     this.log = opts.logger;
     this.workDir = opts.workDir;
     this.volumes = opts.volumes;
+    const shared = !!opts.shared;
+    this.nodeName = opts.nodeName;
+    this.owns = (sb) => !shared || (sb.node !== undefined && sb.node === opts.nodeName);
     const startTimeoutMs = opts.startTimeoutMs ?? 30_000;
     this.usageHistory = new UsageHistory(
-      { running: async () => (await this.store.sandboxesInStates(['running'])).map((s) => ({ id: s.id, cpu: s.cpu })), usage: (id) => this.driver.usage(id) },
+      { running: async () => (await this.store.sandboxesInStates(['running'])).filter(this.owns).map((s) => ({ id: s.id, cpu: s.cpu })), usage: (id) => this.driver.usage(id) },
       opts.usageSampleMs ?? 5000,
     );
     const totalMb = Math.floor(totalmem() / 1048576);
-    const admission = new Admission(this.store, () => this.pool, {
+    const admission = new Admission(this.store, () => this.pool, this.owns, {
       maxSandboxes: opts.maxSandboxes ?? 64,
       maxMemoryMb: opts.maxMemoryMb ?? totalMb * 2,
       poolMinAvailableMb: opts.poolMinAvailableMb ?? Math.floor(totalMb / 10),
@@ -196,6 +211,8 @@ export class SandboxService {
     this.templates = new TemplateService({
       store: this.store,
       rootfs: opts.rootfs,
+      ...(opts.nodeName ? { nodeName: opts.nodeName } : {}),
+      shared,
       imagesDir: opts.imagesDir,
       uploadsDir: opts.uploadsDir,
       ...(opts.builtinPools ? { builtinPools: opts.builtinPools } : {}),
@@ -226,6 +243,7 @@ export class SandboxService {
       blobs: opts.blobs,
       workDir: opts.workDir,
       nodeName: opts.nodeName,
+      owns: this.owns,
       maxSnapshotBytes: opts.maxSnapshotBytes ?? 32 * 1024 ** 3,
       journal: new Journal(this.store),
       egress: opts.egress,
@@ -329,8 +347,24 @@ export class SandboxService {
     await this.driver.close();
   }
 
-  /** Gets a tenant's sandbox. */
+  /**
+   * Gets a tenant's sandbox that this node runs; `SANDBOX_ON_OTHER_NODE` for one another node
+   * of the cluster runs (its record: {@link find}).
+   */
   async get(tenantId: string, id: string): Promise<Sandbox> {
+    const sb = await this.find(tenantId, id);
+    if (!this.owns(sb)) throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, not on this one (${this.nodeName ?? 'unnamed'})`, { details: { sandboxId: sb.id, node: sb.node } });
+    return sb;
+  }
+
+  /**
+   * A tenant's sandbox record, wherever it runs (reads only: acting on it is its node's job).
+   *
+   * @example
+   * const sb = await svc.find('tenant1', 'sb3k9x');
+   * if (!svc.owns(sb)) console.log(`runs on ${sb.node}`);
+   */
+  async find(tenantId: string, id: string): Promise<Sandbox> {
     const sb = typeof id === 'string' && id.length < 64 ? await this.store.getSandbox(id) : undefined;
     if (!sb || sb.tenantId !== tenantId) throw new SpaceError('SANDBOX_NOT_FOUND', `No sandbox ${JSON.stringify(id)} for this API key`, { details: { sandboxId: id } });
     return sb;

@@ -126,10 +126,11 @@ export const MIGRATIONS: string[] = [
      doc TEXT NOT NULL);`,
 ];
 
-/** Advisory-lock keys (first half: "SPCE"): migrations; one daemon per database. */
+/** Advisory-lock keys (first half: "SPCE"): migrations. */
 const LOCK_SPACE = 0x53504345;
 const LOCK_MIGRATE = 1;
-const LOCK_DAEMON = 2;
+/** First half of a node's lock ("SPCN"); the second is PostgreSQL's hashtext() of its name. */
+const LOCK_NODES = 0x5350434e;
 
 const POSTGRES: SqlFlavour = {
   docField: (field) => sql<string>`(doc::jsonb ->> ${field})`,
@@ -195,11 +196,13 @@ export interface PostgresStoreOptions {
   /** Longest to wait for a connection. @default 5000 */
   connectTimeoutMs?: number;
   /**
-   * Hold an advisory lock for the store's life so that no second daemon uses the database
-   * (`DATABASE_IN_USE`): a second single-node daemon would take the first one's sandboxes
-   * for its own crashed ones. @default true
+   * Hold an advisory lock on the node's name for the store's life, so that no second daemon
+   * runs as the same node (`DATABASE_IN_USE`): it would take the first one's sandboxes for its
+   * own crashed ones. Daemons with different names share the database as a cluster. @default true
    */
   exclusive?: boolean;
+  /** The node this store is opened for (`--node-name`): the name the lock is held on. @default "default" */
+  node?: string;
 }
 
 /**
@@ -231,10 +234,10 @@ export class PostgresStore extends SqlStore implements MetadataStore {
   }
 
   /**
-   * Connects, migrates and (unless `exclusive: false`) takes the database for this daemon.
-   * Fails with `METADATA_UNAVAILABLE` saying which and why when the server cannot be reached,
-   * refuses the credentials or has no such database; `DATABASE_IN_USE` when another daemon
-   * holds it.
+   * Connects, migrates and (unless `exclusive: false`) takes the node's name in the database
+   * for this daemon. Fails with `METADATA_UNAVAILABLE` saying which and why when the server
+   * cannot be reached, refuses the credentials or has no such database; `DATABASE_IN_USE` when
+   * another daemon runs as the same node.
    */
   static async open(url: string, opts: PostgresStoreOptions = {}): Promise<PostgresStore> {
     const config: pg.PoolConfig = {
@@ -255,7 +258,7 @@ export class PostgresStore extends SqlStore implements MetadataStore {
     let lockClient: pg.Client | undefined;
     try {
       await migrate(pool, url);
-      if (opts.exclusive ?? true) lockClient = await takeDatabase(config, url);
+      if (opts.exclusive ?? true) lockClient = await takeNode(config, url, opts.node ?? 'default');
     } catch (err) {
       await pool.end().catch(() => {});
       throw err;
@@ -276,7 +279,7 @@ export class PostgresStore extends SqlStore implements MetadataStore {
       this.locked = new Promise((resolve) => (this.onLocked = resolve));
       const retry = (delayMs: number) => {
         this.relock = setTimeout(() => {
-          takeDatabase(this.config, this.url).then(
+          takeNode(this.config, this.url, this.opts.node ?? 'default').then(
             (c) => {
               if (this.closed) return void c.end().catch(() => {});
               this.lockClient = c;
@@ -297,7 +300,7 @@ export class PostgresStore extends SqlStore implements MetadataStore {
   }
 
   /**
-   * Resolves once this store holds its one-daemon lock: at once, except after the lock's
+   * Resolves once this store holds its node's lock: at once, except after the lock's
    * connection was lost, until it is retaken (`exclusive: false`: at once).
    */
   whenLocked(): Promise<void> {
@@ -346,13 +349,16 @@ async function migrate(pool: pg.Pool, url: string): Promise<void> {
   }
 }
 
-/** A connection holding the one-daemon lock, or DATABASE_IN_USE. */
-async function takeDatabase(config: pg.ClientConfig, url: string): Promise<pg.Client> {
-  const client = new pg.Client({ ...config, application_name: 'spaced (lock)' });
+/**
+ * A connection holding the lock on node `node`'s name, or DATABASE_IN_USE. (Two names whose
+ * hashes collide would refuse each other: the message names the node, so a rename fixes it.)
+ */
+async function takeNode(config: pg.ClientConfig, url: string, node: string): Promise<pg.Client> {
+  const client = new pg.Client({ ...config, application_name: `spaced ${node} (lock)` });
   try {
     await client.connect();
-    const r = await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS ok', [LOCK_SPACE, LOCK_DAEMON]);
-    if (!r.rows[0]?.ok) throw new SpaceError('DATABASE_IN_USE', `Another SPACE daemon uses the database at ${where(url)}`);
+    const r = await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1, hashtext($2)) AS ok', [LOCK_NODES, node]);
+    if (!r.rows[0]?.ok) throw new SpaceError('DATABASE_IN_USE', `Another SPACE daemon runs as node ${JSON.stringify(node)} on the database at ${where(url)}: give this one its own --node-name, or stop the other`, { details: { node } });
     return client;
   } catch (err) {
     await client.end().catch(() => {});

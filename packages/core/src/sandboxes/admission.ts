@@ -5,6 +5,7 @@
  */
 import { promises as fs } from 'node:fs';
 import { SpaceError } from '../errors.js';
+import type { Sandbox } from '../model.js';
 import type { MetadataStore } from '../ports/metadata-store.js';
 import { POOL_MEMORY_MB, type WarmPool } from '../templates/warm-pool.js';
 
@@ -33,13 +34,15 @@ export class Admission {
   constructor(
     private readonly store: MetadataStore,
     private readonly pool: () => WarmPool,
+    /** Whether a sandbox in the store is this node's (a shared store holds other nodes' too). */
+    private readonly owns: (sb: Pick<Sandbox, 'node'>) => boolean,
     readonly limits: AdmissionLimits,
   ) {}
 
   /** Sandboxes counted against the node's limits: alive in the store, being created, pooled. */
   private async load(): Promise<{ count: number; memoryMb: number }> {
     const pool = this.pool();
-    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).filter((x) => !this.creatingIds.has(x.id));
+    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).filter((x) => this.owns(x) && !this.creatingIds.has(x.id));
     return { count: alive.length + this.creating + pool.count() + pool.pending(), memoryMb: alive.reduce((n, x) => n + x.memoryMb, 0) + this.creatingMb + pool.memoryMb() };
   }
 

@@ -127,6 +127,11 @@ export interface SandboxContext {
   readonly workDir: string;
   /** This node's name, recorded on the sandboxes it makes. */
   readonly nodeName: string | undefined;
+  /**
+   * Whether this node acts on the sandbox: always when it is the store's only daemon; with a
+   * shared store (nodes of a cluster), only on the sandboxes it runs (`node` is its name).
+   */
+  owns(sb: Pick<Sandbox, 'node'>): boolean;
   /** Largest snapshot payload accepted on restore, bytes. */
   readonly maxSnapshotBytes: number;
   /** Intents of lifecycle operations under way, durable. */

@@ -26,10 +26,13 @@ export class Recovery implements RecoveryHooks {
   async startUp(): Promise<void> {
     // Operations a crash interrupted: each is finished or undone first, from what the journal
     // and the runtime say (checkpoint images in the work directory included).
+    // With a shared store (a cluster), only this node's sandboxes: another node's intents are
+    // its operations under way, and its sandboxes run there.
     const intents = await this.c.journal.list();
     const settled = new Set<string>();
     for (const intent of intents) {
       const sb = await this.c.store.getSandbox(intent.sandboxId);
+      if (sb && !this.c.owns(sb)) continue;
       if (sb && !TERMINAL_STATES.includes(sb.state) && !settled.has(sb.id) && (await this.reconcile(sb, intent))) settled.add(sb.id);
       await this.c.journal.done(intent);
       if (intent.imageDir) await fs.rm(intent.imageDir, { recursive: true, force: true });
@@ -37,9 +40,9 @@ export class Recovery implements RecoveryHooks {
     // Whatever else is in the work directory (unpacked snapshots) belonged to finished or undone operations.
     await fs.rm(this.c.workDir, { recursive: true, force: true });
     await fs.mkdir(this.c.workDir, { recursive: true, mode: 0o700 });
-    const hibernated = await this.c.store.sandboxesInStates(['hibernated']);
+    const hibernated = await this.mine(['hibernated']);
     for (const sb of hibernated) if (!settled.has(sb.id)) this.c.hooks.timers.schedule(sb);
-    const active = await this.c.store.sandboxesInStates(['starting', 'running', 'paused']);
+    const active = await this.mine(['starting', 'running', 'paused']);
     const known = new Set([...active, ...hibernated].map((s) => s.id));
     for (const sb of active) {
       if (settled.has(sb.id)) continue;
@@ -67,7 +70,7 @@ export class Recovery implements RecoveryHooks {
       }
     }
     // States as recovery left them (one read).
-    const stateNow = new Map((await this.c.store.sandboxesInStates(['running', 'paused', 'hibernated'])).map((s) => [s.id, s.state]));
+    const stateNow = new Map((await this.mine(['running', 'paused', 'hibernated'])).map((s) => [s.id, s.state]));
     for (const id of await this.c.driver.list()) {
       if (!known.has(id)) {
         this.c.log.warn({ sandboxId: id }, 'removing orphaned runtime sandbox');
@@ -79,6 +82,20 @@ export class Recovery implements RecoveryHooks {
         await this.c.driver.releaseStale(id).catch((err) => this.c.log.warn({ err, sandboxId: id }, 'releasing stale incarnations failed'));
       }
     }
+  }
+
+  /**
+   * This node's sandboxes in these states. The store's only daemon owns them all: one recorded
+   * under another node name (the host was renamed, or `--node-name` changed) is taken over.
+   */
+  private async mine(states: Sandbox['state'][]): Promise<Sandbox[]> {
+    const out: Sandbox[] = [];
+    for (const sb of await this.c.store.sandboxesInStates(states)) {
+      if (!this.c.owns(sb)) continue;
+      if (this.c.nodeName && sb.node !== this.c.nodeName) out.push(await this.c.store.updateSandbox(sb.id, { node: this.c.nodeName }));
+      else out.push(sb);
+    }
+    return out;
   }
 
   /**

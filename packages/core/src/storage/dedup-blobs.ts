@@ -437,10 +437,22 @@ export class DedupBlobStore implements BlobStore {
    * as a function it is asked once no write runs (and none can start), so an object whose write
    * was under way when the collection was asked for is never missed. Objects written in the
    * last minute count as live too (their caller may not have recorded them yet). Tenants with a
-   * manifest that cannot be read (revoked key, corrupt) are skipped. Returns the number of
+   * manifest that cannot be read (revoked key, corrupt) are skipped. `mayDelete` is asked before
+   * each deletion (at most once a second): when it says no, the collection stops there (another
+   * writer may have appeared: e.g. a second node on a shared store). Returns the number of
    * stored objects deleted.
    */
-  async gc(liveKeys: string[] | (() => Promise<string[]>)): Promise<number> {
+  async gc(liveKeys: string[] | (() => Promise<string[]>), opts: { mayDelete?: () => Promise<boolean> } = {}): Promise<number> {
+    let askedAt = 0;
+    let allowed = true;
+    const mayDelete = async () => {
+      if (!opts.mayDelete) return true;
+      if (Date.now() - askedAt >= 1000) {
+        allowed = await opts.mayDelete();
+        askedAt = Date.now();
+      }
+      return allowed;
+    };
     while (this.collecting) await this.collecting.catch(() => {});
     const run = (async () => {
       while (this.writers > 0) await new Promise<void>((r) => this.idle.push(r));
@@ -454,6 +466,7 @@ export class DedupBlobStore implements BlobStore {
       for (const dir of (await this.inner.list?.('snapshots')) ?? []) {
         for (const k of (await this.inner.list?.(dir)) ?? []) {
           if (live.has(k)) continue;
+          if (!(await mayDelete())) return deleted;
           await this.inner.delete(k);
           deleted++;
         }
@@ -475,6 +488,11 @@ export class DedupBlobStore implements BlobStore {
         }
         for (const ck of (await this.inner.list?.(`chunks/${tenant}`)) ?? []) {
           if (referenced.has(ck.split('/')[2]!)) continue;
+          if (!(await mayDelete())) {
+            // What this tenant's index knew of the packs deleted so far goes with them.
+            this.indexes.set(tenant, Promise.resolve(index));
+            return deleted;
+          }
           await this.inner.delete(ck);
           deleted++;
           if (this.faultAfterGcDeletes !== undefined && deleted >= this.faultAfterGcDeletes) process.kill(process.pid, 'SIGKILL');

@@ -90,6 +90,10 @@ export interface TemplateServiceOptions {
   driverVersion(): Promise<string>;
   /** Pool sizes of the built-ins. */
   builtinPools?: Record<string, number>;
+  /** This node's name, recorded on the templates it builds. */
+  nodeName?: string;
+  /** The store is shared with other nodes: only this node's interrupted builds are its to clear. */
+  shared?: boolean;
   /** Largest pool a template may ask for. @default 16 */
   maxPoolSize?: number;
   /** Largest upload, bytes. @default 8 GiB */
@@ -137,7 +141,8 @@ export class TemplateService {
       }
     }
     for (const t of await this.opts.store.listTemplates()) {
-      if (t.state === 'building') {
+      // Another node's build under way is not an interrupted one.
+      if (t.state === 'building' && (!this.opts.shared || t.node === this.opts.nodeName)) {
         await this.opts.store.deleteTemplate(t.tenantId, t.name);
         await this.dropFiles(t);
       }
@@ -173,11 +178,29 @@ export class TemplateService {
   /** The template's root file system, building a built-in first if needed (`base` downloads). */
   async rootfsOf(t: Template, progress?: Progress): Promise<string> {
     if (this.opts.rootfs.has(t.key)) return this.opts.rootfs.path(t.key);
-    if (t.source.type !== 'builtin') throw new SpaceError('TEMPLATE_BUILD_FAILED', `The root file system of template ${t.name} is missing from the template directory; remove the template and build it again`);
+    if (t.source.type !== 'builtin') {
+      if (this.opts.shared && t.node && t.node !== this.opts.nodeName) throw new SpaceError('TEMPLATE_NOT_ON_NODE', `Template ${t.name} was built on node ${t.node}, which holds its root file system; this node (${this.opts.nodeName}) does not`, { details: { template: t.name, node: t.node } });
+      throw new SpaceError('TEMPLATE_BUILD_FAILED', `The root file system of template ${t.name} is missing from the template directory; remove the template and build it again`);
+    }
     const built = await this.opts.rootfs.build(t.key, { type: 'builtin', name: t.name }, progress);
     const cur = await this.opts.store.getTemplate(t.tenantId, t.name);
     if (built.sizeBytes && cur?.key === t.key && cur.rootfsBytes === undefined) await this.opts.store.putTemplate({ ...cur, rootfsBytes: built.sizeBytes });
     return this.opts.rootfs.path(t.key);
+  }
+
+  /**
+   * The node a sandbox of this template must start on, when not this one: a tenant's template
+   * built on another node of the cluster (its root file system is in that node's cache) and
+   * not in this one's. Undefined: here (or the template does not resolve: the create says why).
+   *
+   * @example
+   * const node = await templates.placement('tenant1', 'tools'); // 'n2'
+   */
+  async placement(tenantId: string, name: string): Promise<string | undefined> {
+    if (!this.opts.shared) return undefined;
+    const t = await this.resolve(tenantId, name).catch(() => undefined);
+    if (!t || t.source.type === 'builtin' || !t.node || t.node === this.opts.nodeName || this.opts.rootfs.has(t.key)) return undefined;
+    return t.node;
   }
 
   /** Whether the template's root file system is on disk. */
@@ -190,6 +213,21 @@ export class TemplateService {
     return `${t.key}-${sha256(JSON.stringify([await this.opts.driverVersion(), t.start ?? null, t.env])).slice(0, 16)}`;
   }
 
+  /**
+   * The key a capture on this node stores its image under: the content key, and with a shared
+   * store the node's name too. Nodes capturing one template at once (each at its first use)
+   * then never write over each other's copy: the record names one of them, whose stored copy
+   * every node loads; a working copy under another key is not taken for it.
+   */
+  private captureKey(contentKey: string): string {
+    return this.opts.shared && this.opts.nodeName ? `${contentKey}.${this.opts.nodeName.toLowerCase()}` : contentKey;
+  }
+
+  /** Whether `image` was taken for the content key (on any node). */
+  private static isCurrent(image: TemplateImage, contentKey: string): boolean {
+    return image.key === contentKey || image.key.startsWith(`${contentKey}.`);
+  }
+
   /** Directory of an image. */
   imageDir(image: TemplateImage): string {
     return path.join(this.opts.imagesDir, image.key);
@@ -197,7 +235,7 @@ export class TemplateService {
 
   /** The template's image if it is current and its working copy is there (written back from the stored copy if needed). */
   async usableImage(t: Template): Promise<TemplateImage | undefined> {
-    if (!t.image || t.image.key !== (await this.imageKey(t))) return undefined;
+    if (!t.image || !TemplateService.isCurrent(t.image, await this.imageKey(t))) return undefined;
     if (existsSync(path.join(this.imageDir(t.image), '.space-complete'))) return t.image;
     return (await this.loadImage(t, t.image)) ? t.image : undefined;
   }
@@ -255,7 +293,7 @@ export class TemplateService {
         // It may have been removed since the caller looked it up.
         if (!(await this.opts.store.getTemplate(t.tenantId, t.name))) throw new SpaceError('TEMPLATE_NOT_FOUND', `Template ${t.name} was removed`);
         const rootfs = await this.rootfsOf(t, progress);
-        const key = await this.imageKey(t);
+        const key = this.captureKey(await this.imageKey(t));
         const old = t.image;
         const image = await this.keep(t, await this.opts.capture(t, rootfs, key, progress));
         const cur = await this.opts.store.getTemplate(t.tenantId, t.name);
@@ -341,6 +379,7 @@ export class TemplateService {
         env,
         poolSize,
         createdAt: new Date().toISOString(),
+        ...(this.opts.nodeName ? { node: this.opts.nodeName } : {}),
       };
       await this.opts.store.putTemplate(t);
       try {
@@ -349,7 +388,7 @@ export class TemplateService {
         t.env = { ...built.env, ...env };
         t.rootfsBytes = built.sizeBytes;
         signal?.throwIfAborted();
-        const imageKey = await this.imageKey(t);
+        const imageKey = this.captureKey(await this.imageKey(t));
         t.image = await this.keep(t, await this.opts.capture(t, this.opts.rootfs.path(key), imageKey, (p, s) => progress(70 + Math.round(p * 0.3), s), signal));
         t = { ...t, state: 'ready', readyAt: new Date().toISOString() };
         await this.opts.store.putTemplate(t);

@@ -1,0 +1,95 @@
+// The fast lane: two nodes' SandboxServices over one shared store (`shared: true`), each with a
+// runtime of its own (the fake driver) — each acts on its own sandboxes only: requests for the
+// other's are SANDBOX_ON_OTHER_NODE, a restart's recovery, its journal replay and its admission
+// leave the other's alone; and a store's only daemon (not shared) takes every sandbox for its own,
+// one recorded under an old node name included. Real SQLite, real wire protocol, seconds.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { after, before, describe, it } from 'node:test';
+import path from 'node:path';
+import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
+import { FakeDriver } from '../packages/driver-fake/dist/index.js';
+import { T, fakeHarness } from './fake-harness.mjs';
+
+describe('nodes sharing a store, on the fake driver (fast lane)', () => {
+  const dir = mkdtempSync('/tmp/space-fake-');
+  const drivers = { a: new FakeDriver(), b: new FakeDriver() };
+  let store;
+  let h;
+  const svcs = {};
+  const node = async (name, opts = {}) => {
+    const s = h[name].service({ nodeName: name, shared: true, ...opts });
+    await s.start();
+    svcs[name] = s;
+    return s;
+  };
+
+  before(async () => {
+    store = SqliteStore.open(path.join(dir, 'space.db'));
+    // Each node its own directory (template images, work) and runtime; one store, one blob store.
+    const blobsDir = path.join(dir, 'blobs');
+    h = { a: fakeHarness(path.join(dir, 'a'), store, drivers.a, { blobsDir }), b: fakeHarness(path.join(dir, 'b'), store, drivers.b, { blobsDir }) };
+    await node('a');
+    await node('b');
+  });
+  after(async () => {
+    for (const s of Object.values(svcs)) await s.shutdown();
+    store.close?.();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('a sandbox is its node\'s: the other node reads its record but acts on it never (SANDBOX_ON_OTHER_NODE)', async () => {
+    const sb = await svcs.a.create(T, {});
+    assert.equal(sb.node, 'a');
+    assert.equal((await svcs.b.find(T, sb.id)).id, sb.id);
+    await assert.rejects(svcs.b.get(T, sb.id), (e) => e.code === 'SANDBOX_ON_OTHER_NODE' && /runs on node a/.test(e.message) && e.details.node === 'a');
+    await assert.rejects(svcs.b.kill(T, sb.id), (e) => e.code === 'SANDBOX_ON_OTHER_NODE');
+    await assert.rejects(svcs.b.hibernate(T, sb.id), (e) => e.code === 'SANDBOX_ON_OTHER_NODE');
+    assert.equal((await h.a.run(svcs.a, sb.id, 'echo here')).stdout, 'here\n');
+    assert.equal((await svcs.a.kill(T, sb.id)).state, 'killed');
+  });
+
+  it('a node\'s restart leaves the other\'s sandboxes and their journal alone, and re-adopts its own', async () => {
+    const onA = await svcs.a.create(T, {});
+    const onB = await svcs.b.create(T, {});
+    // An operation of node a's under way, as its journal records it.
+    const intent = { id: 'in-a-1', sandboxId: onA.id, op: 'snapshot', step: 'checkpoint', startedAt: new Date().toISOString(), updatedAt: new Date().toISOString(), keepRunning: true };
+    await store.putIntent(intent);
+    await svcs.b.shutdown();
+    await node('b');
+    assert.deepEqual((await store.listIntents()).map((i) => i.id), ['in-a-1'], 'node b left node a\'s intent');
+    await store.deleteIntent('in-a-1');
+    assert.equal((await svcs.a.get(T, onA.id)).state, 'running');
+    assert.ok(!(await svcs.a.events(T, onA.id)).some((e) => e.type === 'recovered' || e.type === 'recovery-failed'));
+    assert.equal((await h.a.run(svcs.a, onA.id, 'echo a')).stdout, 'a\n');
+    assert.equal((await h.b.run(svcs.b, onB.id, 'echo b')).stdout, 'b\n', 'node b re-adopted its own');
+    await svcs.a.kill(T, onA.id);
+    await svcs.b.kill(T, onB.id);
+  });
+
+  it('admission counts a node\'s own sandboxes only', async () => {
+    await svcs.b.shutdown();
+    await node('b', { maxSandboxes: 1 });
+    const onA = await svcs.a.create(T, {});
+    const onB = await svcs.b.create(T, {});
+    await assert.rejects(svcs.b.create(T, {}), (e) => e.code === 'CAPACITY_EXHAUSTED');
+    await svcs.a.kill(T, onA.id);
+    await svcs.b.kill(T, onB.id);
+  });
+
+  it('the store\'s only daemon takes every sandbox for its own: one recorded under an old node name is adopted and renamed', async () => {
+    const sb = await svcs.a.create(T, {});
+    await svcs.a.shutdown();
+    await svcs.b.shutdown();
+    // The host was renamed: same runtime (node a's), another name, and no one shares the store.
+    const solo = h.a.service({ nodeName: 'renamed' });
+    await solo.start();
+    svcs.a = solo;
+    delete svcs.b;
+    const now = await solo.get(T, sb.id);
+    assert.equal(now.node, 'renamed');
+    assert.equal(now.state, 'running');
+    assert.equal((await h.a.run(solo, sb.id, 'echo mine')).stdout, 'mine\n');
+    await solo.kill(T, sb.id);
+  });
+});
