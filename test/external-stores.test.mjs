@@ -77,7 +77,7 @@ describe('external stores: a daemon on PostgreSQL and S3', () => {
     assert.deepEqual(leaks, []);
   });
 
-  it('a second daemon on the same database is refused (DATABASE_IN_USE)', async () => {
+  it('a second daemon as the same node on the same database is refused (DATABASE_IN_USE)', async () => {
     const dir = mkdtempSync('/tmp/spt-');
     try {
       await assert.rejects(startDaemon({ dataDir: dir, listen: '127.0.0.1:0', logLevel: 'silent', database: pg.url }), (e) => e.code === 'DATABASE_IN_USE');

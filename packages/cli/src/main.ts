@@ -92,6 +92,7 @@ interface DaemonFlags {
   blobStore?: string;
   workDir?: string;
   nodeName?: string;
+  advertiseUrl?: string;
 }
 
 /** The flags `up` and `daemon` share, passed on to spaced. */
@@ -117,11 +118,12 @@ function daemonCommand(name: string, description: string): Command {
     .option('--database <url>', 'metadata in PostgreSQL: postgres://USER@HOST:PORT/DB (password in PGPASSWORD or ~/.pgpass); default SQLite in the data directory')
     .option('--blob-store <url>', 'snapshots and template images: file:///PATH or s3://BUCKET[/PREFIX]?endpoint=http://HOST:PORT (keys in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); default DATA_DIR/blobs')
     .option('--work-dir <dir>', 'where checkpoint images pass through (up to a sandbox\'s memory each); default in RAM, /dev/shm')
-    .option('--node-name <name>', 'this node\'s name in its deployment (space nodes); default the host name');
+    .option('--node-name <name>', 'this node\'s name in its deployment (space nodes); default the host name')
+    .option('--advertise-url <url>', 'where other nodes sharing the database reach this one\'s API, e.g. http://10.0.0.5:7070; default the listen address');
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : []), ...(o.workDir ? ['--work-dir', o.workDir] : []), ...(o.nodeName ? ['--node-name', o.nodeName] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : []), ...(o.workDir ? ['--work-dir', o.workDir] : []), ...(o.nodeName ? ['--node-name', o.nodeName] : []), ...(o.advertiseUrl ? ['--advertise-url', o.advertiseUrl] : [])];
 }
 
 /**
@@ -380,7 +382,8 @@ program
   .option('--json', 'print JSON')
   .action(async (id: string, o: { json?: boolean }) => {
     const sb = await Sandbox.connect(id, connection());
-    const usage = sb.info.state === 'running' ? await sb.usage() : undefined;
+    // Usage comes from the node that runs it, which may be down (the record still answers).
+    const usage = sb.info.state === 'running' ? await sb.usage().catch(() => undefined) : undefined;
     const out: SandboxInfo & { usage?: unknown } = { ...sb.info, ...(usage ? { usage } : {}) };
     if (o.json) return void process.stdout.write(JSON.stringify(out, null, 2) + '\n');
     for (const [k, v] of Object.entries(out)) {

@@ -9,6 +9,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiKeys, SpaceError, type KeyService, type Principal, type SandboxService, type SecretService } from '@space/core';
 import type { SandboxDriver } from '@space/core';
 import type { AppDeps } from './deps.js';
+import { registerForwarding } from './forward.js';
 import { registerRoutes } from './routes.js';
 import { registerVolumeRoutes } from './volume-routes.js';
 
@@ -89,6 +90,17 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     if (PUBLIC.has(p)) return;
     req.principal = await deps.keys.verify(bearer(req));
   });
+  // After authentication: only a tenant's requests for its own sandboxes are forwarded.
+  if (deps.cluster) {
+    const svc = deps.service;
+    registerForwarding(app, {
+      self: deps.cluster.self,
+      find: (tenantId, id) => svc.find(tenantId, id).catch(() => undefined),
+      owns: (sb) => svc.owns(sb),
+      nodes: deps.cluster.nodes,
+      placeTemplate: (tenantId, name) => svc.templates.placement(tenantId, name),
+    });
+  }
 
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   await registerRoutes(app, deps);

@@ -16,7 +16,7 @@ import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
 import { claimBlobStore, openBlobStore } from './blob-store.js';
-import { NodeHeartbeat, checkNodeName, nodeViews } from './node.js';
+import { NodeHeartbeat, checkNodeName, nodeStates, nodeViews } from './node.js';
 import { VERSION } from './version.js';
 import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
@@ -111,6 +111,26 @@ export interface DaemonOptions {
   nodeName?: string;
   /** A node silent this long is shown `lost`, seconds; it heartbeats every third of it. @default 30 (or SPACE_NODE_LOST_AFTER) */
   nodeLostAfterS?: number;
+  /**
+   * The URL other nodes reach this one's API at (they forward requests for its sandboxes
+   * there), e.g. `http://10.0.0.5:7070`. @default SPACE_ADVERTISE_URL, else the listener's URL
+   */
+  advertiseUrl?: string;
+}
+
+/** Checks `--advertise-url`: an http(s) URL with no path, query or credentials. */
+export function checkAdvertiseUrl(s: string | undefined): string | undefined {
+  if (s === undefined || s === '') return undefined;
+  let u: URL | undefined;
+  try {
+    u = new URL(s);
+  } catch {
+    u = undefined;
+  }
+  if (!u || (u.protocol !== 'http:' && u.protocol !== 'https:') || u.username || u.password || u.search || (u.pathname !== '/' && u.pathname !== '')) {
+    throw new SpaceError('CONFIG_INVALID', `--advertise-url ${JSON.stringify(s)} must be the http(s) URL other nodes reach this one's API at, e.g. http://10.0.0.5:7070`);
+  }
+  return u.origin;
 }
 
 /**
@@ -303,11 +323,18 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const nodeName = checkNodeName(opts.nodeName ?? process.env.SPACE_NODE_NAME ?? os.hostname());
   const lostAfterMs = 1000 * (opts.nodeLostAfterS ?? Number(process.env.SPACE_NODE_LOST_AFTER ?? 30));
   if (!(lostAfterMs >= 3000)) throw new SpaceError('CONFIG_INVALID', '--node-lost-after must be a number of seconds, at least 3');
+  const advertiseUrl = checkAdvertiseUrl(opts.advertiseUrl ?? process.env.SPACE_ADVERTISE_URL);
   const blobStore = await openBlobStore(opts.blobStore ?? process.env.SPACE_BLOB_STORE, dataDir);
   const database = opts.database ?? process.env.SPACE_DATABASE;
+  // A PostgreSQL database may be shared by several nodes (a cluster): each acts on its own sandboxes only.
+  const shared = !!database;
+  if (shared && !advertiseUrl && (host === '0.0.0.0' || host === '::')) {
+    blobStore.close();
+    throw new SpaceError('CONFIG_INVALID', `Listening on ${host} with a PostgreSQL database, which other nodes may share: they could not reach this node at ${host}; say where they can with --advertise-url (e.g. http://10.0.0.5:${port})`);
+  }
   let store: MetadataStore & { close(): Promise<void> };
   try {
-    store = database ? await PostgresStore.open(checkDatabaseUrl(database, false), { logger }) : SqliteStore.open(path.join(dataDir, 'space.db'));
+    store = database ? await PostgresStore.open(checkDatabaseUrl(database, false), { logger, node: nodeName }) : SqliteStore.open(path.join(dataDir, 'space.db'));
   } catch (err) {
     blobStore.close();
     throw err;
@@ -380,7 +407,10 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   // With disks, a snapshot's disk stream (GiBs) passes through the work directory: on disk,
   // beside the pool whose copies are plaintext on the node anyway (docs/disks.md).
   const workDir = opts.workDir ?? process.env.SPACE_WORK_DIR ?? (disks ? path.join(dataDir, 'work') : defaultWorkDir(dataDir));
-  const volumes = await openVolumes(opts.volumes ?? parseVolumesMode(process.env.SPACE_VOLUMES ?? 'auto'), dataDir, store, encryptionKeys, logger);
+  const volumes = shared
+    ? // A volume's bytes are on one node's disk; nodes sharing a database do not offer them yet.
+      new Volumes({ store, keys: encryptionKeys, logger, unavailable: 'volumes are kept on one node\'s disk and not offered yet by daemons sharing a PostgreSQL database (docs/cluster.md)' })
+    : await openVolumes(opts.volumes ?? parseVolumesMode(process.env.SPACE_VOLUMES ?? 'auto'), dataDir, store, encryptionKeys, logger);
   const service = new SandboxService({
     store,
     driver,
@@ -390,6 +420,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     rootfs,
     workDir,
     nodeName,
+    shared,
     imagesDir,
     uploadsDir: path.join(dataDir, 'uploads'),
     maxSandboxes: opts.maxSandboxes ?? 64,
@@ -452,7 +483,13 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     // Only in a blob store that is still this deployment's (its collection deletes what this
     // database does not reference).
     await claimBlobStore(blobStore.store, store, blobStore.where);
-    const deleted = await blobs.gc(() => snapshotKeys(store));
+    // Not while other nodes share the database (up, or lost: maybe cut off and still writing):
+    // their snapshots under way, and the chunk index each node dedups against, would lose packs
+    // this collection deletes (docs/cluster.md). Asked again during the collection.
+    const alone = async () => !shared || (await store.listNodes()).every((n) => n.name === nodeName || n.stoppedAt !== undefined);
+    let deleted = 0;
+    if (await alone()) deleted = await blobs.gc(() => snapshotKeys(store), { mayDelete: alone });
+    else logger.info('snapshot chunks are not collected while other nodes share the database (docs/cluster.md)');
     if (deleted) logger.info({ deleted }, 'snapshot chunks collected');
     const pruned = await store.pruneEgressLog(new Date(Date.now() - EGRESS_LOG_DAYS * 86_400_000).toISOString());
     if (pruned) logger.info({ pruned }, 'old egress log entries deleted');
@@ -469,7 +506,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
   const instance = randomUUID();
-  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
+  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, ...(shared ? { cluster: { self: nodeName, nodes: () => nodeStates(store, lostAfterMs) } } : {}), drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
@@ -479,7 +516,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await fs.rename(`${stateFile}.tmp`, stateFile);
-  const heartbeat = new NodeHeartbeat(store, { name: nodeName, url, version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)));
+  const heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)));
   await heartbeat.start();
   logger.info({ url, dataDir, node: nodeName, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
 

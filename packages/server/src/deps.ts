@@ -28,4 +28,9 @@ export interface AppDeps {
   secrets?: SecretService;
   /** The deployment's nodes (admin keys: `GET /v1/nodes`). */
   nodes?: () => Promise<NodeInfo[]>;
+  /**
+   * Set when nodes share the database (a cluster): this node's name, and where the nodes are
+   * and whether they are up. Requests for sandboxes other nodes run are forwarded to them (forward.ts).
+   */
+  cluster?: { self: string; nodes: () => Promise<Pick<NodeInfo, 'name' | 'url' | 'state' | 'heartbeatAt'>[]> };
 }

@@ -89,6 +89,8 @@ export async function startIngress(deps: { service: SandboxService; network: San
         try {
           const sb = found.get(route);
           if (!sb) throw new SpaceError('PORT_NOT_EXPOSED');
+          // Not forwarded between nodes yet (docs/cluster.md): the link works at its node's ingress.
+          if (!service.owns(sb)) throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}: its ports are reached through that node's ingress`, { details: { sandboxId: sb.id, node: sb.node } });
           await Promise.race([service.ingressReady(sb), wakeLimit]);
         } finally {
           clearTimeout(timer);

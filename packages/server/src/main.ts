@@ -10,7 +10,7 @@
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
  *        [--disks on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--volumes auto|on|off]
  *        [--database postgres://USER@HOST:PORT/DB] [--blob-store file:///PATH|s3://BUCKET?endpoint=URL] [--work-dir DIR]
- *        [--node-name NAME] [--node-lost-after SECONDS]
+ *        [--node-name NAME] [--node-lost-after SECONDS] [--advertise-url http://HOST:PORT]
  */
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
@@ -57,6 +57,7 @@ const { values } = parseArgs({
     'work-dir': { type: 'string' },
     'node-name': { type: 'string' },
     'node-lost-after': { type: 'string' },
+    'advertise-url': { type: 'string' },
   },
 });
 
@@ -91,6 +92,7 @@ try {
     ...(values['work-dir'] ? { workDir: values['work-dir'] } : {}),
     ...(values['node-name'] ? { nodeName: values['node-name'] } : {}),
     ...(values['node-lost-after'] ? { nodeLostAfterS: Number(values['node-lost-after']) } : {}),
+    ...(values['advertise-url'] ? { advertiseUrl: values['advertise-url'] } : {}),
     ...(values.driver ? { driver: parseDriver(values.driver) } : {}),
     ...(values.drivers ? { drivers: parseDrivers(values.drivers) } : {}),
     ...(values['microvm-accel'] || values['microvm-kernel-deb'] ? { microvm: { ...(values['microvm-accel'] ? { accel: parseAccel(values['microvm-accel']) } : {}), ...(values['microvm-kernel-deb'] ? { kernelDeb: values['microvm-kernel-deb'] } : {}) } } : {}),

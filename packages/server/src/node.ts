@@ -57,9 +57,24 @@ export async function nodeViews(store: MetadataStore, lostAfterMs: number, now =
   for (const sb of live) if (sb.node) count.set(sb.node, (count.get(sb.node) ?? 0) + 1);
   return nodes.map(({ stoppedAt, ...n }) => ({
     ...n,
-    state: stoppedAt ? 'stopped' : now - Date.parse(n.heartbeatAt) > lostAfterMs ? 'lost' : 'up',
+    state: nodeState({ heartbeatAt: n.heartbeatAt, ...(stoppedAt ? { stoppedAt } : {}) }, lostAfterMs, now),
     sandboxes: count.get(n.name) ?? 0,
   }));
+}
+
+/**
+ * Every node's name, URL and state, without counting sandboxes (one small query: what
+ * forwarding asks on each request for another node's sandbox).
+ *
+ * @example const up = (await nodeStates(store, 30_000)).filter((n) => n.state === 'up');
+ */
+export async function nodeStates(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<Pick<NodeInfo, 'name' | 'url' | 'state' | 'heartbeatAt'>[]> {
+  return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now) }));
+}
+
+/** `stopped` if it said so, `lost` when its last heartbeat is older than `lostAfterMs`, else `up`. */
+function nodeState(n: { stoppedAt?: string; heartbeatAt: string }, lostAfterMs: number, now: number): NodeInfo['state'] {
+  return n.stoppedAt ? 'stopped' : now - Date.parse(n.heartbeatAt) > lostAfterMs ? 'lost' : 'up';
 }
 
 /** Checks a node name: what a host name may be (letters, digits, `-`, `.`), 1–63 characters. */

@@ -80,7 +80,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
       ...(req.query.cursor ? { cursor: req.query.cursor } : {}),
     });
   });
-  app.get('/v1/sandboxes/:id', { schema: { tags: ['sandboxes'], params: S.IdParams, response: { 200: S.SandboxSchema, ...err } } }, async (req) => svc.get(req.principal.tenantId, req.params.id));
+  app.get('/v1/sandboxes/:id', { schema: { tags: ['sandboxes'], params: S.IdParams, response: { 200: S.SandboxSchema, ...err } } }, async (req) => svc.find(req.principal.tenantId, req.params.id));
   app.delete('/v1/sandboxes/:id', { schema: { tags: ['sandboxes'], params: S.IdParams, response: { 200: S.SandboxSchema, ...err } } }, async (req) => svc.kill(req.principal.tenantId, req.params.id));
   app.get('/v1/sandboxes/:id/usage', { schema: { tags: ['sandboxes'], params: S.IdParams } }, async (req) => svc.usage(req.principal.tenantId, req.params.id));
 
@@ -311,7 +311,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     return { nodes: deps.nodes ? await deps.nodes() : [] };
   });
 
-  app.post('/v1/admin/gc', { schema: { tags: ['system'], description: 'Deletes snapshot chunks no snapshot references (also runs every 10 minutes). Admin keys only.' } }, async (req) => {
+  app.post('/v1/admin/gc', { schema: { tags: ['system'], description: 'Deletes snapshot chunks no snapshot references (also runs every 10 minutes; not while other nodes share the database: docs/cluster.md). Admin keys only.' } }, async (req) => {
     if (!req.principal.admin) throw new SpaceError('FORBIDDEN', 'Garbage collection needs an admin key');
     return { deletedChunks: deps.gc ? await deps.gc() : 0 };
   });

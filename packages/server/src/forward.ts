@@ -1,0 +1,156 @@
+/**
+ * One API on every node: a request for a sandbox another node of the cluster runs is forwarded
+ * to that node's API, as it came (method, path, headers, body streamed both ways with
+ * backpressure), and its answer relayed as it comes — command output, file downloads and
+ * uploads included. Forwarding rather than redirecting keeps every client (SDK, CLI, curl)
+ * unchanged: they talk to any node. docs/cluster.md says why and what is not forwarded yet.
+ */
+import http from 'node:http';
+import https from 'node:https';
+import type { NodeInfo } from '@space/api';
+import { SpaceError, type Sandbox } from '@space/core';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+
+/** Set on a forwarded request (the forwarding node's name): a node never forwards it again. */
+export const FORWARDED_BY = 'x-space-forwarded-by';
+/** Set on every answer of a clustered node: which node answered. */
+export const ANSWERED_BY = 'x-space-node';
+
+/** Headers of one connection only (RFC 9110 §7.6.1), never forwarded. */
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host']);
+
+/** A node as forwarding needs it. */
+export type ForwardTarget = Pick<NodeInfo, 'name' | 'url' | 'state' | 'heartbeatAt'>;
+
+/** What forwarding needs. */
+export interface ForwardOptions {
+  /** This node's name. */
+  self: string;
+  /** A tenant's sandbox record (any node's), or undefined. */
+  find(tenantId: string, id: string): Promise<Sandbox | undefined>;
+  /** Whether this node runs the sandbox. */
+  owns(sb: Sandbox): boolean;
+  /** The cluster's nodes, with their state (up, stopped, lost). */
+  nodes(): Promise<ForwardTarget[]>;
+  /**
+   * The node a create of this template must run on, when this one cannot: a tenant's template
+   * whose root file system is in another node's cache (the node that built it).
+   */
+  placeTemplate(tenantId: string, template: string): Promise<string | undefined>;
+  /** Longest wait for a connection to the other node, ms. @default 5000 */
+  connectTimeoutMs?: number;
+}
+
+const agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
+
+/**
+ * Registers forwarding on the API: every route under `/v1/sandboxes/:id` of a sandbox of the
+ * caller's tenant that another node runs goes to that node (after this node checked the API
+ * key: the owner checks it again). `GET /v1/sandboxes/:id` of a sandbox whose node is down is
+ * answered here from its record; anything else for it is `NODE_UNAVAILABLE`.
+ *
+ * @example
+ * registerForwarding(app, { self: 'n1', find: (t, id) => svc.find(t, id).catch(() => undefined), owns: (sb) => svc.owns(sb), nodes: () => nodeViews(store, 30_000) });
+ */
+export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): void {
+  app.addHook('onSend', async (_req, reply, payload) => {
+    reply.header(ANSWERED_BY, opts.self);
+    return payload;
+  });
+  app.addHook('onRequest', async (req, reply) => {
+    const route = req.routeOptions.url;
+    const id = (req.params as { id?: unknown } | undefined)?.id;
+    if (!route?.startsWith('/v1/sandboxes/:id') || typeof id !== 'string' || !req.principal) return;
+    const sb = await opts.find(req.principal.tenantId, id);
+    // Unknown, another tenant's, or this node's: the route answers (404 and the rest as usual).
+    if (!sb || opts.owns(sb)) return;
+    if (req.headers[FORWARDED_BY]) {
+      throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}; node ${String(req.headers[FORWARDED_BY])} forwarded this request here (${opts.self}), which does not run it either`, { details: { sandboxId: sb.id, node: sb.node } });
+    }
+    const node = sb.node ? (await opts.nodes()).find((n) => n.name === sb.node) : undefined;
+    if (!node || node.state !== 'up') {
+      // Its record is in the shared database: what it is can be said without its node.
+      if (req.method === 'GET' && route === '/v1/sandboxes/:id') return;
+      throw new SpaceError('NODE_UNAVAILABLE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, which ${node ? `is ${node.state} (last heartbeat ${node.heartbeatAt})` : 'is not registered'}`, { details: { sandboxId: sb.id, node: sb.node } });
+    }
+    await forward(req, reply, node, opts);
+  });
+  // Creates: a tenant's template starts where its root file system is (body parsed by now).
+  app.addHook('preHandler', async (req, reply) => {
+    if (req.method !== 'POST' || req.routeOptions.url !== '/v1/sandboxes' || req.headers[FORWARDED_BY]) return;
+    const template = (req.body as { template?: unknown } | undefined)?.template;
+    if (typeof template !== 'string') return;
+    const name = await opts.placeTemplate(req.principal.tenantId, template);
+    if (!name || name === opts.self) return;
+    const node = (await opts.nodes()).find((n) => n.name === name);
+    if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `Template ${template} was built on node ${name}, which holds its root file system and ${node ? `is ${node.state}` : 'is not registered'}: its sandboxes start there`, { details: { template, node: name } });
+    await forward(req, reply, node, opts, Buffer.from(JSON.stringify(req.body)));
+  });
+}
+
+/**
+ * Relays the request to `node` and its answer back; resolves when the exchange has ended. The
+ * body is streamed from the client, or is `body` when this node has read it already (JSON).
+ */
+function forward(req: FastifyRequest, reply: FastifyReply, node: ForwardTarget, opts: ForwardOptions, body?: Buffer): Promise<void> {
+  reply.hijack();
+  const target = new URL(req.raw.url ?? '/', node.url);
+  const headers: http.OutgoingHttpHeaders = {};
+  for (const [k, v] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(k) && v !== undefined) headers[k] = v;
+  headers[FORWARDED_BY] = opts.self;
+  headers['x-forwarded-for'] = [req.headers['x-forwarded-for'], req.socket.remoteAddress].filter(Boolean).join(', ');
+  // A body of unknown length goes on chunked, as it came.
+  if (req.headers['transfer-encoding'] && !req.headers['content-length']) headers['transfer-encoding'] = 'chunked';
+  if (body) {
+    headers['content-type'] = 'application/json';
+    headers['content-length'] = String(body.length);
+    delete headers['transfer-encoding'];
+  }
+  const out = reply.raw;
+  return new Promise<void>((resolve) => {
+    const lib = target.protocol === 'https:' ? https : http;
+    const up = lib.request(target, { method: req.method, headers, agent: target.protocol === 'https:' ? agents.https : agents.http });
+    const fail = (err: Error) => {
+      if (!out.headersSent) {
+        const what = (req.params as { id?: string }).id ? `Sandbox ${(req.params as { id: string }).id} runs` : 'The template starts';
+        const e = new SpaceError('NODE_UNAVAILABLE', `${what} on node ${node.name}, which did not answer at ${node.url}: ${err.message}`, { cause: err, details: { node: node.name } });
+        const body = JSON.stringify(e.toJSON());
+        out.writeHead(e.status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), [ANSWERED_BY]: opts.self, connection: 'close' });
+        out.end(body);
+      } else out.destroy(err);
+      req.raw.destroy();
+      resolve();
+    };
+    const connectTimer = setTimeout(() => up.destroy(new Error(`no connection within ${opts.connectTimeoutMs ?? 5000} ms`)), opts.connectTimeoutMs ?? 5000);
+    up.on('socket', (s) => {
+      if (!s.connecting) clearTimeout(connectTimer);
+      else s.once('connect', () => clearTimeout(connectTimer));
+    });
+    up.on('error', (err) => {
+      clearTimeout(connectTimer);
+      fail(err);
+    });
+    up.on('response', (res) => {
+      clearTimeout(connectTimer);
+      const h: http.OutgoingHttpHeaders = {};
+      for (const [k, v] of Object.entries(res.headers)) if (!HOP_BY_HOP.has(k) && v !== undefined) h[k] = v;
+      out.writeHead(res.statusCode ?? 502, h);
+      // Streamed as it comes (command output, downloads); a client that stops reading slows the
+      // other node down through both sockets' buffers.
+      res.pipe(out);
+      res.on('error', (err) => out.destroy(err));
+      res.on('aborted', () => out.destroy());
+      out.on('close', () => {
+        if (!res.complete) res.destroy();
+        resolve();
+      });
+    });
+    // The client went away before the answer: the other node stops too.
+    out.on('close', () => {
+      if (!out.writableFinished) up.destroy();
+      resolve();
+    });
+    if (body) up.end(body);
+    else req.raw.pipe(up);
+  });
+}

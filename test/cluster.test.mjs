@@ -1,0 +1,221 @@
+// Two nodes sharing one PostgreSQL database and one blob store (issue 22), from outside: each
+// runs its own sandboxes and any node's API serves any of them — the request is forwarded to
+// the node that runs it (commands streaming, files both ways), a create of a tenant's template
+// goes to the node that built it, a node's restart leaves the other node's sandboxes alone, a
+// stopped node's sandboxes answer NODE_UNAVAILABLE (their records still readable), and a second
+// daemon under a node's name is refused. Real runsc, a throwaway PostgreSQL (test/postgres.mjs),
+// two daemons in this process, each with a template cache of its own.
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { startDaemon } from '../packages/server/dist/index.js';
+import { Nodes, Sandbox, Templates, Volumes } from '../packages/sdk/dist/index.js';
+import { egressRange, leftovers, rejectionCode, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
+import { makeOciImage } from './oci-image.mjs';
+import { startPostgres } from './postgres.mjs';
+
+const pg = await startPostgres();
+const blobDir = mkdtempSync('/tmp/spt-blobs-');
+const database = pg.freshDatabase();
+const blobStore = `file://${blobDir}`;
+after(async () => {
+  await pg.stop();
+  rmSync(blobDir, { recursive: true, force: true });
+});
+
+/** Node b's daemon: its own data directory and template cache (`minimal` is built there in a second). */
+const startNodeB = (dataDir) => startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: path.join(dataDir, 'templates'), logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database, blobStore, nodeName: 'b', egress: { range: egressRange(dataDir) } });
+
+/** Node b: the deployment's node key (as an operator distributes it), node a's API key. */
+async function startB(a) {
+  const dataDir = mkdtempSync('/tmp/spt-');
+  mkdirSync(path.join(dataDir, 'keys'), { recursive: true, mode: 0o700 });
+  copyFileSync(path.join(a.dataDir, 'keys', 'node.key'), path.join(dataDir, 'keys', 'node.key'));
+  const daemon = await startNodeB(dataDir);
+  return { daemon, dataDir, conn: { apiUrl: daemon.url, apiKey: a.key } };
+}
+
+/** The node that answered a request (`x-space-node`) and its status. */
+async function answeredBy(conn, p, init = {}) {
+  const r = await fetch(`${conn.apiUrl}${p}`, { ...init, headers: { authorization: `Bearer ${conn.apiKey}`, ...(init.headers ?? {}) } });
+  await r.arrayBuffer();
+  return { node: r.headers.get('x-space-node'), status: r.status };
+}
+
+describe('a cluster of two nodes on one database', () => {
+  let a;
+  let b;
+  let onA;
+  let onB;
+  let leftForGc = false;
+  const made = [];
+  before(async () => {
+    a = await startTestDaemon({ database, blobStore, nodeName: 'a' });
+    b = await startB(a);
+    onA = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
+    made.push(onA.id);
+  });
+  after(async () => {
+    for (const id of made) await Sandbox.kill(id, a.conn).catch(() => Sandbox.kill(id, b.conn)).catch(() => {});
+    await b?.daemon.close();
+    // Node a may be a restarted daemon: close that one (the fixture closes its first).
+    await Templates.remove('app', a.conn).catch(() => {});
+    await a?.daemon.close();
+    const leaks = [...(b ? leftovers(b.dataDir, made) : []), ...((await a?.close()) ?? [])];
+    if (b && !process.env.SPACE_TEST_KEEP) rmSync(b.dataDir, { recursive: true, force: true });
+    assert.deepEqual(leaks, []);
+  });
+
+  it('both nodes are listed up; a sandbox records the node that runs it', async () => {
+    const nodes = await Nodes.list(b.conn);
+    assert.deepEqual(nodes.map((n) => [n.name, n.state]), [['a', 'up'], ['b', 'up']]);
+    assert.equal(onA.info.node, 'a');
+    const listed = await Sandbox.list(b.conn);
+    assert.ok(listed.items.some((x) => x.id === onA.id && x.node === 'a'), 'node b lists node a\'s sandbox');
+  });
+
+  it('node b forwards a command to node a and streams its output as it comes', async () => {
+    const sb = await Sandbox.connect(onA.id, b.conn);
+    const r = await sb.commands.run('echo "on $(hostname)"; echo err >&2; exit 3');
+    assert.equal(r.exitCode, 3);
+    assert.equal(r.stdout, `on ${onA.id}\n`);
+    assert.equal(r.stderr, 'err\n');
+    // Output arrives before the command ends: the second line is held back until the first arrived.
+    let first;
+    const seen = new Promise((resolve) => (first = resolve));
+    const lines = [];
+    const handle = await sb.commands.start('echo one; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo two', {
+      stdin: false,
+      onStdout: (s) => {
+        lines.push(s);
+        first();
+      },
+    });
+    await seen;
+    assert.deepEqual(lines.join(''), 'one\n');
+    await sb.files.write('/tmp/go', '');
+    const done = await handle.wait();
+    assert.equal(done.exitCode, 0);
+    assert.equal(lines.join(''), 'one\ntwo\n');
+    assert.deepEqual(await answeredBy(b.conn, `/v1/sandboxes/${onA.id}/usage`), { node: 'a', status: 200 });
+    assert.deepEqual(await answeredBy(b.conn, '/v1/sandboxes'), { node: 'b', status: 200 }, 'a listing is answered by the node asked');
+  });
+
+  it('files go both ways through node b intact (8 MiB up and down)', async () => {
+    const sb = await Sandbox.connect(onA.id, b.conn);
+    const data = randomBytes(8 * 1024 * 1024);
+    await sb.files.write('/tmp/big.bin', data);
+    const sum = (await sb.commands.run('sha256sum /tmp/big.bin')).stdout.split(' ')[0];
+    assert.equal(sum, createHash('sha256').update(data).digest('hex'));
+    const back = Buffer.from(await sb.files.read('/tmp/big.bin', { format: 'bytes' }));
+    assert.ok(back.equals(data), 'the download matches');
+  });
+
+  it('lifecycle actions through node b happen on node a: pause, resume, snapshot, rollback', async () => {
+    const sb = await Sandbox.connect(onA.id, b.conn);
+    await sb.files.write('/tmp/state', 'before');
+    await sb.pause();
+    assert.equal((await sb.refresh()).state, 'paused');
+    await sb.resume();
+    const snap = await sb.snapshot({ name: 'from-b' });
+    await sb.files.write('/tmp/state', 'after');
+    await sb.rollback(snap.id);
+    assert.equal(await sb.files.read('/tmp/state'), 'before');
+    const events = await (await Sandbox.connect(onA.id, a.conn)).events();
+    assert.ok(events.some((e) => e.type === 'rolled-back'), 'node a did it');
+  });
+
+  it('a sandbox created through node b runs on b, and node a forwards to it', async () => {
+    onB = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 });
+    made.push(onB.id);
+    assert.equal(onB.info.node, 'b');
+    const viaA = await Sandbox.connect(onB.id, a.conn);
+    assert.equal((await viaA.commands.run('echo hi')).stdout, 'hi\n');
+    assert.deepEqual(await answeredBy(a.conn, `/v1/sandboxes/${onB.id}/usage`), { node: 'b', status: 200 });
+  });
+
+  it('a create of a tenant\'s template through node b goes to node a, which built it and holds its files', async () => {
+    const work = mkdtempSync('/tmp/spt-img-');
+    try {
+      await Templates.build({ ...a.conn, name: 'app', image: await makeOciImage(work, { marker: 'cluster' }) });
+      const sb = await Sandbox.create({ ...b.conn, template: 'app', memoryMb: 256 });
+      made.push(sb.id);
+      assert.equal(sb.info.node, 'a');
+      assert.equal((await sb.commands.run('echo placed')).stdout, 'placed\n');
+      await sb.kill();
+    } finally {
+      rmSync(work, { recursive: true, force: true });
+    }
+  });
+
+  it('no node collects snapshot chunks while another is up; the one left alone does', async () => {
+    // A sandbox with a snapshot of its own, then killed: its snapshot's bytes are unreferenced.
+    const sb = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 });
+    made.push(sb.id);
+    await sb.files.write('/tmp/unique', randomBytes(1 << 20));
+    await sb.snapshot();
+    await sb.kill();
+    const gc = async (conn) => (await fetch(`${conn.apiUrl}/v1/admin/gc`, { method: 'POST', headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).deletedChunks;
+    assert.equal(await gc(b.conn), 0, 'node b, with node a up');
+    assert.equal(await gc(a.conn), 0, 'node a, with node b up');
+    leftForGc = true;
+  });
+
+  it('volumes are refused while nodes share the database (a volume lives on one node\'s disk)', async () => {
+    assert.equal(await rejectionCode(Volumes.create('data', { ...b.conn, sizeMb: 64 })), 'VOLUMES_UNAVAILABLE');
+  });
+
+  it('a second daemon as node a is refused (DATABASE_IN_USE), naming the node', async () => {
+    const dir = mkdtempSync('/tmp/spt-');
+    try {
+      await assert.rejects(startDaemon({ dataDir: dir, listen: '127.0.0.1:0', logLevel: 'silent', database, blobStore, nodeName: 'a' }), (e) => e.code === 'DATABASE_IN_USE' && /node "a"/.test(e.message));
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('node b restarting leaves node a\'s sandboxes alone (its recovery takes only its own)', async () => {
+    await b.daemon.close();
+    b.daemon = await startNodeB(b.dataDir);
+    b.conn = { ...b.conn, apiUrl: b.daemon.url };
+    const sb = await Sandbox.connect(onA.id, a.conn);
+    assert.equal(sb.info.state, 'running');
+    assert.equal(await sb.files.read('/tmp/state'), 'before');
+    assert.ok(!(await sb.events()).some((e) => e.type === 'recovered' || e.type === 'recovery-failed'), 'node b did not recover node a\'s sandbox');
+    // Its own sandbox was re-adopted.
+    assert.equal((await (await Sandbox.connect(onB.id, b.conn)).commands.run('echo back')).stdout, 'back\n');
+  });
+
+  it('node a stopped: its sandbox reads from the record through b, anything else is 503 NODE_UNAVAILABLE', async () => {
+    await a.daemon.close();
+    try {
+      const sb = await Sandbox.connect(onA.id, b.conn);
+      assert.equal(sb.info.node, 'a');
+      assert.equal(sb.info.state, 'running', 'its record says what it was');
+      const r = await fetch(`${b.conn.apiUrl}/v1/sandboxes/${onA.id}/commands`, { method: 'POST', headers: { authorization: `Bearer ${b.conn.apiKey}`, 'content-type': 'application/json' }, body: JSON.stringify({ cmd: 'true' }) });
+      const body = await r.json();
+      assert.equal(r.status, 503, JSON.stringify(body));
+      assert.equal(body.error.code, 'NODE_UNAVAILABLE');
+      assert.match(body.error.message, /node a, which is stopped/);
+      assert.equal((await (await Sandbox.connect(onB.id, b.conn)).commands.run('echo still')).stdout, 'still\n', 'node b\'s own sandbox is unaffected');
+      // The template's files are on node a: its creates wait for a.
+      const c = await fetch(`${b.conn.apiUrl}/v1/sandboxes`, { method: 'POST', headers: { authorization: `Bearer ${b.conn.apiKey}`, 'content-type': 'application/json' }, body: JSON.stringify({ template: 'app' }) });
+      const cb = await c.json();
+      assert.equal(c.status, 503, JSON.stringify(cb));
+      assert.match(cb.error.message, /Template app was built on node a/);
+      // Alone now (node a stopped, as it said): node b collects what no snapshot references.
+      if (leftForGc) {
+        const r = await fetch(`${b.conn.apiUrl}/v1/admin/gc`, { method: 'POST', headers: { authorization: `Bearer ${b.conn.apiKey}` } }).then((x) => x.json());
+        assert.ok(r.deletedChunks > 0, JSON.stringify(r));
+      }
+    } finally {
+      // Node a again, for the clean-up (its sandbox ran on while it was down).
+      const again = await startDaemon({ dataDir: a.dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: 'warn', database, blobStore, nodeName: 'a', egress: { range: egressRange(a.dataDir) } });
+      a.daemon = again;
+      a.conn.apiUrl = again.url;
+    }
+    assert.equal((await (await Sandbox.connect(onA.id, b.conn)).commands.run('echo up')).stdout, 'up\n');
+  });
+});
