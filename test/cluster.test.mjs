@@ -12,8 +12,9 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Nodes, Sandbox, Templates, Volumes } from '../packages/sdk/dist/index.js';
-import { egressRange, leftovers, rejectionCode, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
+import { api, egressRange, leftovers, rejectionCode, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
 import { makeOciImage } from './oci-image.mjs';
+const E2B = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { startPostgres } from './postgres.mjs';
 
 const pg = await startPostgres();
@@ -161,6 +162,25 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal(await gc(b.conn), 0, 'node b, with node a up');
     assert.equal(await gc(a.conn), 0, 'node a, with node b up');
     leftForGc = true;
+  });
+
+  it('the E2B SDK reaches a sandbox of node a through node b\'s E2B endpoint: commands, files, kill', async () => {
+    const key = (await api(a, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b' } })).body.key;
+    const e2bUrl = async (conn) => (await fetch(`${conn.apiUrl}/v1/e2b`, { headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).url;
+    const [urlA, urlB] = [await e2bUrl(a.conn), await e2bUrl(b.conn)];
+    const viaA = { apiKey: key, apiUrl: urlA, sandboxUrl: urlA };
+    const viaB = { apiKey: key, apiUrl: urlB, sandboxUrl: urlB };
+    const made0 = await E2B.Sandbox.create('base', viaA);
+    made.push(made0.sandboxId);
+    assert.equal((await Sandbox.connect(made0.sandboxId, b.conn)).info.node, 'a');
+    const sb = await E2B.Sandbox.connect(made0.sandboxId, viaB);
+    assert.equal((await sb.commands.run('echo "$(hostname) says hi"')).stdout, `${made0.sandboxId} says hi\n`);
+    await sb.files.write('/tmp/e2b.txt', 'through b');
+    assert.equal(await sb.files.read('/tmp/e2b.txt'), 'through b');
+    assert.equal((await made0.commands.run('cat /tmp/e2b.txt')).stdout, 'through b', 'node a has it');
+    assert.equal((await sb.getInfo()).state, 'running');
+    assert.equal(await E2B.Sandbox.kill(made0.sandboxId, viaB), true);
+    assert.equal((await Sandbox.connect(made0.sandboxId, a.conn)).info.state, 'killed');
   });
 
   it('volumes are refused while nodes share the database (a volume lives on one node\'s disk)', async () => {

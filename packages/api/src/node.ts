@@ -15,8 +15,10 @@ export interface NodeInfo {
   /** `--node-name` (default: the host name). */
   name: string;
   state: NodeState;
-  /** Its API, as it listens. */
+  /** Its API, where the other nodes reach it (`--advertise-url`, default as it listens). */
   url: string;
+  /** Its E2B-compatible API, when it runs one (same host as {@link url}). */
+  e2bUrl?: string;
   /** SPACE's version on it. */
   version: string;
   /** Isolation drivers it runs. */

@@ -27,6 +27,11 @@ export interface E2bAppDeps {
   ingressDomain?: string;
   /** Whether ports may be public (see {@link ControlDeps.publicTraffic}). @default "allow" */
   publicTraffic?: 'allow' | 'deny';
+  /**
+   * Called on the app before any route or hook of its own: the daemon registers forwarding
+   * there (requests for sandboxes another node of the cluster runs go to that node).
+   */
+  beforeRoutes?: (app: FastifyInstance) => void;
 }
 
 /** E2B's error shape: `{ code: <HTTP status>, message }`. */
@@ -61,6 +66,7 @@ function sendE2bError(reply: FastifyReply, err: unknown): FastifyReply {
 export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {
   const app = Fastify({ ...(deps.logger ? { loggerInstance: deps.logger } : { logger: false }), bodyLimit: 1024 * 1024, return503OnClosing: true });
   app.setErrorHandler((err, _req, reply) => sendE2bError(reply, err));
+  deps.beforeRoutes?.(app);
   app.setNotFoundHandler((req, reply) => reply.code(404).send({ code: 404, message: `No route ${req.method} ${req.url.split('?')[0]} in SPACE's E2B-compatible API` }));
   app.addContentTypeParser('application/octet-stream', { bodyLimit: deps.maxUploadBytes }, (_req, payload, done) => done(null, payload));
   // preservePath: the SDK's files.write([{path, data}, ...]) names each part by its full path.

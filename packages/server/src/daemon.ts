@@ -23,6 +23,8 @@ import { AccessTokens, buildE2bApp } from '@space/e2b';
 import { startIngress, type IngressOptions } from './ingress.js';
 import { Pkcs11KeyProvider, type Pkcs11Options } from '@space/key-pkcs11';
 import { buildApp } from './app.js';
+import { registerE2bForwarding } from './forward.js';
+import type { FastifyInstance } from 'fastify';
 import { parseEgressHosts, prepareEgress, type EgressOptions } from './networking.js';
 import { defaultDataDir, readState, type DaemonState } from './state.js';
 
@@ -116,6 +118,19 @@ export interface DaemonOptions {
    * there), e.g. `http://10.0.0.5:7070`. @default SPACE_ADVERTISE_URL, else the listener's URL
    */
   advertiseUrl?: string;
+}
+
+/**
+ * A listener's URL as other nodes reach it: with `--advertise-url`, its host in place of the
+ * listener's (the port stays).
+ *
+ * @example advertised('http://0.0.0.0:7071', 'http://10.0.0.5:7070') // 'http://10.0.0.5:7071'
+ */
+export function advertised(listenerUrl: string, advertiseUrl: string | undefined): string {
+  if (!advertiseUrl) return listenerUrl;
+  const u = new URL(listenerUrl);
+  u.hostname = new URL(advertiseUrl).hostname;
+  return u.origin;
 }
 
 /** Checks `--advertise-url`: an http(s) URL with no path, query or credentials. */
@@ -472,7 +487,16 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     const l = parseListen(e2bListen);
     const internet = opts.e2bInternet ?? (process.env.SPACE_E2B_INTERNET ? parseE2bInternet(process.env.SPACE_E2B_INTERNET) : 'allow');
     const publicTraffic = opts.e2bPublicTraffic ?? (process.env.SPACE_E2B_PUBLIC_TRAFFIC ? parseE2bPublicTraffic(process.env.SPACE_E2B_PUBLIC_TRAFFIC) : 'allow');
-    e2b = await buildE2bApp({ service, keys, tokens: new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens')), maxUploadBytes, internet, publicTraffic, ...(ingress ? { ingressDomain: ingress.domain } : {}), logger: logger.child({ api: 'e2b' }) });
+    // With a shared database, a request for another node's sandbox goes to that node's E2B listener.
+    const beforeRoutes = (a: FastifyInstance) =>
+      registerE2bForwarding(a, {
+        self: nodeName,
+        find: (id) => store.getSandbox(id),
+        owns: (sb) => service.owns(sb),
+        nodes: async () => (await nodeStates(store, lostAfterMs)).flatMap((n) => (n.e2bUrl ? [{ ...n, url: n.e2bUrl }] : [])),
+        errorBody: (e) => ({ code: e.status, message: `${e.code}: ${e.message}` }),
+      });
+    e2b = await buildE2bApp({ service, keys, tokens: new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens')), maxUploadBytes, internet, publicTraffic, ...(ingress ? { ingressDomain: ingress.domain } : {}), logger: logger.child({ api: 'e2b' }), ...(shared ? { beforeRoutes } : {}) });
     await e2b.listen({ host: l.host, port: l.port });
     const a = e2b.server.address();
     e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);
@@ -516,7 +540,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await fs.rename(`${stateFile}.tmp`, stateFile);
-  const heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)));
+  const heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)));
   await heartbeat.start();
   logger.info({ url, dataDir, node: nodeName, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
 

@@ -39,6 +39,8 @@ export interface ForwardOptions {
   placeTemplate(tenantId: string, template: string): Promise<string | undefined>;
   /** Longest wait for a connection to the other node, ms. @default 5000 */
   connectTimeoutMs?: number;
+  /** The JSON body of an error this module answers with itself (the API's own shape). @default SpaceError#toJSON */
+  errorBody?: (e: SpaceError) => unknown;
 }
 
 const agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
@@ -67,13 +69,10 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
     if (req.headers[FORWARDED_BY]) {
       throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}; node ${String(req.headers[FORWARDED_BY])} forwarded this request here (${opts.self}), which does not run it either`, { details: { sandboxId: sb.id, node: sb.node } });
     }
-    const node = sb.node ? (await opts.nodes()).find((n) => n.name === sb.node) : undefined;
-    if (!node || node.state !== 'up') {
-      // Its record is in the shared database: what it is can be said without its node.
-      if (req.method === 'GET' && route === '/v1/sandboxes/:id') return;
-      throw new SpaceError('NODE_UNAVAILABLE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, which ${node ? `is ${node.state} (last heartbeat ${node.heartbeatAt})` : 'is not registered'}`, { details: { sandboxId: sb.id, node: sb.node } });
-    }
-    await forward(req, reply, node, opts);
+    const node = await ownerOf(sb, opts);
+    // Its record is in the shared database: what it is can be said without its node.
+    if (!node && req.method === 'GET' && route === '/v1/sandboxes/:id') return;
+    await forward(req, reply, await upOrThrow(sb, node, opts), opts, `Sandbox ${sb.id} runs`);
   });
   // Creates: a tenant's template starts where its root file system is (body parsed by now).
   app.addHook('preHandler', async (req, reply) => {
@@ -84,15 +83,56 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
     if (!name || name === opts.self) return;
     const node = (await opts.nodes()).find((n) => n.name === name);
     if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `Template ${template} was built on node ${name}, which holds its root file system and ${node ? `is ${node.state}` : 'is not registered'}: its sandboxes start there`, { details: { template, node: name } });
-    await forward(req, reply, node, opts, Buffer.from(JSON.stringify(req.body)));
+    await forward(req, reply, node, opts, `Template ${template} starts`, Buffer.from(JSON.stringify(req.body)));
+  });
+}
+
+/** The node record of the sandbox's node if that node is up. */
+async function ownerOf(sb: Sandbox, opts: Pick<ForwardOptions, 'nodes'>): Promise<ForwardTarget | undefined> {
+  const node = sb.node ? (await opts.nodes()).find((n) => n.name === sb.node) : undefined;
+  return node?.state === 'up' ? node : undefined;
+}
+
+/** `node` (the sandbox's node, up), or NODE_UNAVAILABLE saying what its node is. */
+async function upOrThrow(sb: Sandbox, node: ForwardTarget | undefined, opts: Pick<ForwardOptions, 'nodes'>): Promise<ForwardTarget> {
+  if (node) return node;
+  const rec = sb.node ? (await opts.nodes()).find((n) => n.name === sb.node) : undefined;
+  throw new SpaceError('NODE_UNAVAILABLE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, which ${rec ? `is ${rec.state} (last heartbeat ${rec.heartbeatAt})` : 'is not registered'}`, { details: { sandboxId: sb.id, node: sb.node } });
+}
+
+/** What forwarding on the E2B-compatible API needs: the sandbox's record by id (any tenant: the owner authenticates). */
+export interface E2bForwardOptions extends Omit<ForwardOptions, 'find' | 'placeTemplate'> {
+  find(id: string): Promise<Sandbox | undefined>;
+}
+
+/**
+ * Registers forwarding on the E2B-compatible API (before its routes): a request naming a
+ * sandbox another node runs — in the path (`/sandboxes/:id…`, `/v2/sandboxes/:id…`) or, for
+ * envd's calls, in `E2b-Sandbox-Id` — goes to that node's E2B listener as it came (`url` of
+ * the targets is that listener's). The owner authenticates it (API key or access token): this
+ * node only relays to a node of the deployment, never elsewhere.
+ *
+ * @example
+ * registerE2bForwarding(e2bApp, { self: 'n1', find: (id) => store.getSandbox(id), owns, nodes: e2bNodes, errorBody: (e) => ({ code: e.status, message: e.message }) });
+ */
+export function registerE2bForwarding(app: FastifyInstance, opts: E2bForwardOptions): void {
+  app.addHook('onRequest', async (req, reply) => {
+    const route = req.routeOptions.url ?? '';
+    const fromPath = route.startsWith('/sandboxes/:id') || route.startsWith('/v2/sandboxes/:id') ? (req.params as { id?: unknown } | undefined)?.id : undefined;
+    const id = fromPath ?? req.headers['e2b-sandbox-id'];
+    if (typeof id !== 'string' || id.length >= 64 || req.headers[FORWARDED_BY]) return;
+    const sb = await opts.find(id);
+    if (!sb || opts.owns(sb)) return;
+    await forward(req, reply, await upOrThrow(sb, await ownerOf(sb, opts), opts), opts, `Sandbox ${sb.id} runs`);
   });
 }
 
 /**
  * Relays the request to `node` and its answer back; resolves when the exchange has ended. The
  * body is streamed from the client, or is `body` when this node has read it already (JSON).
+ * `what` names what runs there, for the error when the node does not answer.
  */
-function forward(req: FastifyRequest, reply: FastifyReply, node: ForwardTarget, opts: ForwardOptions, body?: Buffer): Promise<void> {
+function forward(req: FastifyRequest, reply: FastifyReply, node: ForwardTarget, opts: Pick<ForwardOptions, 'self' | 'connectTimeoutMs' | 'errorBody'>, what: string, body?: Buffer): Promise<void> {
   reply.hijack();
   const target = new URL(req.raw.url ?? '/', node.url);
   const headers: http.OutgoingHttpHeaders = {};
@@ -112,9 +152,8 @@ function forward(req: FastifyRequest, reply: FastifyReply, node: ForwardTarget, 
     const up = lib.request(target, { method: req.method, headers, agent: target.protocol === 'https:' ? agents.https : agents.http });
     const fail = (err: Error) => {
       if (!out.headersSent) {
-        const what = (req.params as { id?: string }).id ? `Sandbox ${(req.params as { id: string }).id} runs` : 'The template starts';
         const e = new SpaceError('NODE_UNAVAILABLE', `${what} on node ${node.name}, which did not answer at ${node.url}: ${err.message}`, { cause: err, details: { node: node.name } });
-        const body = JSON.stringify(e.toJSON());
+        const body = JSON.stringify(opts.errorBody ? opts.errorBody(e) : e.toJSON());
         out.writeHead(e.status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), [ANSWERED_BY]: opts.self, connection: 'close' });
         out.end(body);
       } else out.destroy(err);

@@ -68,8 +68,8 @@ export async function nodeViews(store: MetadataStore, lostAfterMs: number, now =
  *
  * @example const up = (await nodeStates(store, 30_000)).filter((n) => n.state === 'up');
  */
-export async function nodeStates(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<Pick<NodeInfo, 'name' | 'url' | 'state' | 'heartbeatAt'>[]> {
-  return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now) }));
+export async function nodeStates(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<Pick<NodeInfo, 'name' | 'url' | 'e2bUrl' | 'state' | 'heartbeatAt'>[]> {
+  return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, ...(n.e2bUrl ? { e2bUrl: n.e2bUrl } : {}), heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now) }));
 }
 
 /** `stopped` if it said so, `lost` when its last heartbeat is older than `lostAfterMs`, else `up`. */
