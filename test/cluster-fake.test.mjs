@@ -75,6 +75,81 @@ describe('nodes sharing a store, on the fake driver (fast lane)', () => {
     await assert.rejects(svcs.b.create(T, {}), (e) => e.code === 'CAPACITY_EXHAUSTED');
     await svcs.a.kill(T, onA.id);
     await svcs.b.kill(T, onB.id);
+    await svcs.b.shutdown();
+    await node('b');
+  });
+
+  it('a move hibernates the sandbox on its node and hands it over (generation 1); the new node wakes it with its files', async () => {
+    const sb = await svcs.a.create(T, {});
+    await h.a.run(svcs.a, sb.id, 'write /tmp/f kept');
+    const { sandbox, wasRunning } = await svcs.a.move(T, sb.id, 'b');
+    assert.equal(wasRunning, true);
+    assert.deepEqual([sandbox.node, sandbox.state, sandbox.generation], ['b', 'hibernated', 1]);
+    assert.equal(drivers.a.machine(sb.id), undefined, 'nothing of it is left on node a');
+    await assert.rejects(svcs.a.wake(T, sb.id), (e) => e.code === 'SANDBOX_ON_OTHER_NODE');
+    const woke = await svcs.b.wake(T, sb.id);
+    assert.deepEqual([woke.node, woke.state], ['b', 'running']);
+    assert.equal((await h.b.run(svcs.b, sb.id, 'cat /tmp/f')).stdout, 'kept\n');
+    assert.ok((await svcs.b.events(T, sb.id)).some((e) => e.type === 'moved' && /from node a to node b/.test(e.message)));
+    await assert.rejects(svcs.b.move(T, sb.id, 'b'), (e) => e.code === 'BAD_REQUEST');
+    await svcs.b.kill(T, sb.id);
+  });
+
+  it('a hibernated sandbox of a node that is down is taken over by the node asked; one that is up is not', async () => {
+    const sb = await svcs.b.create(T, {});
+    await h.b.run(svcs.b, sb.id, 'write /tmp/g asleep');
+    await svcs.b.hibernate(T, sb.id);
+    // Node a believes b is up: still b's.
+    await svcs.a.shutdown();
+    let bUp = true;
+    await node('a', { nodeUp: async (n) => n !== 'b' || bUp });
+    await assert.rejects(svcs.a.get(T, sb.id), (e) => e.code === 'SANDBOX_ON_OTHER_NODE');
+    // Node b goes down: node a takes it (a conditional write: b cannot write over it after).
+    await svcs.b.shutdown();
+    bUp = false;
+    const taken = await svcs.a.get(T, sb.id);
+    assert.deepEqual([taken.node, taken.state, taken.generation], ['a', 'hibernated', 1]);
+    await assert.rejects(store.updateSandbox(sb.id, { state: 'running' }, { node: 'b' }), (e) => e.code === 'SANDBOX_ON_OTHER_NODE');
+    await svcs.a.wake(T, sb.id);
+    assert.equal((await h.a.run(svcs.a, sb.id, 'cat /tmp/g')).stdout, 'asleep\n');
+    assert.ok((await svcs.a.events(T, sb.id)).some((e) => e.type === 'moved' && /taken over from node b by node a/.test(e.message)));
+    await svcs.a.kill(T, sb.id);
+    await node('b');
+  });
+
+  it('fencing: a node waking a sandbox that another node took over meanwhile removes its copy and says so', async () => {
+    const sb = await svcs.a.create(T, {});
+    await svcs.a.hibernate(T, sb.id);
+    // Node a again, its restores held at a gate the test opens.
+    let open;
+    const gate = new Promise((r) => (open = r));
+    let restoring;
+    const reached = new Promise((r) => (restoring = r));
+    const held = new Proxy(drivers.a, {
+      get(t, k) {
+        if (k === 'restore') return async (...args) => (restoring(), await gate, t.restore(...args));
+        const v = t[k];
+        return typeof v === 'function' ? v.bind(t) : v;
+      },
+    });
+    await svcs.a.shutdown();
+    const s = fakeHarness(path.join(dir, 'a'), store, held, { blobsDir: path.join(dir, 'blobs') }).service({ nodeName: 'a', shared: true });
+    await s.start();
+    svcs.a = s;
+    const waking = svcs.a.wake(T, sb.id).then(() => 'woke', (e) => e.code);
+    await reached;
+    // Meanwhile node b, believing a down, takes the sandbox over.
+    await svcs.b.shutdown();
+    await node('b', { nodeUp: async (n) => n !== 'a' });
+    assert.equal((await svcs.b.get(T, sb.id)).node, 'b');
+    open();
+    assert.equal(await waking, 'SANDBOX_ON_OTHER_NODE', 'node a\'s wake is fenced out');
+    assert.equal(drivers.a.machine(sb.id), undefined, 'and its copy removed');
+    await svcs.b.wake(T, sb.id);
+    assert.equal((await h.b.run(svcs.b, sb.id, 'echo one copy')).stdout, 'one copy\n');
+    await svcs.b.kill(T, sb.id);
+    await svcs.b.shutdown();
+    await node('b');
   });
 
   it('the store\'s only daemon takes every sandbox for its own: one recorded under an old node name is adopted and renamed', async () => {

@@ -238,4 +238,40 @@ describe('a cluster of two nodes on one database', () => {
     }
     assert.equal((await (await Sandbox.connect(onA.id, b.conn)).commands.run('echo up')).stdout, 'up\n');
   });
+
+  it('a session moves between nodes: hibernated on a, woken on b with its files and processes (generation 1)', async () => {
+    const sb = await Sandbox.connect(onA.id, b.conn);
+    await sb.commands.run('sleep 3600', { background: true });
+    await sb.move('b');
+    assert.deepEqual([sb.info.node, sb.info.state, sb.info.generation], ['b', 'running', 1]);
+    assert.equal(await sb.files.read('/tmp/state'), 'before');
+    assert.match((await sb.commands.run('ps -eo args')).stdout, /sleep 3600/);
+    assert.deepEqual(await answeredBy(a.conn, `/v1/sandboxes/${onA.id}/usage`), { node: 'b', status: 200 }, 'node a forwards to its new node');
+    const events = await sb.events();
+    assert.ok(events.some((e) => e.type === 'moved' && /from node a to node b/.test(e.message)), events.map((e) => e.type).join());
+    // Moving to where it is, or to a node that does not exist: refused, nothing changes.
+    assert.equal(await rejectionCode(sb.move('b')), 'BAD_REQUEST');
+    assert.equal(await rejectionCode(sb.move('nowhere')), 'BAD_REQUEST');
+    assert.equal((await sb.refresh()).state, 'running');
+  });
+
+  it('node b stopped: its hibernated sandbox is taken over by node a on the next request and wakes there', async () => {
+    const sb = await Sandbox.connect(onB.id, b.conn);
+    await sb.files.write('/tmp/kept', 'across nodes');
+    await sb.hibernate();
+    await b.daemon.close();
+    try {
+      const viaA = await Sandbox.connect(onB.id, a.conn);
+      assert.deepEqual([viaA.info.node, viaA.info.state], ['b', 'hibernated'], 'the record, read on a');
+      assert.equal((await viaA.commands.run('cat /tmp/kept')).stdout, 'across nodes', 'woken on a');
+      const now = await viaA.refresh();
+      assert.deepEqual([now.node, now.state, now.generation], ['a', 'running', 1]);
+      assert.ok((await viaA.events()).some((e) => e.type === 'moved' && /taken over from node b by node a/.test(e.message)));
+    } finally {
+      b.daemon = await startNodeB(b.dataDir);
+      b.conn = { ...b.conn, apiUrl: b.daemon.url };
+    }
+    // Node b back: the sandbox stays a's (b's recovery leaves it alone), and b forwards to a.
+    assert.deepEqual(await answeredBy(b.conn, `/v1/sandboxes/${onB.id}/usage`), { node: 'a', status: 200 });
+  });
 });

@@ -54,6 +54,24 @@ export function storeSuite(name, h) {
       await s.close();
     });
 
+    it('conditional updates (fencing): of two nodes taking one sandbox at once exactly one wins; a node it left cannot write', async () => {
+      const s = await h.open('fencing');
+      await s.insertSandbox({ ...sandbox('moving', 't'), state: 'hibernated', node: 'a' });
+      const take = (node) => s.updateSandbox('moving', { node, generation: 1 }, { node: 'a', state: 'hibernated' }).then(() => node, (e) => e.code);
+      const results = await Promise.all(['b', 'c', 'b2', 'c2'].map(take));
+      const winners = results.filter((r) => !r.endsWith?.('_NODE'));
+      assert.equal(winners.length, 1, JSON.stringify(results));
+      assert.deepEqual(results.filter((r) => r !== winners[0]), Array(3).fill('SANDBOX_ON_OTHER_NODE'));
+      const now = await s.getSandbox('moving');
+      assert.equal(now.node, winners[0]);
+      assert.equal(now.generation, 1);
+      // The node it left writes with its name: refused, nothing changed.
+      await assert.rejects(s.updateSandbox('moving', { state: 'running' }, { node: 'a' }), (e) => e.code === 'SANDBOX_ON_OTHER_NODE' && e.message.includes(winners[0]));
+      await assert.rejects(s.updateSandbox('moving', { state: 'running' }, { node: winners[0], state: 'running' }), (e) => e.code === 'SANDBOX_INVALID_STATE');
+      assert.equal((await s.getSandbox('moving')).state, 'hibernated');
+      await s.close();
+    });
+
     it('keeps lifecycle intents across reopening until they are done', async () => {
       const s = await h.open('intents');
       const journal = new Journal(s);

@@ -110,8 +110,13 @@ export interface Sandbox {
   secrets?: SecretAttachment[];
   /** Volumes mounted into it; it holds them until it is killed or dies. */
   volumes?: VolumeMount[];
-  /** The node it was created on (`GET /v1/nodes`). */
+  /** The node that runs it (`GET /v1/nodes`): where it was created, or moved to. */
   node?: string;
+  /**
+   * How many times it changed node (a move, or a wake on another node while its own was down):
+   * the ownership's generation. Absent: never.
+   */
+  generation?: number;
 }
 
 /**

@@ -551,6 +551,19 @@ for (const [name, what] of [
 }
 
 program
+  .command('move <id>')
+  .description('move a sandbox to another node of the cluster: hibernated here, woken there (space nodes lists them)')
+  .requiredOption('--node <name>', 'the node to move it to')
+  .action(async (id: string, o: { node: string }) => {
+    const sb = await Sandbox.connect(id, connection());
+    const from = sb.info.node;
+    const t0 = Date.now();
+    process.stderr.write(`moving ${sb.id} from node ${from ?? '?'} to node ${o.node} (hibernate, then wake there)...\n`);
+    await sb.move(o.node);
+    process.stdout.write(`${sb.id} ${sb.info.state} on node ${sb.info.node} (${Date.now() - t0} ms)\n`);
+  });
+
+program
   .command('snapshot <id>')
   .description('take a snapshot now (the sandbox keeps running)')
   .option('--name <name>', 'a name for it')

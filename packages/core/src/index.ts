@@ -15,7 +15,8 @@ export { SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, packSnapshot, readSnapshot } f
 export type { SnapshotMeta } from './storage/snapshot-format.js';
 export type { VolumeHost, VolumeHostReport } from './ports/volume-host.js';
 export type { DriverCreateSpec, DriverDisks, DriverMount, DriverEvents, DriverReport, ImageFileCodec, RuntimeStatus, SandboxDriver, SandboxUsage } from './ports/driver.js';
-export type { ApiKeyRecord, MetadataStore, SandboxPage, SandboxQuery, TenantCaRecord } from './ports/metadata-store.js';
+export type { ApiKeyRecord, MetadataStore, SandboxExpectation, SandboxPage, SandboxQuery, TenantCaRecord } from './ports/metadata-store.js';
+export { checkExpectation } from './ports/metadata-store.js';
 export { AgentCall, AgentChannel } from './agent/channel.js';
 export type { OutputChunk } from './agent/channel.js';
 export { SandboxService } from './service.js';

@@ -36,10 +36,12 @@ export const ALLOWED: Record<SandboxAction, readonly SandboxState[]> = {
   setHeaderRules: ['running', 'hibernated'],
   // Exposing a port is a record the ingress reads; serving it needs the sandbox running.
   exposePort: ['starting', 'running', 'paused', 'hibernated'],
+  // Moving to another node hibernates it here first.
+  move: ['running', 'paused', 'hibernated'],
 };
 
 /** Actions checked by {@link assertAllowed}. */
-export type SandboxAction = 'exec' | 'files' | 'kill' | 'pause' | 'resume' | 'hibernate' | 'wake' | 'snapshot' | 'rollback' | 'fork' | 'setPolicy' | 'setEgress' | 'setTimeout' | 'attachSecrets' | 'setHeaderRules' | 'exposePort';
+export type SandboxAction = 'exec' | 'files' | 'kill' | 'pause' | 'resume' | 'hibernate' | 'wake' | 'snapshot' | 'rollback' | 'fork' | 'setPolicy' | 'setEgress' | 'setTimeout' | 'attachSecrets' | 'setHeaderRules' | 'exposePort' | 'move';
 
 /** Where a template's root file system comes from. */
 export type TemplateSource =

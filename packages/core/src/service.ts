@@ -22,7 +22,7 @@ import { TERMINAL_STATES, assertAllowed, type Sandbox, type SandboxAction, type 
 import { WarmPool } from './templates/warm-pool.js';
 import type { EgressPolicy, IngressLogEntry, IngressLogPage, PortExposure, SecretAttachment } from './records.js';
 import type { RootfsBuilder } from './ports/rootfs-builder.js';
-import type { MetadataStore, SandboxPage } from './ports/metadata-store.js';
+import type { MetadataStore, SandboxExpectation, SandboxPage } from './ports/metadata-store.js';
 import { TemplateService } from './templates/template-service.js';
 import { UsageHistory, type UsageSample } from './sandboxes/usage-history.js';
 import { range } from './validate.js';
@@ -92,6 +92,11 @@ export interface SandboxServiceOptions {
    * included). @default false
    */
   shared?: boolean;
+  /**
+   * With {@link shared}: whether a node is up (heartbeating). A hibernated sandbox whose node is
+   * not is taken over by this node when asked for (and woken here); absent: never.
+   */
+  nodeUp?: (name: string) => Promise<boolean>;
   /** Largest snapshot payload accepted on restore, bytes. @default 32 GiB */
   maxSnapshotBytes?: number;
   /** Sandboxes booting at once; more creates wait in a queue. @default the number of CPUs (at least 2) */
@@ -138,6 +143,17 @@ export interface ListSandboxesOpts {
   cursor?: string;
 }
 
+/** `store` whose sandbox updates require the record to be `node`'s (unless they say otherwise). */
+function fenced(store: MetadataStore, node: string): MetadataStore {
+  return new Proxy(store, {
+    get(target, key) {
+      const v = Reflect.get(target, key, target) as unknown;
+      if (key === 'updateSandbox') return (id: string, patch: Parameters<MetadataStore['updateSandbox']>[1], expect?: SandboxExpectation) => target.updateSandbox(id, patch, expect ?? { node });
+      return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+    },
+  });
+}
+
 /**
  * Lifecycle orchestration.
  *
@@ -157,6 +173,7 @@ export class SandboxService {
   /** Whether this node acts on the sandbox (see {@link SandboxServiceOptions.shared}). */
   readonly owns: (sb: Pick<Sandbox, 'node'>) => boolean;
   private readonly nodeName: string | undefined;
+  private readonly nodeUp: ((name: string) => Promise<boolean>) | undefined;
   /** The last hour of each running sandbox's usage. */
   private readonly usageHistory: UsageHistory;
   /** Clean-ups running in the background (awaited by {@link shutdown}). */
@@ -185,7 +202,10 @@ export class SandboxService {
   private readonly endings: Endings;
 
   constructor(opts: SandboxServiceOptions) {
-    this.store = opts.store;
+    // With a shared store every write of a sandbox record says whose it must still be: a node
+    // that lost a sandbox to another (a move, a takeover) cannot write over the new owner's.
+    this.store = opts.shared && opts.nodeName ? fenced(opts.store, opts.nodeName) : opts.store;
+    this.nodeUp = opts.nodeUp;
     this.driver = new DriverRouter(opts.driver, opts.drivers ?? []);
     this.log = opts.logger;
     this.workDir = opts.workDir;
@@ -353,7 +373,10 @@ export class SandboxService {
    */
   async get(tenantId: string, id: string): Promise<Sandbox> {
     const sb = await this.find(tenantId, id);
-    if (!this.owns(sb)) throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, not on this one (${this.nodeName ?? 'unnamed'})`, { details: { sandboxId: sb.id, node: sb.node } });
+    if (this.owns(sb)) return sb;
+    // A hibernated sandbox holds nothing on its node: when that node is down, this one takes it.
+    if (sb.state === 'hibernated' && sb.node !== undefined && this.nodeUp && !(await this.nodeUp(sb.node))) return this.sessions.takeOver(sb, `its node ${sb.node} is down`);
+    throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, not on this one (${this.nodeName ?? 'unnamed'})`, { details: { sandboxId: sb.id, node: sb.node } });
     return sb;
   }
 
@@ -530,6 +553,18 @@ export class SandboxService {
    */
   removeSnapshot(tenantId: string, snapshotId: string): Promise<void> {
     return this.sessions.removeSnapshot(tenantId, snapshotId);
+  }
+
+  /**
+   * Hibernates the sandbox here (when it runs) and hands it to node `to`, which wakes it on the
+   * next request (or at once, asked by the API when it ran before). Sandboxes with a disk or
+   * volumes, and a tenant template's sandboxes where `to` lacks its files, do not move.
+   *
+   * @example
+   * const { sandbox } = await svc.move('tenant1', 'sb3k9x', 'node-b'); // sandbox.node === 'node-b'
+   */
+  move(tenantId: string, id: string, to: string): Promise<{ sandbox: Sandbox; wasRunning: boolean }> {
+    return this.sessions.move(tenantId, id, to);
   }
 
   /** Saves the whole sandbox to a snapshot and releases every host resource. */

@@ -153,6 +153,17 @@ export class Sandbox {
     this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/hibernate`, { timeoutMs: 600_000 });
   }
 
+  /**
+   * Moves it to another node of the cluster (`Nodes.list`): hibernated on its node, woken on
+   * `node` when it was running. Sandboxes with a disk or volumes do not move.
+   *
+   * @example
+   * await sb.move('node-b'); // sb.info.node === 'node-b'
+   */
+  async move(node: string): Promise<void> {
+    this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/move`, { json: { node }, timeoutMs: 1_200_000 });
+  }
+
   /** Restores a hibernated sandbox now (calls on it also wake it on demand). */
   async wake(): Promise<void> {
     this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/wake`, { timeoutMs: 600_000 });

@@ -436,6 +436,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     workDir,
     nodeName,
     shared,
+    nodeUp: async (name) => (await nodeStates(store, lostAfterMs)).some((n) => n.name === name && n.state === 'up'),
     imagesDir,
     uploadsDir: path.join(dataDir, 'uploads'),
     maxSandboxes: opts.maxSandboxes ?? 64,

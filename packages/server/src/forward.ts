@@ -70,8 +70,9 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
       throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}; node ${String(req.headers[FORWARDED_BY])} forwarded this request here (${opts.self}), which does not run it either`, { details: { sandboxId: sb.id, node: sb.node } });
     }
     const node = await ownerOf(sb, opts);
-    // Its record is in the shared database: what it is can be said without its node.
-    if (!node && req.method === 'GET' && route === '/v1/sandboxes/:id') return;
+    // Its record is in the shared database: what it is can be said without its node. And a
+    // hibernated sandbox holds nothing there: this node takes it over (SandboxService.get).
+    if (!node && ((req.method === 'GET' && route === '/v1/sandboxes/:id') || sb.state === 'hibernated')) return;
     await forward(req, reply, await upOrThrow(sb, node, opts), opts, `Sandbox ${sb.id} runs`);
   });
   // Creates: a tenant's template starts where its root file system is (body parsed by now).

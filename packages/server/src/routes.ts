@@ -6,7 +6,7 @@
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { AsyncQueue, SANDBOX_STATES, type AgentCall, type Progress, type Sandbox, type Template, type PortExposure, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError } from '@space/core';
+import { AsyncQueue, SANDBOX_STATES, type AgentCall, type Progress, type Sandbox, type Template, type PortExposure, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError, asErrorCode } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AppDeps } from './deps.js';
 import { Type } from 'typebox';
@@ -98,6 +98,22 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   app.post('/v1/sandboxes/:id/fork', { schema: { tags: ['sessions'], params: S.IdParams, body: Type.Optional(S.ForkBody) } }, async (req, reply) => {
     const results = await svc.fork(req.principal.tenantId, req.params.id, { count: req.body?.count ?? 1, ...(req.body?.snapshotId ? { snapshotId: req.body.snapshotId } : {}) });
     return reply.code(201).send({ results });
+  });
+  app.post('/v1/sandboxes/:id/move', { schema: { tags: ['sessions'], params: S.IdParams, body: S.MoveBody, description: 'Moves the sandbox to another node of the cluster: hibernated here, woken there (if it ran). Sandboxes with a disk or volumes do not move.', ...sbOut } }, async (req) => {
+    const cluster = deps.cluster;
+    if (!cluster) throw new SpaceError('BAD_REQUEST', 'This daemon is the only node of its deployment (nodes share a PostgreSQL database to form a cluster: docs/cluster.md)');
+    const target = (await cluster.nodes()).find((n) => n.name === req.body.node);
+    if (!target) throw new SpaceError('BAD_REQUEST', `No node ${JSON.stringify(req.body.node)} in this deployment; \`space nodes\` lists them`);
+    if (target.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `Node ${target.name} is ${target.state} (last heartbeat ${target.heartbeatAt}); move to a node that is up`);
+    const { sandbox, wasRunning } = await svc.move(req.principal.tenantId, req.params.id, target.name);
+    if (!wasRunning) return sandbox;
+    // It ran here: it runs there again. The wake goes to the node that owns it now.
+    const r = await fetch(new URL(`/v1/sandboxes/${sandbox.id}/wake`, target.url), { method: 'POST', headers: { authorization: req.headers.authorization ?? `Bearer ${String(req.headers['x-api-key'] ?? '')}` }, signal: AbortSignal.timeout(600_000) }).catch((err: unknown) => {
+      throw new SpaceError('NODE_UNAVAILABLE', `Sandbox ${sandbox.id} moved to node ${target.name} (hibernated), which did not answer its wake: ${(err as Error).message}; wake it again (\`space wake\`)`, { cause: err });
+    });
+    const body = (await r.json().catch(() => ({}))) as { error?: { code?: string; message?: string } };
+    if (r.ok) return body as Sandbox;
+    throw new SpaceError(asErrorCode(body.error?.code), `Sandbox ${sandbox.id} moved to node ${target.name} (hibernated), whose wake failed: ${body.error?.message ?? r.status}; wake it again (\`space wake\`)`);
   });
   app.put('/v1/sandboxes/:id/snapshot-policy', { schema: { tags: ['sessions'], params: S.IdParams, body: S.PolicyBody, ...sbOut } }, async (req) => svc.setSnapshotPolicy(req.principal.tenantId, req.params.id, req.body));
   // ---- ingress: exposed ports

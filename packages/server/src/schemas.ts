@@ -102,7 +102,8 @@ export const SandboxSchema = Type.Object({
   egress: Type.Optional(EgressPolicySchema),
   secrets: Type.Optional(Type.Array(SecretAttachmentSchema)),
   volumes: Type.Optional(Type.Array(VolumeMountSchema)),
-  node: Type.Optional(Type.String({ description: 'The node it was created on (GET /v1/nodes)' })),
+  node: Type.Optional(Type.String({ description: 'The node that runs it (GET /v1/nodes): where it was created, or moved to' })),
+  generation: Type.Optional(Type.Integer({ description: 'How many times it changed node (the ownership\'s generation); absent: never' })),
   createTimings: Type.Optional(
     Type.Object(
       {
@@ -137,6 +138,7 @@ export const SnapshotSchema = Type.Object({
   driver: Type.String(),
 });
 export const SnapshotBody = Type.Object({ name: Type.Optional(Type.String({ maxLength: 128 })) }, { additionalProperties: false });
+export const MoveBody = Type.Object({ node: Type.String({ minLength: 1, maxLength: 63, description: 'The node to move to (GET /v1/nodes)' }) }, { additionalProperties: false });
 export const RollbackBody = Type.Object({ snapshotId: Type.String({ maxLength: 64 }) }, { additionalProperties: false });
 export const ForkBody = Type.Object({ count: Type.Optional(Type.Integer({ minimum: 1, maximum: 32, default: 1 })), snapshotId: Type.Optional(Type.String({ maxLength: 64 })) }, { additionalProperties: false });
 export const PolicyBody = Type.Union([Type.Object({ intervalMs: Type.Integer({ minimum: 1000 }), keep: Type.Integer({ minimum: 1, maximum: 1000 }) }, { additionalProperties: false }), Type.Null()]);

@@ -6,7 +6,7 @@
  */
 import { sql, type Generated, type Kysely, type RawBuilder } from 'kysely';
 import type { Intent, ApiKeyRecord, NodeRecord, PortExposure, DataKeyRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, MetadataStore, SecretRecord, TenantCaRecord, VolumeRecord, VolumeSnapshotRecord, Sandbox, SandboxEvent, SandboxPage, SandboxQuery, SandboxState, Snapshot, Template, TenantKey } from '@space/core';
-import { SpaceError } from '@space/core';
+import { SpaceError, checkExpectation, type SandboxExpectation } from '@space/core';
 
 export interface SandboxTable {
   seq: Generated<number>;
@@ -194,11 +194,13 @@ export class SqlStore implements MetadataStore {
     });
   }
 
-  async updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'tenantId'>>): Promise<Sandbox> {
+  async updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'tenantId'>>, expect?: SandboxExpectation): Promise<Sandbox> {
     return this.db.transaction().execute(async (tx) => {
       const row = await tx.selectFrom('sandboxes').select('doc').where('id', '=', id).$if(this.flavour.lockRows, (q) => q.forUpdate()).executeTakeFirst();
       if (!row) throw new SpaceError('SANDBOX_NOT_FOUND', `No sandbox ${id}`);
-      const next: Sandbox = { ...(JSON.parse(row.doc) as Sandbox), ...patch };
+      const cur = JSON.parse(row.doc) as Sandbox;
+      checkExpectation(cur, expect);
+      const next: Sandbox = { ...cur, ...patch };
       await tx.updateTable('sandboxes').set({ state: next.state, doc: JSON.stringify(next) }).where('id', '=', id).execute();
       return next;
     });

@@ -5,6 +5,7 @@
  */
 import type { DataKeyRecord, NodeRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, PortExposure, SecretRecord, TenantKey, VolumeRecord, VolumeSnapshotRecord } from '../records.js';
 import type { IntentStore } from './intent-journal.js';
+import { SpaceError } from '../errors.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from '../model.js';
 
 /** A stored API key (never the key itself, only its hash). */
@@ -28,6 +29,27 @@ export interface TenantCaRecord {
   /** iv (12) | tag (16) | PKCS#8 DER ciphertext. */
   sealedKey: Buffer;
   createdAt: string;
+}
+
+/** What a conditional sandbox update requires of the record (see MetadataStore.updateSandbox). */
+export interface SandboxExpectation {
+  /** The node it must be on (`null`: none recorded). */
+  node?: string | null;
+  state?: SandboxState;
+}
+
+/**
+ * Throws unless `sb` meets `expect` (see MetadataStore.updateSandbox): the check every store
+ * makes inside its update's transaction.
+ */
+export function checkExpectation(sb: Sandbox, expect: SandboxExpectation | undefined): void {
+  if (!expect) return;
+  if (expect.node !== undefined && (sb.node ?? null) !== expect.node) {
+    throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} is now on node ${sb.node ?? '(none recorded)'}, not ${expect.node ?? '(none)'}`, { details: { sandboxId: sb.id, node: sb.node } });
+  }
+  if (expect.state !== undefined && sb.state !== expect.state) {
+    throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} is ${sb.state}, no longer ${expect.state}`, { details: { sandboxId: sb.id, state: sb.state } });
+  }
 }
 
 /** Filter and page of a sandbox listing. */
@@ -61,8 +83,13 @@ export interface SandboxPage {
  */
 export interface MetadataStore extends IntentStore {
   insertSandbox(sb: Sandbox): Promise<void>;
-  /** Writes the changed fields; returns the updated sandbox. */
-  updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'tenantId'>>): Promise<Sandbox>;
+  /**
+   * Writes the changed fields; returns the updated sandbox. With `expect`, only if the record
+   * still says so (in the same transaction): another node (`SANDBOX_ON_OTHER_NODE`) or another
+   * state (`SANDBOX_INVALID_STATE`) changes nothing. A node's writes carry its name, so that one
+   * that lost a sandbox to another node cannot write over the new owner's (fencing).
+   */
+  updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'tenantId'>>, expect?: SandboxExpectation): Promise<Sandbox>;
   getSandbox(id: string): Promise<Sandbox | undefined>;
   listSandboxes(q: SandboxQuery): Promise<SandboxPage>;
   /** Every sandbox in one of these states, across tenants (for reconciliation). */

@@ -59,7 +59,7 @@ export class AgentLinks implements AgentHooks {
       const accept = () => {
         e.accept(ch);
         this.c.log.debug({ sandboxId: id }, 'agent connected');
-        ch.on('close', () => void this.onAgentClose(id, ch));
+        ch.on('close', () => void this.onAgentClose(id, ch).catch((err: unknown) => this.c.log.error({ err, sandboxId: id }, 'handling the agent\'s disconnection failed')));
       };
       if (ev.sandboxId === id) return accept();
       const t0 = performance.now();
@@ -82,7 +82,8 @@ export class AgentLinks implements AgentHooks {
     const st = await this.c.driver.status(id).catch(() => ({ running: false, reason: 'crashed' as EndReason, detail: 'runtime status unavailable' }));
     if (st.running) return;
     const sb = await this.c.store.getSandbox(id);
-    if (!sb || TERMINAL_STATES.includes(sb.state)) return;
+    // Ended, or another node's now (taken over): nothing of this node's to bring back.
+    if (!sb || TERMINAL_STATES.includes(sb.state) || !this.c.owns(sb)) return;
     this.c.log.warn({ sandboxId: id, reason: st.reason, detail: st.detail }, 'sandbox died');
     // A crash (not an overrun of its own limits) is survivable when there is a snapshot to go back to.
     if (st.reason !== 'oom' && sb.lastSnapshotId) {

@@ -88,6 +88,8 @@ export interface SessionHooks {
   markWoken(sb: Sandbox): Promise<Sandbox>;
   /** The idle timer's hibernation (see Sessions.hibernateIfIdle). */
   hibernateIfIdle(id: string, idleMs: number): Promise<'hibernated' | 'active' | 'gone'>;
+  /** Takes a hibernated sandbox of a node that is down for this one (see Sessions.takeOver). */
+  takeOver(sb: Sandbox, why: string): Promise<Sandbox>;
 }
 
 /** Starting sandboxes from templates, and their pools (template-starts.ts). */

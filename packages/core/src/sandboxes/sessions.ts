@@ -1,6 +1,6 @@
 /**
- * Stateful sessions: pause and resume, snapshots on request, hibernate and wake, rollback, and the
- * rolling snapshot policy.
+ * Stateful sessions: pause and resume, snapshots on request, hibernate and wake, rollback, the
+ * rolling snapshot policy, and moving a session to another node of a cluster.
  */
 import { promises as fs } from 'node:fs';
 import { SpaceError } from '../errors.js';
@@ -151,6 +151,52 @@ export class Sessions implements SessionHooks {
     return r;
   }
 
+  /**
+   * Hands the sandbox to node `to` of the cluster: hibernated here first when it runs, then its
+   * record moves (conditionally: still this node's and hibernated) with its generation bumped.
+   * The new node wakes it from the snapshot in the shared blob store.
+   */
+  move(tenantId: string, id: string, to: string): Promise<{ sandbox: Sandbox; wasRunning: boolean }> {
+    return this.c.withLock(id, async () => {
+      const sb = await this.c.hooks.get(tenantId, id);
+      assertAllowed(sb, 'move');
+      if (to === this.c.nodeName) throw new SpaceError('BAD_REQUEST', `Sandbox ${id} is on node ${to} already`);
+      await this.assertMovable(sb, to);
+      const wasRunning = sb.state !== 'hibernated';
+      const asleep = wasRunning ? await this.hibernateLocked(sb) : sb;
+      this.c.live.get(id)?.clearTimers();
+      const moved = await this.c.store.updateSandbox(id, { node: to, generation: (asleep.generation ?? 0) + 1 }, { node: this.c.nodeName ?? null, state: 'hibernated' });
+      await this.c.event(id, 'moved', `moved from node ${this.c.nodeName} to node ${to} (ownership generation ${moved.generation}); it wakes there`);
+      return { sandbox: moved, wasRunning };
+    });
+  }
+
+  /**
+   * Takes a hibernated sandbox of another node (down: `why`) for this one, conditionally (still
+   * that node's and hibernated: of two nodes trying, one wins and the other gets the error).
+   */
+  async takeOver(sb: Sandbox, why: string): Promise<Sandbox> {
+    const me = this.c.nodeName;
+    if (!me) throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node}`);
+    await this.assertMovable(sb, me);
+    const taken = await this.c.store.updateSandbox(sb.id, { node: me, generation: (sb.generation ?? 0) + 1 }, { node: sb.node ?? null, state: 'hibernated' });
+    await this.c.event(sb.id, 'moved', `taken over from node ${sb.node} by node ${me} (ownership generation ${taken.generation}): ${why}`);
+    this.c.hooks.timers.schedule(taken);
+    return taken;
+  }
+
+  /** Throws unless the sandbox can run on node `to`: no disk or volume (kept on its node), its template's files there. */
+  private async assertMovable(sb: Sandbox, to: string): Promise<void> {
+    if (sb.diskMb !== undefined || sb.volumes?.length) {
+      throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} keeps its ${sb.diskMb !== undefined ? 'disk' : 'volumes'} on node ${sb.node}: it cannot move to another node (yet)`, { details: { sandboxId: sb.id, node: sb.node } });
+    }
+    const t = await this.c.templates.resolve(sb.tenantId, sb.template).catch(() => undefined);
+    const here = to === this.c.nodeName;
+    if (t && t.source.type !== 'builtin' && t.node && t.node !== to && !(here && this.c.templates.rootfsReady(t))) {
+      throw new SpaceError('TEMPLATE_NOT_ON_NODE', `Sandbox ${sb.id} runs template ${t.name}, whose root file system is on node ${t.node}, not on node ${to}`, { details: { template: t.name, node: t.node } });
+    }
+  }
+
   /** Restores a hibernated sandbox from its snapshot. */
   wake(tenantId: string, id: string): Promise<Sandbox> {
     return this.c.withLock(id, async () => {
@@ -177,7 +223,22 @@ export class Sessions implements SessionHooks {
     }
     await this.c.faults.fault('wake:after-restore');
     await this.c.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
-    const woke = await this.markWoken(sb);
+    let woke: Sandbox;
+    try {
+      woke = await this.markWoken(sb);
+    } catch (err) {
+      // Taken over by another node while this one restored it (fenced out): this copy goes.
+      if (err instanceof SpaceError && err.code === 'SANDBOX_ON_OTHER_NODE') {
+        const e = this.c.live.get(id);
+        if (e) e.killing = true;
+        e?.clearTimers();
+        e?.channel?.destroy();
+        this.c.live.delete(id);
+        await this.c.driver.destroy(id).catch((e) => this.c.log.warn({ err: e, sandboxId: id }, 'removing a copy another node took over failed'));
+        await this.c.journal.done(intent);
+      }
+      throw err;
+    }
     await this.c.journal.done(intent);
     return woke;
   }

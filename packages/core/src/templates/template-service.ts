@@ -256,7 +256,8 @@ export class TemplateService {
           await fs.rename(tmp, dir);
           return true;
         } finally {
-          await fs.rm(tmp, { recursive: true, force: true });
+          // A load that failed midway may still be closing its files: a leftover is swept at the next start.
+          await fs.rm(tmp, { recursive: true, force: true, maxRetries: 3 }).catch(() => {});
         }
       })().finally(() => this.loads.delete(dir));
       this.loads.set(dir, p);
