@@ -27,7 +27,7 @@ after(async () => {
 });
 
 /** Node b's daemon: its own data directory and template cache (`minimal` is built there in a second). */
-const startNodeB = (dataDir) => startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: path.join(dataDir, 'templates'), logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database, blobStore, nodeName: 'b', egress: { range: egressRange(dataDir) } });
+const startNodeB = (dataDir, opts = {}) => startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: path.join(dataDir, 'templates'), logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database, blobStore, nodeName: 'b', egress: { range: egressRange(dataDir) }, ...opts });
 
 /** Node b: the deployment's node key (as an operator distributes it), node a's API key. */
 async function startB(a) {
@@ -273,5 +273,23 @@ describe('a cluster of two nodes on one database', () => {
     }
     // Node b back: the sandbox stays a's (b's recovery leaves it alone), and b forwards to a.
     assert.deepEqual(await answeredBy(b.conn, `/v1/sandboxes/${onB.id}/usage`), { node: 'a', status: 200 });
+  });
+
+  it('a full node places a create on another node with room; CAPACITY_EXHAUSTED only when none has', async () => {
+    // Node b may run one sandbox, and runs one (the session moved there).
+    await b.daemon.close();
+    b.daemon = await startNodeB(b.dataDir, { maxSandboxes: 1 });
+    b.conn = { ...b.conn, apiUrl: b.daemon.url };
+    assert.equal((await Sandbox.connect(onA.id, b.conn)).info.node, 'b');
+    const placed = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 });
+    made.push(placed.id);
+    assert.equal(placed.info.node, 'a', 'placed on node a');
+    assert.equal((await placed.commands.run('echo placed')).stdout, 'placed\n');
+    // A forwarded create is not forwarded again: node a full too means no node can take it.
+    await a.daemon.close();
+    a.daemon = await startDaemon({ dataDir: a.dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: 'warn', database, blobStore, nodeName: 'a', egress: { range: egressRange(a.dataDir) }, maxSandboxes: 2 });
+    a.conn.apiUrl = a.daemon.url;
+    assert.equal(await rejectionCode(Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 })), 'CAPACITY_EXHAUSTED');
+    await placed.kill();
   });
 });

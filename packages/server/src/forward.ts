@@ -88,6 +88,27 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
   });
 }
 
+/**
+ * Places a create this node has no room for (`CAPACITY_EXHAUSTED`) on another node that is up,
+ * runs the driver asked for and has the most free places (its `maxSandboxes` less its running
+ * sandboxes): the create is forwarded there, once (a forwarded create is never forwarded
+ * again). Returns false when no node qualifies (the caller answers with the original error).
+ *
+ * @example
+ * if (err.code === 'CAPACITY_EXHAUSTED' && (await placeElsewhere(req, reply, await nodeViews(store, 30_000), { self: 'n1' }))) return reply;
+ */
+export async function placeElsewhere(req: FastifyRequest, reply: FastifyReply, nodes: NodeInfo[], opts: Pick<ForwardOptions, 'self' | 'connectTimeoutMs'>): Promise<boolean> {
+  if (req.headers[FORWARDED_BY]) return false;
+  const body = (req.body ?? {}) as { driver?: string };
+  const candidates = nodes
+    .filter((n) => n.name !== opts.self && n.state === 'up' && n.sandboxes < n.maxSandboxes && (!body.driver || n.drivers.includes(body.driver)))
+    .sort((x, y) => y.maxSandboxes - y.sandboxes - (x.maxSandboxes - x.sandboxes));
+  const target = candidates[0];
+  if (!target) return false;
+  await forward(req, reply, target, opts, 'The sandbox was placed', Buffer.from(JSON.stringify(req.body ?? {})));
+  return true;
+}
+
 /** The node record of the sandbox's node if that node is up. */
 async function ownerOf(sb: Sandbox, opts: Pick<ForwardOptions, 'nodes'>): Promise<ForwardTarget | undefined> {
   const node = sb.node ? (await opts.nodes()).find((n) => n.name === sb.node) : undefined;

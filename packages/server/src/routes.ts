@@ -9,6 +9,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { AsyncQueue, SANDBOX_STATES, type AgentCall, type Progress, type Sandbox, type Template, type PortExposure, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError, asErrorCode } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AppDeps } from './deps.js';
+import { placeElsewhere } from './forward.js';
 import { Type } from 'typebox';
 import * as S from './schemas.js';
 import { VERSION } from './version.js';
@@ -66,7 +67,14 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   app.post('/v1/sandboxes', { schema: { tags: ['sandboxes'], body: S.CreateSandboxBody, response: { 201: S.SandboxSchema, ...err } } }, async (req, reply) => {
     const ac = new AbortController();
     reply.raw.on('close', () => { if (!reply.raw.writableEnded) ac.abort(); });
-    const sb = await svc.create(req.principal.tenantId, req.body, ac.signal);
+    let sb;
+    try {
+      sb = await svc.create(req.principal.tenantId, req.body, ac.signal);
+    } catch (err) {
+      // Full here: another node of the cluster with room takes it (CAPACITY_EXHAUSTED when none can).
+      if (err instanceof SpaceError && err.code === 'CAPACITY_EXHAUSTED' && deps.cluster && deps.nodes && (await placeElsewhere(req, reply, await deps.nodes(), { self: deps.cluster.self }))) return reply;
+      throw err;
+    }
     return reply.code(201).send(sb);
   });
   app.get('/v1/sandboxes', { schema: { tags: ['sandboxes'], querystring: S.ListQuery } }, async (req) => {
