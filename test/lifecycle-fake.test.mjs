@@ -10,6 +10,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { FakeDriver } from '../packages/driver-fake/dist/index.js';
+import { SpaceError } from '../packages/core/dist/index.js';
 import { T, fakeHarness, until } from './fake-harness.mjs';
 
 describe('lifecycle on the fake driver (fast lane)', () => {
@@ -247,5 +248,44 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     await svc.shutdown();
     svc = service();
     await svc.start();
+  });
+});
+
+describe('the metadata store away for a while (fast lane)', () => {
+  it('usage sampling and the rolling-snapshot timer carry on; nothing is left unhandled', async () => {
+    const dir = mkdtempSync('/tmp/space-fake-');
+    const driver = new FakeDriver();
+    const real = SqliteStore.open(path.join(dir, 'space.db'));
+    let down = false;
+    // PostgreSQL stopped, as the daemon sees it: every call fails with METADATA_UNAVAILABLE.
+    const store = new Proxy(real, {
+      get(t, k) {
+        const v = t[k];
+        if (typeof v !== 'function') return v;
+        return (...a) => (down ? Promise.reject(new SpaceError('METADATA_UNAVAILABLE', 'the test stopped the store')) : v.apply(t, a));
+      },
+    });
+    const unhandled = [];
+    const onUnhandled = (e) => unhandled.push(e);
+    process.on('unhandledRejection', onUnhandled);
+    const svc = fakeHarness(dir, store, driver).service({ usageSampleMs: 10 });
+    try {
+      await svc.start();
+      const sb = await svc.create(T, {});
+      await svc.setSnapshotPolicy(T, sb.id, { intervalMs: 1000, keep: 5 });
+      down = true;
+      // Usage ticks every 10 ms and a policy tick (1 s) fall while it is away.
+      await new Promise((r) => setTimeout(r, 1500));
+      down = false;
+      await until(async () => (await svc.snapshots(T, sb.id)).length >= 1, 'a scheduled snapshot once the store is back');
+      await svc.kill(T, sb.id);
+      assert.deepEqual(unhandled.map(String), []);
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+      down = false;
+      await svc.shutdown();
+      real.close?.();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -39,7 +39,7 @@ export class Timers implements TimerHooks {
     const e = this.c.live.entry(sb.id);
     clearTimeout(e.policyTimer);
     if (!sb.snapshotPolicy || this.c.stopping()) return;
-    e.policyTimer = setTimeout(() => void this.scheduledSnapshot(sb.id), sb.snapshotPolicy.intervalMs);
+    e.policyTimer = setTimeout(() => void this.scheduledSnapshot(sb.id).catch((err) => this.c.log.error({ err, sandboxId: sb.id }, 'scheduled snapshot failed')), sb.snapshotPolicy.intervalMs);
     e.policyTimer.unref();
   }
 
@@ -50,7 +50,7 @@ export class Timers implements TimerHooks {
     if (!sb.idleTimeoutMs || this.c.stopping()) return;
     e.lastActive ??= Date.now();
     const due = e.lastActive + sb.idleTimeoutMs - Date.now();
-    e.idleTimer = setTimeout(() => void this.idleTick(sb), Math.max(0, due));
+    e.idleTimer = setTimeout(() => void this.idleTick(sb).catch((err) => this.c.log.error({ err, sandboxId: sb.id }, 'idle check failed')), Math.max(0, due));
     e.idleTimer.unref();
   }
 
@@ -71,14 +71,17 @@ export class Timers implements TimerHooks {
       this.c.log.warn({ err, sandboxId: sb.id }, 'idle hibernation refused');
       await this.c.event(sb.id, 'idle-hibernate-refused', `idle, but not hibernated: ${code}: ${err instanceof Error ? err.message : String(err)}; trying again after ${sb.idleTimeoutMs} ms`).catch(() => {});
     }
-    const cur = await this.c.store.getSandbox(sb.id);
+    // Re-armed from the record; with the store away, from what this tick knew (checked again then).
+    const cur = await this.c.store.getSandbox(sb.id).catch(() => ({ ...sb, state: 'running' as const }));
     if (cur?.state === 'running') this.scheduleIdle(cur);
   }
 
   /** One tick of the rolling policy: snapshot, expire the oldest scheduled ones, re-arm. A refusal is recorded and retried next tick. */
   private async scheduledSnapshot(id: string): Promise<void> {
+    let known: Sandbox | undefined;
     await this.c.withLock(id, async () => {
       const sb = await this.c.store.getSandbox(id);
+      known = sb;
       if (!sb?.snapshotPolicy || sb.state !== 'running' || this.c.stopping()) return;
       // A checkpoint disconnects the agent, which would cut a client's open command stream.
       const open = this.c.live.get(id)?.channel?.openCalls ?? 0;
@@ -99,7 +102,13 @@ export class Timers implements TimerHooks {
       const scheduled = (await this.c.store.listSnapshots(id)).filter((s) => s.trigger === 'schedule');
       for (const old of scheduled.slice(0, Math.max(0, scheduled.length - sb.snapshotPolicy.keep))) await this.c.hooks.checkpoints.deleteSnapshot(old);
     }).catch((err) => this.c.log.error({ err, sandboxId: id }, 'scheduled snapshot failed'));
-    const cur = await this.c.store.getSandbox(id);
-    if (cur && (cur.state === 'running' || cur.state === 'paused')) this.schedulePolicy(cur);
+    // Re-armed from the record; with the store away, from what this tick read (checked again
+    // then), or — it read nothing — for another try in 5 s.
+    const cur = await this.c.store.getSandbox(id).catch(() => known ?? null);
+    if (cur === null) {
+      const e = this.c.live.entry(id);
+      e.policyTimer = setTimeout(() => void this.scheduledSnapshot(id).catch((err) => this.c.log.error({ err, sandboxId: id }, 'scheduled snapshot failed')), 5000);
+      e.policyTimer.unref();
+    } else if (cur && (cur.state === 'running' || cur.state === 'paused')) this.schedulePolicy(cur);
   }
 }

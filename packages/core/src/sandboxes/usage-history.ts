@@ -50,7 +50,8 @@ export class UsageHistory {
 
   start(): void {
     if (this.timer) return;
-    this.timer = setInterval(() => void this.sampleAll(), this.intervalMs);
+    // A tick the store cannot answer (PostgreSQL away) is a sample missed, nothing more.
+    this.timer = setInterval(() => void this.sampleAll().catch(() => {}), this.intervalMs);
     this.timer.unref();
   }
 
