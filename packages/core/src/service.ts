@@ -377,7 +377,6 @@ export class SandboxService {
     // A hibernated sandbox holds nothing on its node: when that node is down, this one takes it.
     if (sb.state === 'hibernated' && sb.node !== undefined && this.nodeUp && !(await this.nodeUp(sb.node))) return this.sessions.takeOver(sb, `its node ${sb.node} is down`);
     throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, not on this one (${this.nodeName ?? 'unnamed'})`, { details: { sandboxId: sb.id, node: sb.node } });
-    return sb;
   }
 
   /**

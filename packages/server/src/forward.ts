@@ -43,7 +43,11 @@ export interface ForwardOptions {
   errorBody?: (e: SpaceError) => unknown;
 }
 
-const agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
+/**
+ * A connection per forwarded request: an idle kept-alive one the other node closes (its server
+ * lets idle ones go after seconds) could fail a request written to it at that moment.
+ */
+const agents = { http: new http.Agent({ keepAlive: false }), https: new https.Agent({ keepAlive: false }) };
 
 /**
  * Registers forwarding on the API: every route under `/v1/sandboxes/:id` of a sandbox of the
