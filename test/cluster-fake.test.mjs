@@ -152,6 +152,44 @@ describe('nodes sharing a store, on the fake driver (fast lane)', () => {
     await node('b');
   });
 
+  it('a node that cannot heartbeat pauses its sandboxes; back, it resumes its own and removes those taken over meanwhile', async () => {
+    const mine = await svcs.a.create(T, {});
+    const taken = await svcs.a.create(T, {});
+    assert.equal(await svcs.a.leaseLost(), 2);
+    assert.equal(drivers.a.isPaused(mine.id), true);
+    assert.equal(drivers.a.isPaused(taken.id), true);
+    assert.equal(await svcs.a.leaseLost(), 0, 'once');
+    // Meanwhile node b took one over (node a was counted lost): the record is b's.
+    await store.updateSandbox(taken.id, { node: 'b', generation: 1 }, { node: 'a' });
+    assert.deepEqual(await svcs.a.leaseRenewed(), { resumed: 1, removed: 1 });
+    assert.equal(drivers.a.isPaused(mine.id), false, 'its own runs again');
+    assert.equal(drivers.a.machine(taken.id), undefined, 'the one taken over is gone from node a');
+    assert.equal((await h.a.run(svcs.a, mine.id, 'echo on')).stdout, 'on\n');
+    await svcs.a.kill(T, mine.id);
+    await store.updateSandbox(taken.id, { state: 'killed' });
+  });
+
+  it('a lost node\'s sandboxes: restored here from a snapshot, or dead (node-lost) without one; adopting twice at once restores each once', async () => {
+    const kept = await svcs.a.create(T, {});
+    await h.a.run(svcs.a, kept.id, 'write /tmp/s snap');
+    await svcs.a.snapshot(T, kept.id);
+    const bare = await svcs.a.create(T, {});
+    // Node a dies (its service is cut off, its runtime gone with the host).
+    await svcs.a.shutdown();
+    for (const id of [kept.id, bare.id]) await drivers.a.destroy(id);
+    const [r1, r2] = await Promise.all([svcs.b.adoptLost('a'), svcs.b.adoptLost('a')]);
+    assert.deepEqual({ restored: r1.restored + r2.restored, ended: r1.ended + r2.ended }, { restored: 1, ended: 1 });
+    const back = await svcs.b.get(T, kept.id);
+    assert.deepEqual([back.node, back.state, back.generation], ['b', 'running', 1]);
+    assert.equal((await h.b.run(svcs.b, kept.id, 'cat /tmp/s')).stdout, 'snap\n');
+    const ev = await svcs.b.events(T, kept.id);
+    assert.ok(ev.some((e) => e.type === 'recovered' && /node a was lost/.test(e.message)), ev.map((e) => e.message).join('\n'));
+    const dead = await svcs.b.find(T, bare.id);
+    assert.deepEqual([dead.state, dead.endReason], ['dead', 'node-lost']);
+    await svcs.b.kill(T, kept.id);
+    await node('a');
+  });
+
   it('the store\'s only daemon takes every sandbox for its own: one recorded under an old node name is adopted and renamed', async () => {
     const sb = await svcs.a.create(T, {});
     await svcs.a.shutdown();

@@ -12,7 +12,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Nodes, Sandbox, Templates, Volumes } from '../packages/sdk/dist/index.js';
-import { api, egressRange, leftovers, rejectionCode, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
+import { api, egressRange, eventually, leftovers, rejectionCode, startSpaced, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
 import { makeOciImage } from './oci-image.mjs';
 const E2B = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { startPostgres } from './postgres.mjs';
@@ -291,5 +291,76 @@ describe('a cluster of two nodes on one database', () => {
     a.conn.apiUrl = a.daemon.url;
     assert.equal(await rejectionCode(Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 })), 'CAPACITY_EXHAUSTED');
     await placed.kill();
+  });
+});
+
+// A node lost for good: SIGKILLed, it heartbeats no more; after --node-lost-after the other node
+// restores its sandboxes from their newest snapshots (or ends them dead, node-lost), and the lost
+// node, started again, removes the copies its runtime still held.
+describe('a node lost: its sessions come back on another node from their snapshots', () => {
+  const db = pg.freshDatabase();
+  const blobs = mkdtempSync('/tmp/spt-blobs-');
+  const env = { SPACE_DATABASE: db, SPACE_BLOB_STORE: `file://${blobs}`, SPACE_NODE_NAME: 'x', SPACE_NODE_LOST_AFTER: '6' };
+  const xDir = mkdtempSync('/tmp/spt-');
+  const yDir = mkdtempSync('/tmp/spt-');
+  let x;
+  let y;
+  let yConn;
+  const ids = [];
+  after(async () => {
+    for (const id of ids) await Sandbox.kill(id, yConn).catch(() => {});
+    if (x && x.child.exitCode === null && x.child.signalCode === null) {
+      x.child.kill('SIGTERM');
+      await x.exited;
+    }
+    await y?.close();
+    const leaks = [...leftovers(xDir, ids), ...leftovers(yDir, ids)];
+    for (const d of [xDir, yDir, blobs]) rmSync(d, { recursive: true, force: true });
+    assert.deepEqual(leaks, []);
+  });
+
+  it('SIGKILL of node x: node y restores the session that has a snapshot (losing what came after it) and ends the one without (node-lost)', async () => {
+    x = await startSpaced(xDir, env);
+    mkdirSync(path.join(yDir, 'keys'), { recursive: true, mode: 0o700 });
+    copyFileSync(path.join(xDir, 'keys', 'node.key'), path.join(yDir, 'keys', 'node.key'));
+    y = await startDaemon({ dataDir: yDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database: db, blobStore: `file://${blobs}`, nodeName: 'y', nodeLostAfterS: 6, egress: { range: egressRange(yDir) } });
+    yConn = { apiUrl: y.url, apiKey: x.conn.apiKey };
+    const kept = await Sandbox.create({ ...x.conn, template: 'minimal', memoryMb: 256 });
+    const bare = await Sandbox.create({ ...x.conn, template: 'minimal', memoryMb: 256 });
+    ids.push(kept.id, bare.id);
+    await kept.files.write('/tmp/before', 'in the snapshot');
+    await kept.snapshot();
+    await kept.files.write('/tmp/after', 'lost with the node');
+    x.child.kill('SIGKILL');
+    await x.exited;
+    // Node y notices (6 s without a heartbeat) and restores it; bounded wait, not a timing assumption.
+    // (Until then requests for it answer 503 NODE_UNAVAILABLE: its node does not answer.)
+    const back = await eventually(async () => {
+      const sb = await Sandbox.connect(kept.id, yConn).catch(() => undefined);
+      return sb?.info.node === 'y' && sb.info.state === 'running' ? sb : undefined;
+    }, { tries: 600, everyMs: 100 });
+    assert.equal(back.info.generation, 1);
+    assert.equal(await back.files.read('/tmp/before'), 'in the snapshot');
+    assert.equal((await back.commands.run('test -e /tmp/after && echo there || echo gone')).stdout, 'gone\n', 'what came after the snapshot was lost with the node');
+    const events = await back.events();
+    assert.ok(events.some((e) => e.type === 'recovered' && /node x was lost/.test(e.message) && /losing the last \d+ s/.test(e.message)), events.map((e) => `${e.type}: ${e.message}`).join('\n'));
+    const gone = await eventually(async () => {
+      const sb = await Sandbox.connect(bare.id, yConn);
+      return sb.info.state === 'dead' ? sb : undefined;
+    });
+    assert.equal(gone.info.endReason, 'node-lost');
+    const nodes = await Nodes.list(yConn);
+    assert.deepEqual(nodes.map((n) => [n.name, n.state]).sort(), [['x', 'lost'], ['y', 'up']]);
+  });
+
+  it('node x started again removes the copies its runtime still held (the records are y\'s now)', async () => {
+    // First the session ends on y: the two nodes share this host, and with it the sandbox's
+    // network namespace and cgroup names, which x's clean-up would otherwise take from y's copy.
+    assert.equal((await Sandbox.kill(ids[0], yConn)).state, 'killed');
+    assert.ok(leftovers(xDir, ids).some((l) => l.startsWith('runsc container ')), 'x\'s runtime still holds its copies');
+    x = await startSpaced(xDir, env);
+    // (Its runtime lets go of a container's cgroups in the background.)
+    await eventually(() => leftovers(xDir, ids).length === 0).catch(() => assert.deepEqual(leftovers(xDir, ids), [], 'no container of the two is left on x'));
+    assert.equal((await Sandbox.connect(ids[0], x.conn)).info.state, 'killed');
   });
 });

@@ -19,7 +19,7 @@ export const SANDBOX_STATES = ['starting', 'running', 'paused', 'hibernated', 'k
 export type SandboxState = (typeof SANDBOX_STATES)[number];
 
 /** Why a sandbox ended. */
-export type EndReason = 'killed' | 'timeout' | 'oom' | 'crashed' | 'lost' | 'start-failed' | 'shutdown';
+export type EndReason = 'killed' | 'timeout' | 'oom' | 'crashed' | 'lost' | 'node-lost' | 'start-failed' | 'shutdown';
 
 /** Rolling snapshots: one every `intervalMs`, the newest `keep` scheduled ones kept. */
 export interface SnapshotPolicy {

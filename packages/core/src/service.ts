@@ -174,6 +174,8 @@ export class SandboxService {
   readonly owns: (sb: Pick<Sandbox, 'node'>) => boolean;
   private readonly nodeName: string | undefined;
   private readonly nodeUp: ((name: string) => Promise<boolean>) | undefined;
+  /** Sandboxes paused because the heartbeat could not be renewed (see leaseLost). */
+  private frozenByLease: Set<string> | undefined;
   /** The last hour of each running sandbox's usage. */
   private readonly usageHistory: UsageHistory;
   /** Clean-ups running in the background (awaited by {@link shutdown}). */
@@ -552,6 +554,65 @@ export class SandboxService {
    */
   removeSnapshot(tenantId: string, snapshotId: string): Promise<void> {
     return this.sessions.removeSnapshot(tenantId, snapshotId);
+  }
+
+  /**
+   * Node `lost` of the cluster stopped heartbeating: its sandboxes are restored here from their
+   * newest snapshots, or end `dead` (`node-lost`) without one (see Recovery.adoptLost).
+   *
+   * @example
+   * for (const n of nodes) if (n.state === 'lost') await svc.adoptLost(n.name);
+   */
+  adoptLost(lost: string): Promise<{ restored: number; ended: number }> {
+    return this.recovery.adoptLost(lost);
+  }
+
+  /**
+   * This node could not renew its place in the cluster (heartbeat) for long enough that the
+   * others may soon take its sandboxes over: every sandbox its runtime runs is paused, so that
+   * none goes on here while another node restores it. No record is written (the store is likely
+   * what cannot be reached). {@link leaseRenewed} undoes it. Returns how many were paused.
+   */
+  async leaseLost(): Promise<number> {
+    if (this.frozenByLease) return 0;
+    const frozen = new Set<string>();
+    this.frozenByLease = frozen;
+    for (const id of await this.driver.list()) {
+      if (await this.driver.pause(id).then(() => true, () => false)) frozen.add(id);
+    }
+    this.log.error({ paused: frozen.size }, 'this node cannot renew its heartbeat: its sandboxes are paused until it can (other nodes may take them over)');
+    return frozen.size;
+  }
+
+  /**
+   * The heartbeat went through (called after each): sandboxes this node's runtime holds whose
+   * record is now another node's — taken over while this one was cut off — are removed, and the
+   * ones {@link leaseLost} paused that are still this node's and running run again.
+   */
+  async leaseRenewed(): Promise<{ resumed: number; removed: number }> {
+    const frozen = this.frozenByLease;
+    const out = { resumed: 0, removed: 0 };
+    for (const id of await this.driver.list()) {
+      const sb = await this.store.getSandbox(id);
+      if (sb && !this.owns(sb)) {
+        await this.withLock(id, async () => {
+          const e = this.live.get(id);
+          if (e) e.killing = true;
+          e?.clearTimers();
+          e?.channel?.destroy();
+          this.live.delete(id);
+          await this.driver.destroy(id);
+        });
+        this.log.warn({ sandboxId: id, node: sb.node }, 'removed this node\'s copy of a sandbox another node took over');
+        out.removed++;
+      } else if (frozen?.has(id) && (!sb || sb.state === 'running' || sb.state === 'starting')) {
+        await this.driver.resume(id).catch((err) => this.log.warn({ err, sandboxId: id }, 'resuming after the heartbeat came back failed'));
+        out.resumed++;
+      }
+    }
+    if (frozen) this.log.warn({ resumed: out.resumed, removed: out.removed }, 'heartbeat back: this node\'s sandboxes run again');
+    this.frozenByLease = undefined;
+    return out;
   }
 
   /**

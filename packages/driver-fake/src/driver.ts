@@ -177,6 +177,11 @@ export class FakeDriver implements SandboxDriver {
     }
   }
 
+  /** Whether the runtime holds the sandbox paused (undefined: it holds no such sandbox), for tests. */
+  isPaused(id: string): boolean | undefined {
+    return this.sandboxes.get(id)?.paused;
+  }
+
   /** The machine of a sandbox, for tests that look inside. */
   machine(id: string): FakeMachine | undefined {
     return this.sandboxes.get(id)?.machine;

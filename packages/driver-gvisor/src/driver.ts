@@ -643,7 +643,7 @@ export class GvisorDriver implements SandboxDriver {
     await this.opts.network?.detach(`${NETNS_PREFIX}${rid}`);
     for (const ctl of ['memory', 'cpu', 'cpuacct', 'cpuset', 'pids', 'blkio', 'devices', 'freezer', 'systemd']) {
       const d = path.join(CGROUP_ROOT, ctl, CGROUP_PARENT, rid);
-      if (existsSync(d)) await fs.rmdir(d).catch(() => {});
+      if (existsSync(d)) await removeCgroup(d);
     }
     // Its disk last, once nothing serves it (what a checkpoint needed of it is in its copy).
     // (A failure leaves it listed: the next start's orphan sweep removes it.)
@@ -674,6 +674,31 @@ export class GvisorDriver implements SandboxDriver {
     for (const s of this.servers.values()) s.close();
     this.servers.clear();
     await this.pool?.settled();
+  }
+}
+
+/**
+ * Removes a sandbox's cgroup. Processes of a container a killed daemon left behind (runsc's
+ * sandbox and gofer) may still be in it, or exiting, after `runsc delete`: what is left is
+ * killed and the removal tried again, for up to ~5 s (a cgroup holding a process cannot go).
+ */
+async function removeCgroup(dir: string): Promise<void> {
+  for (let attempt = 0; attempt < 10; attempt++) {
+    try {
+      await fs.rmdir(dir);
+      return;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EBUSY') return;
+    }
+    const procs = (await fs.readFile(path.join(dir, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n').filter(Boolean);
+    for (const pid of procs) {
+      try {
+        process.kill(Number(pid), 'SIGKILL');
+      } catch {
+        // gone already
+      }
+    }
+    await new Promise((r) => setTimeout(r, 100 * (attempt + 1)));
   }
 }
 

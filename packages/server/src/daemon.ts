@@ -541,7 +541,24 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await fs.rename(`${stateFile}.tmp`, stateFile);
-  const heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)));
+  // A cluster's duties after each heartbeat: this node's lease (its sandboxes paused while it
+  // cannot heartbeat for half the time after which the others count it lost, and removed if
+  // taken over meanwhile), and the sandboxes of nodes lost, restored here (docs/cluster.md).
+  let beatOkAt = Date.now();
+  const duties = async (ok: boolean) => {
+    if (!ok) {
+      if (Date.now() - beatOkAt > lostAfterMs / 2) await service.leaseLost();
+      return;
+    }
+    beatOkAt = Date.now();
+    await service.leaseRenewed();
+    for (const n of await nodeStates(store, lostAfterMs)) {
+      if (n.state !== 'lost' || n.name === nodeName) continue;
+      const r = await service.adoptLost(n.name);
+      if (r.restored || r.ended) logger.warn({ node: n.name, ...r }, 'took over the sandboxes of a lost node');
+    }
+  };
+  const heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : undefined);
   await heartbeat.start();
   logger.info({ url, dataDir, node: nodeName, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
 
@@ -558,6 +575,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       clearTimeout(force);
       clearInterval(gcTimer);
       await gcRun;
+      // Its duties (a cluster's) end before the service does; the record says it stopped.
+      await heartbeat.stop();
       await service.shutdown();
       // The working copies of template images: RAM is given back; the next start reloads them.
       // The work directory stays if an operation left something in it for the next start.
@@ -565,7 +584,6 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       await fs.rmdir(workDir).catch(() => {});
       await fs.rmdir(ramDir(dataDir)).catch(() => {});
       await egress?.close();
-      await heartbeat.stop();
       pkcs11?.close();
       await closeStores();
       if (existsSync(stateFile) && readState(dataDir)?.pid === process.pid) await fs.rm(stateFile, { force: true });

@@ -9,7 +9,8 @@ import { SpaceError, type Logger, type MetadataStore, type NodeRecord } from '@s
 
 /**
  * Keeps a node's record fresh: `start()` registers, then a heartbeat every `everyMs`;
- * `stop()` records the stop.
+ * `stop()` records the stop. After each heartbeat, `duties` (a cluster's: see daemon.ts) run
+ * with whether it went through; the next heartbeat waits for them.
  *
  * @example
  * const hb = new NodeHeartbeat(store, record, logger, 10_000);
@@ -17,18 +18,34 @@ import { SpaceError, type Logger, type MetadataStore, type NodeRecord } from '@s
  */
 export class NodeHeartbeat {
   private timer: NodeJS.Timeout | undefined;
+  private stopped = false;
+  private running: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly store: MetadataStore,
     private record: NodeRecord,
     private readonly logger: Logger,
     private readonly everyMs: number,
+    private readonly duties?: (beatOk: boolean) => Promise<void>,
   ) {}
 
   /** Registers (a store that does not answer now is logged: the next heartbeat registers) and starts beating. */
   async start(): Promise<void> {
     await this.beat().catch((err: unknown) => this.logger.warn({ err }, 'could not register this node yet; the next heartbeat retries'));
-    this.timer = setInterval(() => void this.beat().catch((err: unknown) => this.logger.warn({ err }, 'node heartbeat failed; the next one retries')), this.everyMs);
+    this.next();
+  }
+
+  private next(): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => {
+      this.running = (async () => {
+        const ok = await this.beat().then(
+          () => true,
+          (err: unknown) => (this.logger.warn({ err }, 'node heartbeat failed; the next one retries'), false),
+        );
+        if (!this.stopped) await this.duties?.(ok).catch((err: unknown) => this.logger.error({ err }, 'cluster duties after the heartbeat failed'));
+      })().finally(() => this.next());
+    }, this.everyMs);
     this.timer.unref();
   }
 
@@ -39,7 +56,9 @@ export class NodeHeartbeat {
   }
 
   async stop(): Promise<void> {
-    clearInterval(this.timer);
+    this.stopped = true;
+    clearTimeout(this.timer);
+    await this.running;
     const at = new Date().toISOString();
     await this.store.putNode({ ...this.record, heartbeatAt: at, stoppedAt: at }).catch((err: unknown) => this.logger.warn({ err }, 'could not record this node\'s stop'));
   }

@@ -90,6 +90,8 @@ export interface SessionHooks {
   hibernateIfIdle(id: string, idleMs: number): Promise<'hibernated' | 'active' | 'gone'>;
   /** Takes a hibernated sandbox of a node that is down for this one (see Sessions.takeOver). */
   takeOver(sb: Sandbox, why: string): Promise<Sandbox>;
+  /** Throws unless the sandbox can run on node `to` (no disk or volume; its template's files there). */
+  assertMovable(sb: Sandbox, to: string): Promise<void>;
 }
 
 /** Starting sandboxes from templates, and their pools (template-starts.ts). */

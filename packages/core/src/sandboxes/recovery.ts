@@ -122,6 +122,53 @@ export class Recovery implements RecoveryHooks {
     return true;
   }
 
+  /**
+   * Node `lost` stopped heartbeating (a cluster): each of its sandboxes that was running,
+   * paused or being created is taken over by this node — conditionally, so of several nodes
+   * doing this each sandbox goes to one — and restored here from its newest snapshot (event
+   * `recovered`, saying how much time was lost), or ends `dead` (`node-lost`) without one. A
+   * sandbox that cannot run here (its disk or volumes are on the lost node, or its template's
+   * files) is left to wait for that node. Returns how many were restored and how many ended.
+   */
+  async adoptLost(lost: string): Promise<{ restored: number; ended: number }> {
+    const me = this.c.nodeName;
+    const done = { restored: 0, ended: 0 };
+    if (!me || lost === me) return done;
+    for (const found of await this.c.store.sandboxesInStates(['starting', 'running', 'paused'])) {
+      if (found.node !== lost) continue;
+      await this.c.withLock(found.id, async () => {
+        const sb = await this.c.store.getSandbox(found.id);
+        if (!sb || sb.node !== lost || !['starting', 'running', 'paused'].includes(sb.state)) return;
+        try {
+          await this.c.hooks.sessions.assertMovable(sb, me);
+        } catch (err) {
+          if (!this.waiting.has(sb.id)) this.c.log.warn({ err, sandboxId: sb.id, node: lost }, 'a lost node\'s sandbox cannot run here; it waits for its node');
+          this.waiting.add(sb.id);
+          return;
+        }
+        let claimed: Sandbox;
+        try {
+          claimed = await this.c.store.updateSandbox(sb.id, { node: me, generation: (sb.generation ?? 0) + 1 }, { node: lost, state: sb.state });
+        } catch {
+          return; // another node took it first, or its state changed: not this node's to recover
+        }
+        const why = `its node ${lost} was lost (no heartbeat)`;
+        await this.c.event(sb.id, 'moved', `taken over from node ${lost} by node ${me} (ownership generation ${claimed.generation}): ${why}`);
+        if (claimed.state !== 'starting' && claimed.lastSnapshotId) {
+          if (await this.recover(claimed, why)) done.restored++;
+          else done.ended++;
+        } else {
+          await this.c.hooks.endings.end(sb.id, 'dead', 'node-lost', `${why}${claimed.state === 'starting' ? ' while it was being created' : ', and it had no snapshot to come back from'}`);
+          done.ended++;
+        }
+      });
+    }
+    return done;
+  }
+
+  /** Lost nodes' sandboxes already found unable to run here (logged once). */
+  private readonly waiting = new Set<string>();
+
   /** Whether the runtime still runs (or holds paused) the sandbox; an unanswered question counts as no. */
   async runtimeRuns(id: string): Promise<boolean> {
     return (await this.c.driver.status(id).catch(() => ({ running: false }))).running;

@@ -186,7 +186,7 @@ export class Sessions implements SessionHooks {
   }
 
   /** Throws unless the sandbox can run on node `to`: no disk or volume (kept on its node), its template's files there. */
-  private async assertMovable(sb: Sandbox, to: string): Promise<void> {
+  async assertMovable(sb: Sandbox, to: string): Promise<void> {
     if (sb.diskMb !== undefined || sb.volumes?.length) {
       throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} keeps its ${sb.diskMb !== undefined ? 'disk' : 'volumes'} on node ${sb.node}: it cannot move to another node (yet)`, { details: { sandboxId: sb.id, node: sb.node } });
     }
