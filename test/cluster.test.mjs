@@ -292,6 +292,33 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal(await rejectionCode(Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 })), 'CAPACITY_EXHAUSTED');
     await placed.kill();
   });
+  it('space node drain: every session of node b moves to a (woken there if it ran), creates through b go elsewhere; undrain ends it', async () => {
+    // Room on node a again (the test before left it full).
+    await a.daemon.close();
+    a.daemon = await startDaemon({ dataDir: a.dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: 'warn', database, blobStore, nodeName: 'a', egress: { range: egressRange(a.dataDir) } });
+    a.conn.apiUrl = a.daemon.url;
+    assert.equal((await Sandbox.connect(onA.id, a.conn)).info.node, 'b');
+    // Asked of node a, done by node b.
+    const r = await Nodes.drain('b', a.conn);
+    assert.deepEqual(r, { node: 'b', draining: true, moved: [{ id: onA.id, node: 'a' }], stayed: [] });
+    // Node a wakes it after its next heartbeat (a bounded wait).
+    const woke = await eventually(async () => {
+      const sb = await Sandbox.connect(onA.id, b.conn);
+      return sb.info.node === 'a' && sb.info.state === 'running' ? sb : undefined;
+    });
+    assert.equal(await woke.files.read('/tmp/state'), 'before');
+    assert.deepEqual((await Nodes.list(a.conn)).map((n) => [n.name, !!n.draining]), [['a', false], ['b', true]]);
+    const placed = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 });
+    made.push(placed.id);
+    assert.equal(placed.info.node, 'a', 'a drained node places creates elsewhere');
+    assert.equal((await Nodes.undrain('b', b.conn)).draining, false);
+    const onBAgain = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 });
+    made.push(onBAgain.id);
+    assert.equal(onBAgain.info.node, 'b');
+    assert.equal(await rejectionCode(Nodes.drain('nowhere', a.conn)), 'BAD_REQUEST');
+    await placed.kill();
+    await onBAgain.kill();
+  });
 });
 
 // A node lost for good: SIGKILLed, it heartbeats no more; after --node-lost-after the other node

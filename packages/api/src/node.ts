@@ -33,4 +33,19 @@ export interface NodeInfo {
   startedAt: string;
   /** Its last heartbeat (ISO time). */
   heartbeatAt: string;
+  /** Drained (`space node drain`): no new sandbox is placed there and its sessions were moved off. */
+  draining?: boolean;
+}
+
+/**
+ * What a drain did (`POST /v1/nodes/{name}/drain`): the sessions moved (and where), and those
+ * that stayed (and why).
+ *
+ * @example { node: 'node-b', draining: true, moved: [{ id: 'sb3k9x…', node: 'node-a' }], stayed: [] }
+ */
+export interface DrainResult {
+  node: string;
+  draining: boolean;
+  moved: { id: string; node: string }[];
+  stayed: { id: string; reason: string }[];
 }

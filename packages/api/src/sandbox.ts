@@ -117,6 +117,8 @@ export interface Sandbox {
    * the ownership's generation. Absent: never.
    */
   generation?: number;
+  /** Moved while running (a drain): the node it moved to wakes it. */
+  wakeOnArrival?: boolean;
 }
 
 /**

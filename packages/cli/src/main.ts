@@ -356,8 +356,31 @@ program
     const nodes = await Nodes.list(connection());
     if (o.json) return void process.stdout.write(JSON.stringify(nodes, null, 2) + '\n');
     const rows = [['NAME', 'STATE', 'SANDBOXES', 'CPUS', 'MEMORY', 'DRIVERS', 'HEARTBEAT', 'URL']];
-    for (const n of nodes) rows.push([n.name, n.state, `${n.sandboxes}/${n.maxSandboxes}`, String(n.cpus), `${Math.round(n.memoryMb / 1024)}G`, n.drivers.join(','), `${age(n.heartbeatAt)} ago`, n.url]);
+    for (const n of nodes) rows.push([n.name, n.draining ? `${n.state}, drained` : n.state, `${n.sandboxes}/${n.maxSandboxes}`, String(n.cpus), `${Math.round(n.memoryMb / 1024)}G`, n.drivers.join(','), `${age(n.heartbeatAt)} ago`, n.url]);
     process.stdout.write(table(rows) + '\n');
+  });
+
+const nodeCmd = program.command('node').description('drain or undrain a node of the cluster (admin key)');
+nodeCmd
+  .command('drain <name>')
+  .description('place no new sandbox on the node and move every session it runs to the node with most room (hibernate there, wake here)')
+  .option('--json', 'print JSON')
+  .action(async (name: string, o: { json?: boolean }) => {
+    const t0 = Date.now();
+    process.stderr.write(`draining node ${name}: moving its sessions off...\n`);
+    const r = await Nodes.drain(name, connection());
+    if (o.json) return void process.stdout.write(JSON.stringify(r, null, 2) + '\n');
+    for (const m of r.moved) process.stdout.write(`${m.id} moved to node ${m.node}\n`);
+    for (const s of r.stayed) process.stdout.write(`${s.id} stayed: ${s.reason}\n`);
+    process.stdout.write(`node ${r.node} drained: ${r.moved.length} moved, ${r.stayed.length} stayed (${Date.now() - t0} ms)\n`);
+    if (r.stayed.length) process.exitCode = 1;
+  });
+nodeCmd
+  .command('undrain <name>')
+  .description('let the node take new sandboxes again')
+  .action(async (name: string) => {
+    const r = await Nodes.undrain(name, connection());
+    process.stdout.write(`node ${r.node} takes new sandboxes again\n`);
   });
 
 program

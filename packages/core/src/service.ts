@@ -623,8 +623,27 @@ export class SandboxService {
    * @example
    * const { sandbox } = await svc.move('tenant1', 'sb3k9x', 'node-b'); // sandbox.node === 'node-b'
    */
-  move(tenantId: string, id: string, to: string): Promise<{ sandbox: Sandbox; wasRunning: boolean }> {
-    return this.sessions.move(tenantId, id, to);
+  move(tenantId: string, id: string, to: string, opts: { wakeThere?: boolean } = {}): Promise<{ sandbox: Sandbox; wasRunning: boolean }> {
+    return this.sessions.move(tenantId, id, to, opts);
+  }
+
+  /**
+   * Wakes the sandboxes moved here while running by another node (a drain: `wakeThere`).
+   * Called after each heartbeat of a cluster node. Returns how many it woke.
+   */
+  async wakeArrivals(): Promise<number> {
+    let woken = 0;
+    for (const sb of await this.store.sandboxesInStates(['hibernated'])) {
+      if (!this.owns(sb) || !sb.wakeOnArrival) continue;
+      try {
+        await this.sessions.wake(sb.tenantId, sb.id);
+        woken++;
+      } catch (err) {
+        this.log.warn({ err, sandboxId: sb.id }, 'waking a sandbox moved here failed; it wakes on its next request');
+      }
+      await this.store.updateSandbox(sb.id, { wakeOnArrival: undefined }).catch(() => {});
+    }
+    return woken;
   }
 
   /** Saves the whole sandbox to a snapshot and releases every host resource. */

@@ -10,13 +10,13 @@ import path from 'node:path';
 import pino from 'pino';
 import { Ext4Volumes } from '@space/volume-ext4';
 import { ApiKeys, Volumes, type Logger, DedupBlobStore, SANDBOX_STATES, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
-import { parseSizeMb } from '@space/api';
+import { parseSizeMb, type DrainResult } from '@space/api';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
 import { claimBlobStore, openBlobStore } from './blob-store.js';
-import { NodeHeartbeat, checkNodeName, nodeStates, nodeViews } from './node.js';
+import { NodeHeartbeat, checkNodeName, nodeStates, nodeViews, pickNode } from './node.js';
 import { VERSION } from './version.js';
 import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
@@ -531,7 +531,33 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
   const instance = randomUUID();
-  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, ...(shared ? { cluster: { self: nodeName, nodes: () => nodeStates(store, lostAfterMs) } } : {}), drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
+  // Draining: the flag in the node's record (kept across restarts), then every session moved
+  // to the node with most room; those that ran are woken there (wakeOnArrival, after its heartbeat).
+  const drain = async (on: boolean): Promise<DrainResult> => {
+    if (!heartbeat) throw new SpaceError('DAEMON_SHUTTING_DOWN', 'The node is still starting; drain it in a moment');
+    await heartbeat.setDraining(on);
+    const result: DrainResult = { node: nodeName, draining: on, moved: [], stayed: [] };
+    if (!on) return result;
+    for (const sb of await store.sandboxesInStates(['running', 'paused', 'hibernated'])) {
+      if (!service.owns(sb)) continue;
+      const target = pickNode(await nodeViews(store, lostAfterMs), nodeName, sb.driver);
+      if (!target) {
+        result.stayed.push({ id: sb.id, reason: 'no other node is up with room for it' });
+        continue;
+      }
+      try {
+        await service.move(sb.tenantId, sb.id, target.name, { wakeThere: true });
+        result.moved.push({ id: sb.id, node: target.name });
+      } catch (err) {
+        result.stayed.push({ id: sb.id, reason: err instanceof Error ? err.message : String(err) });
+      }
+    }
+    logger.warn({ moved: result.moved.length, stayed: result.stayed.length }, 'node drained');
+    return result;
+  };
+  // The node's heartbeat (made once the listener's URL is known; drains go through it).
+  let heartbeat: NodeHeartbeat | undefined;
+  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, ...(shared ? { cluster: { self: nodeName, nodes: () => nodeStates(store, lostAfterMs), draining: () => !!heartbeat?.draining, drain: (on: boolean) => drain(on) } } : {}), drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
@@ -552,13 +578,16 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     }
     beatOkAt = Date.now();
     await service.leaseRenewed();
+    await service.wakeArrivals();
     for (const n of await nodeStates(store, lostAfterMs)) {
       if (n.state !== 'lost' || n.name === nodeName) continue;
       const r = await service.adoptLost(n.name);
       if (r.restored || r.ended) logger.warn({ node: n.name, ...r }, 'took over the sandboxes of a lost node');
     }
   };
-  const heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : undefined);
+  // A drained node stays drained across restarts (the flag is in its record).
+  const wasDraining = shared && (await store.listNodes()).some((n) => n.name === nodeName && n.draining);
+  heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(wasDraining ? { draining: true } : {}), ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : undefined);
   await heartbeat.start();
   logger.info({ url, dataDir, node: nodeName, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
 

@@ -1,5 +1,5 @@
 /** What the HTTP API is built from (its own module, so that app.ts and routes.ts need not import each other). */
-import type { NodeInfo } from '@space/api';
+import type { DrainResult, NodeInfo } from '@space/api';
 import type { Ingress } from './ingress.js';
 import type { FastifyBaseLogger } from 'fastify';
 import type { ApiKeys, KeyService, SandboxDriver, SandboxService, SecretService } from '@space/core';
@@ -32,5 +32,12 @@ export interface AppDeps {
    * Set when nodes share the database (a cluster): this node's name, and where the nodes are
    * and whether they are up. Requests for sandboxes other nodes run are forwarded to them (forward.ts).
    */
-  cluster?: { self: string; nodes: () => Promise<Pick<NodeInfo, 'name' | 'url' | 'state' | 'heartbeatAt'>[]> };
+  cluster?: {
+    self: string;
+    nodes: () => Promise<Pick<NodeInfo, 'name' | 'url' | 'state' | 'heartbeatAt' | 'draining'>[]>;
+    /** Whether this node is drained (creates go elsewhere). */
+    draining: () => boolean;
+    /** Drains this node (moves every session it runs to other nodes) or ends that. */
+    drain: (on: boolean) => Promise<DrainResult>;
+  };
 }

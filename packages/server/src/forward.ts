@@ -10,6 +10,7 @@ import https from 'node:https';
 import type { NodeInfo } from '@space/api';
 import { SpaceError, type Sandbox } from '@space/core';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { pickNode } from './node.js';
 
 /** Set on a forwarded request (the forwarding node's name): a node never forwards it again. */
 export const FORWARDED_BY = 'x-space-forwarded-by';
@@ -103,14 +104,19 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
  */
 export async function placeElsewhere(req: FastifyRequest, reply: FastifyReply, nodes: NodeInfo[], opts: Pick<ForwardOptions, 'self' | 'connectTimeoutMs'>): Promise<boolean> {
   if (req.headers[FORWARDED_BY]) return false;
-  const body = (req.body ?? {}) as { driver?: string };
-  const candidates = nodes
-    .filter((n) => n.name !== opts.self && n.state === 'up' && n.sandboxes < n.maxSandboxes && (!body.driver || n.drivers.includes(body.driver)))
-    .sort((x, y) => y.maxSandboxes - y.sandboxes - (x.maxSandboxes - x.sandboxes));
-  const target = candidates[0];
+  const target = pickNode(nodes, opts.self, ((req.body ?? {}) as { driver?: string }).driver);
   if (!target) return false;
   await forward(req, reply, target, opts, 'The sandbox was placed', Buffer.from(JSON.stringify(req.body ?? {})));
   return true;
+}
+
+/**
+ * Relays an admin's request about node `target` (a drain) to that node's API.
+ *
+ * @example await relayToNode(req, reply, node, { self: 'n1' });
+ */
+export function relayToNode(req: FastifyRequest, reply: FastifyReply, target: ForwardTarget, opts: Pick<ForwardOptions, 'self' | 'connectTimeoutMs'>): Promise<void> {
+  return forward(req, reply, target, opts, `The drain of node ${target.name} runs`);
 }
 
 /** The node record of the sandbox's node if that node is up. */

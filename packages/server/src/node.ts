@@ -55,6 +55,18 @@ export class NodeHeartbeat {
     await this.store.putNode(this.record);
   }
 
+  /** Whether the node is drained (kept in its record, so across restarts). */
+  get draining(): boolean {
+    return !!this.record.draining;
+  }
+
+  /** Drains the node (or ends that) and says so in its record at once. */
+  async setDraining(on: boolean): Promise<void> {
+    const { draining: _, ...rest } = this.record;
+    this.record = { ...rest, ...(on ? { draining: true } : {}) };
+    await this.beat();
+  }
+
   async stop(): Promise<void> {
     this.stopped = true;
     clearTimeout(this.timer);
@@ -87,8 +99,20 @@ export async function nodeViews(store: MetadataStore, lostAfterMs: number, now =
  *
  * @example const up = (await nodeStates(store, 30_000)).filter((n) => n.state === 'up');
  */
-export async function nodeStates(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<Pick<NodeInfo, 'name' | 'url' | 'e2bUrl' | 'state' | 'heartbeatAt'>[]> {
-  return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, ...(n.e2bUrl ? { e2bUrl: n.e2bUrl } : {}), heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now) }));
+export async function nodeStates(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<Pick<NodeInfo, 'name' | 'url' | 'e2bUrl' | 'state' | 'heartbeatAt' | 'draining'>[]> {
+  return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, ...(n.e2bUrl ? { e2bUrl: n.e2bUrl } : {}), heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now), ...(n.draining ? { draining: true } : {}) }));
+}
+
+/**
+ * The node a sandbox leaving `self` (a drain) or a create it has no room for goes to: up, not
+ * drained, running `driver` (if given), with the most free places; undefined when none.
+ *
+ * @example const target = pickNode(await nodeViews(store, 30_000), 'n1', 'gvisor');
+ */
+export function pickNode(nodes: NodeInfo[], self: string, driver?: string): NodeInfo | undefined {
+  return nodes
+    .filter((n) => n.name !== self && n.state === 'up' && !n.draining && n.sandboxes < n.maxSandboxes && (!driver || n.drivers.includes(driver)))
+    .sort((x, y) => y.maxSandboxes - y.sandboxes - (x.maxSandboxes - x.sandboxes))[0];
 }
 
 /** `stopped` if it said so, `lost` when its last heartbeat is older than `lostAfterMs`, else `up`. */

@@ -9,7 +9,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { AsyncQueue, SANDBOX_STATES, type AgentCall, type Progress, type Sandbox, type Template, type PortExposure, SpaceError, checkPath, fileMetadataFromHeaders, toSpaceError, asErrorCode } from '@space/core';
 import { Channel, type ExecRequest } from '@space/protocol';
 import type { AppDeps } from './deps.js';
-import { placeElsewhere } from './forward.js';
+import { placeElsewhere, relayToNode } from './forward.js';
 import { Type } from 'typebox';
 import * as S from './schemas.js';
 import { VERSION } from './version.js';
@@ -69,6 +69,8 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     reply.raw.on('close', () => { if (!reply.raw.writableEnded) ac.abort(); });
     let sb;
     try {
+      // A drained node places every create elsewhere.
+      if (deps.cluster?.draining()) throw new SpaceError('CAPACITY_EXHAUSTED', `Node ${deps.cluster.self} is drained: it takes no new sandboxes`, { details: { retryAfterS: 5 } });
       sb = await svc.create(req.principal.tenantId, req.body, ac.signal);
     } catch (err) {
       // Full here: another node of the cluster with room takes it (CAPACITY_EXHAUSTED when none can).
@@ -334,6 +336,20 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     if (!req.principal.admin) throw new SpaceError('FORBIDDEN', 'Listing nodes needs an admin key');
     return { nodes: deps.nodes ? await deps.nodes() : [] };
   });
+
+  for (const [verb, on] of [['drain', true], ['undrain', false]] as const) {
+    app.post(`/v1/nodes/:name/${verb}`, { schema: { tags: ['system'], params: S.NodeParams, description: on ? 'Drains a node: no new sandbox is placed there, and every session it runs is moved to the node with most room (hibernated there, woken if it ran). Admin keys only.' : 'Ends a drain: the node takes new sandboxes again. Admin keys only.' } }, async (req, reply) => {
+      if (!req.principal.admin) throw new SpaceError('FORBIDDEN', `${on ? 'Draining' : 'Undraining'} a node needs an admin key`);
+      const cluster = deps.cluster;
+      if (!cluster) throw new SpaceError('BAD_REQUEST', 'This daemon is the only node of its deployment (nodes share a PostgreSQL database to form a cluster: docs/cluster.md)');
+      if (req.params.name === cluster.self) return cluster.drain(on);
+      const node = (await cluster.nodes()).find((n) => n.name === req.params.name);
+      if (!node) throw new SpaceError('BAD_REQUEST', `No node ${JSON.stringify(req.params.name)} in this deployment; \`space nodes\` lists them`);
+      if (node.state !== 'up' || req.headers['x-space-forwarded-by']) throw new SpaceError('NODE_UNAVAILABLE', `Node ${node.name} is ${node.state} (last heartbeat ${node.heartbeatAt}); it must be up to move its sessions off`);
+      await relayToNode(req, reply, node, { self: cluster.self });
+      return reply;
+    });
+  }
 
   app.post('/v1/admin/gc', { schema: { tags: ['system'], description: 'Deletes snapshot chunks no snapshot references (also runs every 10 minutes; not while other nodes share the database: docs/cluster.md). Admin keys only.' } }, async (req) => {
     if (!req.principal.admin) throw new SpaceError('FORBIDDEN', 'Garbage collection needs an admin key');

@@ -138,6 +138,7 @@ export const SnapshotSchema = Type.Object({
   driver: Type.String(),
 });
 export const SnapshotBody = Type.Object({ name: Type.Optional(Type.String({ maxLength: 128 })) }, { additionalProperties: false });
+export const NodeParams = Type.Object({ name: Type.String({ minLength: 1, maxLength: 63 }) });
 export const MoveBody = Type.Object({ node: Type.String({ minLength: 1, maxLength: 63, description: 'The node to move to (GET /v1/nodes)' }) }, { additionalProperties: false });
 export const RollbackBody = Type.Object({ snapshotId: Type.String({ maxLength: 64 }) }, { additionalProperties: false });
 export const ForkBody = Type.Object({ count: Type.Optional(Type.Integer({ minimum: 1, maximum: 32, default: 1 })), snapshotId: Type.Optional(Type.String({ maxLength: 64 })) }, { additionalProperties: false });

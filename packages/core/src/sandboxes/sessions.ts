@@ -156,7 +156,7 @@ export class Sessions implements SessionHooks {
    * record moves (conditionally: still this node's and hibernated) with its generation bumped.
    * The new node wakes it from the snapshot in the shared blob store.
    */
-  move(tenantId: string, id: string, to: string): Promise<{ sandbox: Sandbox; wasRunning: boolean }> {
+  move(tenantId: string, id: string, to: string, opts: { wakeThere?: boolean } = {}): Promise<{ sandbox: Sandbox; wasRunning: boolean }> {
     return this.c.withLock(id, async () => {
       const sb = await this.c.hooks.get(tenantId, id);
       assertAllowed(sb, 'move');
@@ -165,7 +165,7 @@ export class Sessions implements SessionHooks {
       const wasRunning = sb.state !== 'hibernated';
       const asleep = wasRunning ? await this.hibernateLocked(sb) : sb;
       this.c.live.get(id)?.clearTimers();
-      const moved = await this.c.store.updateSandbox(id, { node: to, generation: (asleep.generation ?? 0) + 1 }, { node: this.c.nodeName ?? null, state: 'hibernated' });
+      const moved = await this.c.store.updateSandbox(id, { node: to, generation: (asleep.generation ?? 0) + 1, ...(wasRunning && opts.wakeThere ? { wakeOnArrival: true } : {}) }, { node: this.c.nodeName ?? null, state: 'hibernated' });
       await this.c.event(id, 'moved', `moved from node ${this.c.nodeName} to node ${to} (ownership generation ${moved.generation}); it wakes there`);
       return { sandbox: moved, wasRunning };
     });
