@@ -363,7 +363,7 @@ program
 const nodeCmd = program.command('node').description('drain or undrain a node of the cluster (admin key)');
 nodeCmd
   .command('drain <name>')
-  .description('place no new sandbox on the node and move every session it runs to the node with most room (hibernate there, wake here)')
+  .description('place no new sandbox on the node and move every session it runs to the node with most room (hibernated on it, woken on the new node if it ran)')
   .option('--json', 'print JSON')
   .action(async (name: string, o: { json?: boolean }) => {
     const t0 = Date.now();
