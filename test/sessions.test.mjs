@@ -216,6 +216,20 @@ describe('stateful sessions', () => {
     assert.equal((await bad.json()).error.code, 'INVALID_LIMITS');
   });
 
+  it('a long session (600 processes run in 256 MiB) still hibernates and wakes: the checkpoint gets room beyond the session\'s limit', async () => {
+    // This runsc keeps state for every process that ever ran, and a checkpoint's work grows with
+    // it: at its limit, the checkpoint ran out of memory and killed the session.
+    const sb = await fx.create({ memoryMb: 256 });
+    const r = await sb.commands.run('i=0; while [ $i -lt 600 ]; do /bin/true; i=$((i+1)); done; echo $i', { timeoutMs: 300_000 });
+    assert.equal(r.stdout, '600\n');
+    await sb.files.write('/tmp/long', 'lived');
+    await sb.hibernate();
+    await sb.wake();
+    assert.equal(await sb.files.read('/tmp/long'), 'lived');
+    assert.equal((await sb.commands.run('echo awake')).stdout, 'awake\n');
+    await sb.kill();
+  });
+
   it('killing a sandbox deletes its snapshots', async () => {
     const sb = await fx.create();
     const s = await sb.snapshot();

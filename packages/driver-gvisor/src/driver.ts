@@ -321,7 +321,29 @@ export class GvisorDriver implements SandboxDriver {
       Object.assign(env, { SPACE_DISK: this.pool.diskPath(rid), SPACE_DISK_COPY: this.pool.copyPath(copy) });
       script = '"$@" && btrfs subvolume snapshot -r "$SPACE_DISK" "$SPACE_DISK_COPY" && : > "$SPACE_COMPLETE_MARK"';
     }
+    await this.raiseMemoryForCheckpoint(rid);
     await this.spawnOwnSession('sh', ['-c', script, 'sh', this.runsc, ...argv], this.box(id).log, 300_000, 'checkpoint', env);
+  }
+
+  /**
+   * The checkpoint runs in the sandbox's cgroup, and its work (serialising the runtime's state,
+   * compressing the image) needs memory beyond what the session uses — more the longer the
+   * session ran: this runsc keeps state for every process that ever ran (measured: ~270 KiB of
+   * host memory and ~21 KiB of image per process; docs/architecture.md). A session near its limit
+   * made the checkpoint run out and, like every failed checkpoint here, die (a 256 MiB sandbox
+   * after ~400 commands). The session is quiesced by now, and a checkpoint stops the container
+   * (a restore makes a new cgroup), so the limit of this incarnation goes up for it: doubled, by
+   * 256 MiB at least.
+   */
+  private async raiseMemoryForCheckpoint(rid: string): Promise<void> {
+    const dir = path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid);
+    const limit = Number((await fs.readFile(path.join(dir, 'memory.limit_in_bytes'), 'utf8').catch(() => '0')).trim());
+    if (!(limit > 0) || limit > 2 ** 50) return;
+    const raised = String(limit + Math.max(limit, 256 * 2 ** 20));
+    // With swap accounting, memory+swap must stay at least the memory limit: it goes first.
+    const memsw = path.join(dir, 'memory.memsw.limit_in_bytes');
+    if (existsSync(memsw)) await fs.writeFile(memsw, raised).catch(() => {});
+    await fs.writeFile(path.join(dir, 'memory.limit_in_bytes'), raised).catch(() => {}); // (then the checkpoint runs within the old limit, as before)
   }
 
   /** The disk copy a checkpoint image was taken with (SNAPSHOT_CORRUPT when it has none, or it is gone). */
