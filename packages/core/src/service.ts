@@ -594,7 +594,9 @@ export class SandboxService {
     const out = { resumed: 0, removed: 0 };
     for (const id of await this.driver.list()) {
       const sb = await this.store.getSandbox(id);
-      if (sb && !this.owns(sb)) {
+      // A copy that still runs here: one a move left is stopped (its release is under way) and
+      // goes by itself; removing it would also reach the new node's names if it shared the host.
+      if (sb && !this.owns(sb) && (await this.driver.status(id).catch(() => ({ running: false }))).running) {
         await this.withLock(id, async () => {
           const e = this.live.get(id);
           if (e) e.killing = true;
