@@ -96,6 +96,11 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
 
   // ---- stateful sessions
   const sbOut = { response: { 200: S.SandboxSchema, ...err } };
+  /** The cluster this node is part of, or BAD_REQUEST for a deployment of one node. */
+  const requireCluster = () => {
+    if (!deps.cluster) throw new SpaceError('BAD_REQUEST', 'This daemon is the only node of its deployment (nodes share a PostgreSQL database to form a cluster: docs/cluster.md)');
+    return deps.cluster;
+  };
   app.post('/v1/sandboxes/:id/pause', { schema: { tags: ['sessions'], params: S.IdParams, ...sbOut } }, async (req) => svc.pause(req.principal.tenantId, req.params.id));
   app.post('/v1/sandboxes/:id/resume', { schema: { tags: ['sessions'], params: S.IdParams, ...sbOut } }, async (req) => svc.resume(req.principal.tenantId, req.params.id));
   app.post('/v1/sandboxes/:id/hibernate', { schema: { tags: ['sessions'], params: S.IdParams, ...sbOut } }, async (req) => svc.hibernate(req.principal.tenantId, req.params.id));
@@ -110,8 +115,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     return reply.code(201).send({ results });
   });
   app.post('/v1/sandboxes/:id/move', { schema: { tags: ['sessions'], params: S.IdParams, body: S.MoveBody, description: 'Moves the sandbox to another node of the cluster: hibernated here, woken there (if it ran). Sandboxes with a disk or volumes do not move.', ...sbOut } }, async (req) => {
-    const cluster = deps.cluster;
-    if (!cluster) throw new SpaceError('BAD_REQUEST', 'This daemon is the only node of its deployment (nodes share a PostgreSQL database to form a cluster: docs/cluster.md)');
+    const cluster = requireCluster();
     const target = (await cluster.nodes()).find((n) => n.name === req.body.node);
     if (!target) throw new SpaceError('BAD_REQUEST', `No node ${JSON.stringify(req.body.node)} in this deployment; \`space nodes\` lists them`);
     if (target.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `Node ${target.name} is ${target.state} (last heartbeat ${target.heartbeatAt}); move to a node that is up`);
@@ -340,8 +344,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   for (const [verb, on] of [['drain', true], ['undrain', false]] as const) {
     app.post(`/v1/nodes/:name/${verb}`, { schema: { tags: ['system'], params: S.NodeParams, description: on ? 'Drains a node: no new sandbox is placed there, and every session it runs is moved to the node with most room (hibernated there, woken if it ran). Admin keys only.' : 'Ends a drain: the node takes new sandboxes again. Admin keys only.' } }, async (req, reply) => {
       if (!req.principal.admin) throw new SpaceError('FORBIDDEN', `${on ? 'Draining' : 'Undraining'} a node needs an admin key`);
-      const cluster = deps.cluster;
-      if (!cluster) throw new SpaceError('BAD_REQUEST', 'This daemon is the only node of its deployment (nodes share a PostgreSQL database to form a cluster: docs/cluster.md)');
+      const cluster = requireCluster();
       if (req.params.name === cluster.self) return cluster.drain(on);
       const node = (await cluster.nodes()).find((n) => n.name === req.params.name);
       if (!node) throw new SpaceError('BAD_REQUEST', `No node ${JSON.stringify(req.params.name)} in this deployment; \`space nodes\` lists them`);
