@@ -387,11 +387,17 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     ...(process.env.SPACE_FAULT_INJECT?.startsWith('rotation:after-') ? { faultAfterRewraps: Number(process.env.SPACE_FAULT_INJECT.slice('rotation:after-'.length)) } : {}),
   });
   try {
-    // A missing or bad node key stops the daemon here, never at the first restore.
+    // A missing or bad node key stops the daemon here, never at the first restore: a data key
+    // the deployment already has (the ingress's) must unwrap with it.
     await encryptionKeys.start();
+    await encryptionKeys.daemonSecret('ingress-passes');
   } catch (err) {
     pkcs11?.close();
     await closeStores();
+    // A node joining a deployment with a key of its own: say what a cluster needs.
+    if (shared && err instanceof SpaceError && err.code === 'KEY_INVALID' && /does not unwrap/.test(err.message)) {
+      throw new SpaceError('KEY_INVALID', `${err.message}. Every node of a deployment needs the same node key: copy it from a node of this deployment to ${path.join(keyDir, 'node.key')} (or give every node the same PKCS#11 token), then start this one again`, { cause: err });
+    }
     throw err;
   }
   let egress: Awaited<ReturnType<typeof prepareEgress>>;
