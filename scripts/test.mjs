@@ -5,7 +5,7 @@
 // crash loop, lane 2 the other gVisor files — about 20 minutes each here (the table at the end
 // of a run gives each file's time, to rebalance by).
 // Pass test files to run only those, one at a time: ./space test test/api.test.mjs; --fast runs
-// the fast lane alone (~35 s): ./space test --fast; SPACE_TEST_LANES=1 runs the real-runtime
+// the fast lane alone (~30 s): ./space test --fast; SPACE_TEST_LANES=1 runs the real-runtime
 // files one at a time in a single lane.
 // Afterwards, every network namespace and cgroup a sandbox had must be gone: anything new
 // under `space-*` netns or the `space` cgroups fails the run, whichever test leaked it (what a
