@@ -8,6 +8,7 @@
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import http from 'node:http';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
@@ -27,7 +28,24 @@ after(async () => {
 });
 
 /** Node b's daemon: its own data directory and template cache (`minimal` is built there in a second). */
-const startNodeB = (dataDir, opts = {}) => startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: path.join(dataDir, 'templates'), logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database, blobStore, nodeName: 'b', egress: { range: egressRange(dataDir) }, ...opts });
+const startNodeB = (dataDir, opts = {}) => startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: path.join(dataDir, 'templates'), logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database, blobStore, nodeName: 'b', egress: { range: egressRange(dataDir) }, ingress: { domain: INGRESS_DOMAIN }, ...opts });
+
+/** The cluster's ingress domain (the same on every node: a request may reach any of them). */
+const INGRESS_DOMAIN = 'cluster.test';
+
+/** A request to an ingress listener for host `host`; resolves to { status, body }. */
+function viaIngress(listenerUrl, host, headers = {}) {
+  const u = new URL(listenerUrl);
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: u.hostname, port: u.port, path: '/', headers: { host, ...headers } }, (res) => {
+      let body = '';
+      res.on('data', (d) => (body += d));
+      res.on('end', () => resolve({ status: res.statusCode, body }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
 
 /** Node b: the deployment's node key (as an operator distributes it), node a's API key. */
 async function startB(a) {
@@ -53,7 +71,7 @@ describe('a cluster of two nodes on one database', () => {
   let leftForGc = false;
   const made = [];
   before(async () => {
-    a = await startTestDaemon({ database, blobStore, nodeName: 'a' });
+    a = await startTestDaemon({ database, blobStore, nodeName: 'a', ingress: { domain: INGRESS_DOMAIN } });
     b = await startB(a);
     onA = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
     made.push(onA.id);
@@ -102,6 +120,20 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal(lines.join(''), 'one\ntwo\n');
     assert.deepEqual(await answeredBy(b.conn, `/v1/sandboxes/${onA.id}/usage`), { node: 'a', status: 200 });
     assert.deepEqual(await answeredBy(b.conn, '/v1/sandboxes'), { node: 'b', status: 200 }, 'a listing is answered by the node asked');
+  });
+
+  it('the ingress on node b serves a port of a sandbox on node a (its token checked there); without the token 401', async () => {
+    const sb = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
+    made.push(sb.id);
+    await sb.commands.run('mkdir -p /tmp/www && echo hello-from-a > /tmp/www/index.html && busybox httpd -p 8000 -h /tmp/www');
+    const { token } = await sb.ports.expose(8000);
+    const host = `8000-${sb.id}.${INGRESS_DOMAIN}`;
+    const ingressB = b.daemon.state.ingressUrl;
+    assert.deepEqual(await viaIngress(ingressB, host, { 'x-space-access-token': token }), { status: 200, body: 'hello-from-a\n' });
+    assert.equal((await viaIngress(ingressB, host)).status, 401);
+    const log = (await api(a, 'GET', `/v1/sandboxes/${sb.id}/ingress/log`)).body;
+    assert.ok(JSON.stringify(log).includes('"status":200'), 'node a served and logged it');
+    await sb.kill();
   });
 
   it('files go both ways through node b intact (8 MiB up and down)', async () => {

@@ -19,6 +19,8 @@ export interface NodeInfo {
   url: string;
   /** Its E2B-compatible API, when it runs one (same host as {@link url}). */
   e2bUrl?: string;
+  /** Its ingress listener, when it runs one (same host as {@link url}). */
+  ingressUrl?: string;
   /** SPACE's version on it. */
   version: string;
   /** Isolation drivers it runs. */

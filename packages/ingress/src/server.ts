@@ -42,7 +42,16 @@ export interface IngressBackend {
   connect(route: IngressRoute): Promise<string>;
   /** Called once per request when it ends. */
   log?(entry: IngressLogEntry): void;
+  /**
+   * Where the request goes instead when another node of a cluster runs the sandbox: that
+   * node's ingress (`http://HOST:PORT`), which checks the token, logs and serves it; undefined:
+   * here. `forwarded`: another node sent it here already (never sent on again).
+   */
+  forwardTo?(route: IngressRoute, forwarded: boolean): Promise<string | undefined>;
 }
+
+/** Set on a request one node's ingress sends to another's: which node sent it. */
+export const INGRESS_FORWARDED_BY = 'x-space-forwarded-by';
 
 /** Options of {@link IngressServer}. */
 export interface IngressServerOptions {
@@ -108,6 +117,7 @@ export class IngressServer {
    */
   domain: string;
   private readonly proxy;
+  private readonly relay;
   private readonly opts: Required<Omit<IngressServerOptions, 'tls'>> & Pick<IngressServerOptions, 'tls'>;
 
   constructor(opts: IngressServerOptions) {
@@ -118,6 +128,8 @@ export class IngressServer {
     // One connection per request to the sandbox, and every one ends with a reset (see
     // ResettingAgent); a WebSocket's upstream answers the sandbox's FIN with a reset too.
     this.proxy = createProxyServer({ xfwd: true, proxyTimeout: this.opts.upstreamTimeoutMs, ws: true, agent: new ResettingAgent({ keepAlive: false }) });
+    // To another node's ingress: the request as it came (Host, token, cookie), on a plain connection.
+    this.relay = createProxyServer({ xfwd: true, proxyTimeout: this.opts.upstreamTimeoutMs, ws: true, agent: new http.Agent({ keepAlive: false }), headers: { [INGRESS_FORWARDED_BY]: 'ingress' } });
     this.proxy.on('open', (s: net.Socket) => s.prependOnceListener('end', () => s.resetAndDestroy()));
     this.server.on('request', (req, res) => void this.web(req, res));
     this.server.on('upgrade', (req, socket, head) => void this.upgrade(req, socket as net.Socket, head));
@@ -147,6 +159,7 @@ export class IngressServer {
       this.server.closeAllConnections();
     });
     this.proxy.close?.();
+    this.relay.close?.();
   }
 
   /**
@@ -208,7 +221,16 @@ export class IngressServer {
     });
     try {
       // Refusals of an exposed port are logged too (access "refused"); unknown hosts are not.
-      route = await this.find(req);
+      const found = await this.find(req);
+      // Another node runs the sandbox: its ingress checks, logs and serves the request.
+      const elsewhere = await this.opts.backend.forwardTo?.(found, req.headers[INGRESS_FORWARDED_BY] !== undefined);
+      if (elsewhere) {
+        this.relay.web(req, res, { target: elsewhere }, (err) => {
+          this.refuse(req, res, new SpaceError('NODE_UNAVAILABLE', `Sandbox ${found.sandboxId} runs on another node, whose ingress at ${elsewhere} did not answer: ${(err as Error).message}`, { cause: err }));
+        });
+        return;
+      }
+      route = found;
       if (req.url?.startsWith(`${SIGNED_LINK_PATH}?`) || req.url === SIGNED_LINK_PATH) {
         if (this.signedLink(req, res, route)) access = 'pass';
         return;
@@ -254,6 +276,14 @@ export class IngressServer {
     socket.on('error', () => {});
     try {
       const route = await this.find(req);
+      const elsewhere = await this.opts.backend.forwardTo?.(route, req.headers[INGRESS_FORWARDED_BY] !== undefined);
+      if (elsewhere) {
+        this.relay.ws(req, socket, head, { target: elsewhere }, () => {
+          if (socket.writable) socket.end(`HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+          else socket.destroy();
+        });
+        return;
+      }
       const access = this.authorize(req, route);
       this.scrub(req, route);
       const address = await this.opts.backend.connect(route);

@@ -482,7 +482,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   // API, whose sandboxes carry its domain.
   const ingressListen = opts.ingress?.listen ?? process.env.SPACE_INGRESS_LISTEN ?? (port === 0 ? `${host.includes(':') ? `[${host}]` : host}:0` : `${host.includes(':') ? `[${host}]` : host}:${port + 2}`);
   const ingress = await startIngress(
-    { service, network: egress?.network, secret: await encryptionKeys.daemonSecret('ingress-passes'), logger: logger.child({ api: 'ingress' }) },
+    { service, network: egress?.network, secret: await encryptionKeys.daemonSecret('ingress-passes'), logger: logger.child({ api: 'ingress' }), ...(shared ? { nodes: () => nodeStates(store, lostAfterMs) } : {}) },
     { listen: ingressListen, ...(opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN ? { domain: opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN } : {}), ...(opts.ingress?.certFile ? { certFile: opts.ingress.certFile } : {}), ...(opts.ingress?.keyFile ? { keyFile: opts.ingress.keyFile } : {}) },
   );
   if (ingress) daemonPorts.add(Number(new URL(ingress.url).port));
@@ -593,7 +593,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   };
   // A drained node stays drained across restarts (the flag is in its record).
   const wasDraining = shared && (await store.listNodes()).some((n) => n.name === nodeName && n.draining);
-  heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(wasDraining ? { draining: true } : {}), ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : undefined);
+  heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(wasDraining ? { draining: true } : {}), ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), ...(ingress ? { ingressUrl: advertised(ingress.url, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : undefined);
   await heartbeat.start();
   logger.info({ url, dataDir, node: nodeName, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
 

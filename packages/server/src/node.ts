@@ -99,8 +99,8 @@ export async function nodeViews(store: MetadataStore, lostAfterMs: number, now =
  *
  * @example const up = (await nodeStates(store, 30_000)).filter((n) => n.state === 'up');
  */
-export async function nodeStates(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<Pick<NodeInfo, 'name' | 'url' | 'e2bUrl' | 'state' | 'heartbeatAt' | 'draining'>[]> {
-  return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, ...(n.e2bUrl ? { e2bUrl: n.e2bUrl } : {}), heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now), ...(n.draining ? { draining: true } : {}) }));
+export async function nodeStates(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<Pick<NodeInfo, 'name' | 'url' | 'e2bUrl' | 'ingressUrl' | 'state' | 'heartbeatAt' | 'draining'>[]> {
+  return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, ...(n.e2bUrl ? { e2bUrl: n.e2bUrl } : {}), ...(n.ingressUrl ? { ingressUrl: n.ingressUrl } : {}), heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now), ...(n.draining ? { draining: true } : {}) }));
 }
 
 /**
