@@ -386,11 +386,12 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     logger,
     ...(process.env.SPACE_FAULT_INJECT?.startsWith('rotation:after-') ? { faultAfterRewraps: Number(process.env.SPACE_FAULT_INJECT.slice('rotation:after-'.length)) } : {}),
   });
+  let ingressSecret: Buffer;
   try {
     // A missing or bad node key stops the daemon here, never at the first restore: a data key
     // the deployment already has (the ingress's) must unwrap with it.
     await encryptionKeys.start();
-    await encryptionKeys.daemonSecret('ingress-passes');
+    ingressSecret = await encryptionKeys.daemonSecret('ingress-passes');
   } catch (err) {
     pkcs11?.close();
     await closeStores();
@@ -482,7 +483,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   // API, whose sandboxes carry its domain.
   const ingressListen = opts.ingress?.listen ?? process.env.SPACE_INGRESS_LISTEN ?? (port === 0 ? `${host.includes(':') ? `[${host}]` : host}:0` : `${host.includes(':') ? `[${host}]` : host}:${port + 2}`);
   const ingress = await startIngress(
-    { service, network: egress?.network, secret: await encryptionKeys.daemonSecret('ingress-passes'), logger: logger.child({ api: 'ingress' }), ...(shared ? { nodes: () => nodeStates(store, lostAfterMs) } : {}) },
+    { service, network: egress?.network, secret: ingressSecret, logger: logger.child({ api: 'ingress' }), ...(shared ? { nodes: () => nodeStates(store, lostAfterMs) } : {}) },
     { listen: ingressListen, ...(opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN ? { domain: opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN } : {}), ...(opts.ingress?.certFile ? { certFile: opts.ingress.certFile } : {}), ...(opts.ingress?.keyFile ? { keyFile: opts.ingress.keyFile } : {}) },
   );
   if (ingress) daemonPorts.add(Number(new URL(ingress.url).port));

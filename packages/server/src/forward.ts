@@ -74,11 +74,14 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
     if (req.headers[FORWARDED_BY]) {
       throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}; node ${String(req.headers[FORWARDED_BY])} forwarded this request here (${opts.self}), which does not run it either`, { details: { sandboxId: sb.id, node: sb.node } });
     }
-    const node = await ownerOf(sb, opts);
-    // Its record is in the shared database: what it is can be said without its node. And a
-    // hibernated sandbox holds nothing there: this node takes it over (SandboxService.get).
-    if (!node && ((req.method === 'GET' && route === '/v1/sandboxes/:id') || sb.state === 'hibernated')) return;
-    await forward(req, reply, await upOrThrow(sb, node, opts), opts, `Sandbox ${sb.id} runs`);
+    const node = await recordOf(sb, opts.nodes);
+    if (node?.state !== 'up') {
+      // Its record is in the shared database: what it is can be said without its node. And a
+      // hibernated sandbox holds nothing there: this node takes it over (SandboxService.get).
+      if ((req.method === 'GET' && route === '/v1/sandboxes/:id') || sb.state === 'hibernated') return;
+      throw nodeUnavailable(sb, node);
+    }
+    await forward(req, reply, node, opts, `Sandbox ${sb.id} runs`);
   });
   // Creates: a tenant's template starts where its root file system is (body parsed by now).
   app.addHook('preHandler', async (req, reply) => {
@@ -119,17 +122,19 @@ export function relayToNode(req: FastifyRequest, reply: FastifyReply, target: Fo
   return forward(req, reply, target, opts, `The drain of node ${target.name} runs`);
 }
 
-/** The node record of the sandbox's node if that node is up. */
-async function ownerOf(sb: Sandbox, opts: Pick<ForwardOptions, 'nodes'>): Promise<ForwardTarget | undefined> {
-  const node = sb.node ? (await opts.nodes()).find((n) => n.name === sb.node) : undefined;
-  return node?.state === 'up' ? node : undefined;
+/** The record of the sandbox's node, if that node ever registered. */
+async function recordOf<T extends Pick<NodeInfo, 'name'>>(sb: Sandbox, nodes: () => Promise<T[]>): Promise<T | undefined> {
+  return sb.node ? (await nodes()).find((n) => n.name === sb.node) : undefined;
 }
 
-/** `node` (the sandbox's node, up), or NODE_UNAVAILABLE saying what its node is. */
-async function upOrThrow(sb: Sandbox, node: ForwardTarget | undefined, opts: Pick<ForwardOptions, 'nodes'>): Promise<ForwardTarget> {
-  if (node) return node;
-  const rec = sb.node ? (await opts.nodes()).find((n) => n.name === sb.node) : undefined;
-  throw new SpaceError('NODE_UNAVAILABLE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, which ${rec ? `is ${rec.state} (last heartbeat ${rec.heartbeatAt})` : 'is not registered'}`, { details: { sandboxId: sb.id, node: sb.node } });
+/**
+ * NODE_UNAVAILABLE for a sandbox whose node (its record `rec`, if registered) is not up — what
+ * the API, the E2B API and the ingress answer alike.
+ *
+ * @example if (rec?.state !== 'up') throw nodeUnavailable(sb, rec);
+ */
+export function nodeUnavailable(sb: Pick<Sandbox, 'id' | 'node'>, rec: Pick<NodeInfo, 'state' | 'heartbeatAt'> | undefined): SpaceError {
+  return new SpaceError('NODE_UNAVAILABLE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, which ${rec ? `is ${rec.state} (last heartbeat ${rec.heartbeatAt})` : 'is not registered'}`, { details: { sandboxId: sb.id, node: sb.node } });
 }
 
 /** What forwarding on the E2B-compatible API needs: the sandbox's record by id (any tenant: the owner authenticates). */
@@ -155,7 +160,9 @@ export function registerE2bForwarding(app: FastifyInstance, opts: E2bForwardOpti
     if (typeof id !== 'string' || id.length >= 64 || req.headers[FORWARDED_BY]) return;
     const sb = await opts.find(id);
     if (!sb || opts.owns(sb)) return;
-    await forward(req, reply, await upOrThrow(sb, await ownerOf(sb, opts), opts), opts, `Sandbox ${sb.id} runs`);
+    const node = await recordOf(sb, opts.nodes);
+    if (node?.state !== 'up') throw nodeUnavailable(sb, node);
+    await forward(req, reply, node, opts, `Sandbox ${sb.id} runs`);
   });
 }
 

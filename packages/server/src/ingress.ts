@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { EVERY_PORT, SpaceError, type Logger, type PortExposure, type Sandbox, type SandboxNetwork, type SandboxService } from '@space/core';
 import { IngressServer, SIGNED_LINK_PATH, ingressHost, makePass, type IngressRoute } from '@space/ingress';
 import type { NodeInfo } from '@space/api';
+import { nodeUnavailable } from './forward.js';
 
 /** Ingress settings (flags `--ingress-listen`, `--ingress-domain`, `--ingress-cert`, `--ingress-key`). */
 export interface IngressOptions {
@@ -48,7 +49,7 @@ export interface Ingress {
  * sandbox network (nothing could be reached).
  * @example const ingress = await startIngress({ service, network, secret, logger }, { listen: '127.0.0.1:7072' });
  */
-export async function startIngress(deps: { service: SandboxService; network: SandboxNetwork | undefined; secret: Buffer; logger: Logger; nodes?: () => Promise<Pick<NodeInfo, 'name' | 'state' | 'ingressUrl'>[]> }, opts: { listen: string; domain?: string; certFile?: string; keyFile?: string; wakeTimeoutMs?: number }): Promise<Ingress | undefined> {
+export async function startIngress(deps: { service: SandboxService; network: SandboxNetwork | undefined; secret: Buffer; logger: Logger; nodes?: () => Promise<Pick<NodeInfo, 'name' | 'state' | 'heartbeatAt' | 'ingressUrl'>[]> }, opts: { listen: string; domain?: string; certFile?: string; keyFile?: string; wakeTimeoutMs?: number }): Promise<Ingress | undefined> {
   if (opts.listen === 'off') return undefined;
   const wakeTimeoutMs = opts.wakeTimeoutMs ?? WAKE_TIMEOUT_MS;
   const { service, network, secret, logger } = deps;
@@ -105,8 +106,9 @@ export async function startIngress(deps: { service: SandboxService; network: San
         const sb = found.get(route);
         if (!sb || service.owns(sb) || !deps.nodes) return undefined;
         if (forwarded) throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, and another node's ingress sent this request here`);
-        const node = (await deps.nodes()).find((n) => n.name === sb.node);
-        if (!node || node.state !== 'up' || !node.ingressUrl) throw new SpaceError('NODE_UNAVAILABLE', `Sandbox ${sb.id} runs on node ${sb.node ?? '(none recorded)'}, which ${node ? (node.state !== 'up' ? `is ${node.state}` : 'runs no ingress') : 'is not registered'}`);
+        const node = sb.node ? (await deps.nodes()).find((n) => n.name === sb.node) : undefined;
+        if (node?.state !== 'up') throw nodeUnavailable(sb, node);
+        if (!node.ingressUrl) throw new SpaceError('NODE_UNAVAILABLE', `Sandbox ${sb.id} runs on node ${node.name}, which runs no ingress`);
         return node.ingressUrl;
       },
       log(e) {
