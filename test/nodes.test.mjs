@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { after, describe, it } from 'node:test';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
-import { NodeHeartbeat, checkNodeName, nodeViews } from '../packages/server/dist/node.js';
+import { NodeHeartbeat, checkNodeName, nodeViews, planDrain } from '../packages/server/dist/node.js';
 import { quiet } from './fake-harness.mjs';
 import { sandbox } from './store-suite.mjs';
 
@@ -33,6 +33,22 @@ describe('nodes', () => {
     assert.equal((await nodeViews(store, 30_000))[0].state, 'up', 'a restart is up again');
     await hb.stop();
     await store.close();
+  });
+
+  it('a drain spreads its sessions by free places, counting the ones it has already sent', () => {
+    const view = (name, sandboxes, extra = {}) => ({ ...record(name, new Date().toISOString()), maxSandboxes: 10, state: 'up', sandboxes, ...extra });
+    const nodes = [view('self', 6), view('b', 2), view('c', 4), view('d', 0, { draining: true }), view('e', 0, { state: 'lost' }), view('f', 0, { drivers: ['microvm'] })];
+    const sessions = Array.from({ length: 6 }, (_, i) => ({ id: `s${i}`, driver: 'gvisor' }));
+    const plan = planDrain(nodes, 'self', sessions);
+    const per = {};
+    for (const to of plan.values()) per[to] = (per[to] ?? 0) + 1;
+    // b has 8 free places, c 6: b takes until they are level, then they alternate.
+    assert.deepEqual(per, { b: 4, c: 2 });
+    assert.equal(nodes.find((n) => n.name === 'b').sandboxes, 2, 'the views passed in are not changed');
+    // Past every node's room: the rest stay (undefined).
+    const many = planDrain(nodes, 'self', Array.from({ length: 16 }, (_, i) => ({ id: `m${i}`, driver: 'gvisor' })));
+    assert.equal([...many.values()].filter((t) => t === undefined).length, 2);
+    assert.equal(planDrain(nodes, 'self', [{ id: 'vm', driver: 'microvm' }]).get('vm'), 'f');
   });
 
   it('node names are host-name-like', () => {

@@ -72,6 +72,26 @@ export function storeSuite(name, h) {
       await s.close();
     });
 
+    it('a node\'s own sandboxes and the count per node: by the owning node, following moves', async () => {
+      const s = await h.open('by-node');
+      await s.insertSandbox({ ...sandbox('a1', 't'), node: 'a' });
+      await s.insertSandbox({ ...sandbox('a2', 't', 'paused'), node: 'a' });
+      await s.insertSandbox({ ...sandbox('a3', 't', 'hibernated'), node: 'a' });
+      await s.insertSandbox({ ...sandbox('b1', 't'), node: 'b' });
+      await s.insertSandbox(sandbox('none', 't'));
+      const ids = async (states, opts) => (await s.sandboxesInStates(states, opts)).map((x) => x.id).sort();
+      assert.deepEqual(await ids(['running', 'paused'], { node: 'a' }), ['a1', 'a2']);
+      assert.deepEqual(await ids(['running'], { node: 'c' }), []);
+      assert.deepEqual(await ids(['running']), ['a1', 'b1', 'none']);
+      assert.deepEqual(await s.countSandboxesByNode(['running', 'paused']), { a: 2, b: 1 });
+      // A move changes the owner in the document and in the query's column together.
+      await s.updateSandbox('a3', { node: 'b', state: 'running' });
+      assert.deepEqual(await ids(['running'], { node: 'b' }), ['a3', 'b1']);
+      assert.deepEqual(await s.countSandboxesByNode(['running', 'paused']), { a: 2, b: 2 });
+      assert.deepEqual(await s.countSandboxesByNode(['killed']), {});
+      await s.close();
+    });
+
     it('keeps lifecycle intents across reopening until they are done', async () => {
       const s = await h.open('intents');
       const journal = new Journal(s);
@@ -80,7 +100,8 @@ export function storeSuite(name, h) {
       await journal.step(a, 'checkpointed');
       await s.close();
       const s2 = await h.open('intents');
-      const left = await new Journal(s2).list();
+      // Begun in the same millisecond they may list either way (oldest first, then by id).
+      const left = (await new Journal(s2).list()).sort((x, y) => x.sandboxId.localeCompare(y.sandboxId));
       assert.deepEqual(left.map((i) => [i.sandboxId, i.op, i.step, i.snapshotId]), [['sb1', 'snapshot', 'checkpointed', 'sn1'], ['sb2', 'wake', 'restore', 'sn2']]);
       await new Journal(s2).done(left[0]);
       assert.deepEqual((await s2.listIntents()).map((i) => i.id), [b.id]);

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { after, describe, it } from 'node:test';
 import Database from 'better-sqlite3';
-import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
+import { MIGRATIONS, SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { sandbox, storeSuite } from './store-suite.mjs';
 
 const dir = mkdtempSync('/tmp/sps-');
@@ -34,5 +34,19 @@ describe('SqliteStore', () => {
     const s2 = SqliteStore.open(file);
     assert.equal((await s2.getSandbox('sb1')).tenantId, 't');
     await s2.close();
+  });
+
+  it('an upgrade fills the owning-node column from the records it finds (a cluster node\'s own queries see old sandboxes)', async () => {
+    const file = `${dir}/upgrade.db`;
+    const raw = new Database(file);
+    for (const m of MIGRATIONS.slice(0, -1)) raw.exec(m);
+    raw.pragma(`user_version = ${MIGRATIONS.length - 1}`);
+    const old = { ...sandbox('old1', 't'), node: 'n1' };
+    raw.prepare('INSERT INTO sandboxes (id, tenant_id, state, created_at, doc) VALUES (?, ?, ?, ?, ?)').run(old.id, old.tenantId, old.state, old.createdAt, JSON.stringify(old));
+    raw.close();
+    const s = SqliteStore.open(file);
+    assert.deepEqual((await s.sandboxesInStates(['running'], { node: 'n1' })).map((x) => x.id), ['old1']);
+    assert.deepEqual(await s.countSandboxesByNode(['running']), { n1: 1 });
+    await s.close();
   });
 });

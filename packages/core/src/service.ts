@@ -18,7 +18,7 @@ import { DriverRouter } from './ports/driver-router.js';
 import { SpaceError } from './errors.js';
 import { Journal } from './ports/intent-journal.js';
 import type { Logger } from './logger.js';
-import { TERMINAL_STATES, assertAllowed, type Sandbox, type SandboxAction, type SandboxEvent, type Snapshot, type SnapshotPolicy } from './model.js';
+import { TERMINAL_STATES, assertAllowed, type Sandbox, type SandboxAction, type SandboxState, type SandboxEvent, type Snapshot, type SnapshotPolicy } from './model.js';
 import { WarmPool } from './templates/warm-pool.js';
 import type { EgressPolicy, IngressLogEntry, IngressLogPage, PortExposure, SecretAttachment } from './records.js';
 import type { RootfsBuilder } from './ports/rootfs-builder.js';
@@ -172,6 +172,8 @@ export class SandboxService {
   private stopping = false;
   /** Whether this node acts on the sandbox (see {@link SandboxServiceOptions.shared}). */
   readonly owns: (sb: Pick<Sandbox, 'node'>) => boolean;
+  /** This node's sandboxes in these states (all of them when the store is not shared). */
+  private readonly mine: (states: SandboxState[]) => Promise<Sandbox[]>;
   private readonly nodeName: string | undefined;
   private readonly nodeUp: ((name: string) => Promise<boolean>) | undefined;
   /** Sandboxes paused because the heartbeat could not be renewed (see leaseLost). */
@@ -215,13 +217,17 @@ export class SandboxService {
     const shared = !!opts.shared;
     this.nodeName = opts.nodeName;
     this.owns = (sb) => !shared || (sb.node !== undefined && sb.node === opts.nodeName);
+    // A node's own records: on a shared store one indexed query for its name, never a read of
+    // every node's (that grew with the cluster: each create and usage sample read them all).
+    const node = shared && opts.nodeName ? { node: opts.nodeName } : {};
+    this.mine = async (states) => (await this.store.sandboxesInStates(states, node)).filter(this.owns);
     const startTimeoutMs = opts.startTimeoutMs ?? 30_000;
     this.usageHistory = new UsageHistory(
-      { running: async () => (await this.store.sandboxesInStates(['running'])).filter(this.owns).map((s) => ({ id: s.id, cpu: s.cpu })), usage: (id) => this.driver.usage(id) },
+      { running: async () => (await this.mine(['running'])).map((s) => ({ id: s.id, cpu: s.cpu })), usage: (id) => this.driver.usage(id) },
       opts.usageSampleMs ?? 5000,
     );
     const totalMb = Math.floor(totalmem() / 1048576);
-    const admission = new Admission(this.store, () => this.pool, this.owns, {
+    const admission = new Admission(this.mine, () => this.pool, {
       maxSandboxes: opts.maxSandboxes ?? 64,
       maxMemoryMb: opts.maxMemoryMb ?? totalMb * 2,
       poolMinAvailableMb: opts.poolMinAvailableMb ?? Math.floor(totalMb / 10),
@@ -592,8 +598,11 @@ export class SandboxService {
   async leaseRenewed(): Promise<{ resumed: number; removed: number }> {
     const frozen = this.frozenByLease;
     const out = { resumed: 0, removed: 0 };
+    // One query for the node's own records; only a copy whose record is not among them (taken
+    // over, or gone) is looked up alone.
+    const own = new Map((await this.mine(['starting', 'running', 'paused', 'hibernated'])).map((sb) => [sb.id, sb]));
     for (const id of await this.driver.list()) {
-      const sb = await this.store.getSandbox(id);
+      const sb = own.get(id) ?? (await this.store.getSandbox(id));
       // A copy that still runs here: one a move left is stopped (its release is under way) and
       // goes by itself; removing it would also reach the new node's names if it shared the host.
       if (sb && !this.owns(sb) && (await this.driver.status(id).catch(() => ({ running: false }))).running) {
@@ -635,8 +644,8 @@ export class SandboxService {
    */
   async wakeArrivals(): Promise<number> {
     let woken = 0;
-    for (const sb of await this.store.sandboxesInStates(['hibernated'])) {
-      if (!this.owns(sb) || !sb.wakeOnArrival) continue;
+    for (const sb of await this.mine(['hibernated'])) {
+      if (!sb.wakeOnArrival) continue;
       try {
         await this.sessions.wake(sb.tenantId, sb.id);
         woken++;

@@ -16,7 +16,7 @@ import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
 import { claimBlobStore, openBlobStore } from './blob-store.js';
-import { NodeHeartbeat, checkNodeName, nodeStates, nodeViews, pickNode } from './node.js';
+import { NodeHeartbeat, checkNodeName, clusterDuties, nodeStates, nodeViews, planDrain } from './node.js';
 import { VERSION } from './version.js';
 import { RootfsStore } from '@space/templates';
 import { AccessTokens, buildE2bApp } from '@space/e2b';
@@ -545,16 +545,17 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     await heartbeat.setDraining(on);
     const result: DrainResult = { node: nodeName, draining: on, moved: [], stayed: [] };
     if (!on) return result;
-    for (const sb of await store.sandboxesInStates(['running', 'paused', 'hibernated'])) {
-      if (!service.owns(sb)) continue;
-      const target = pickNode(await nodeViews(store, lostAfterMs), nodeName, sb.driver);
+    const mine = (await store.sandboxesInStates(['running', 'paused', 'hibernated'], { node: nodeName })).filter((sb) => service.owns(sb));
+    const plan = planDrain(await nodeViews(store, lostAfterMs), nodeName, mine);
+    for (const sb of mine) {
+      const target = plan.get(sb.id);
       if (!target) {
         result.stayed.push({ id: sb.id, reason: 'no other node is up with room for it' });
         continue;
       }
       try {
-        await service.move(sb.tenantId, sb.id, target.name, { wakeThere: true });
-        result.moved.push({ id: sb.id, node: target.name });
+        await service.move(sb.tenantId, sb.id, target, { wakeThere: true });
+        result.moved.push({ id: sb.id, node: target });
       } catch (err) {
         result.stayed.push({ id: sb.id, reason: err instanceof Error ? err.message : String(err) });
       }
@@ -574,24 +575,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await fs.rename(`${stateFile}.tmp`, stateFile);
-  // A cluster's duties after each heartbeat: this node's lease (its sandboxes paused while it
-  // cannot heartbeat for half the time after which the others count it lost, and removed if
-  // taken over meanwhile), and the sandboxes of nodes lost, restored here (docs/cluster.md).
-  let beatOkAt = Date.now();
-  const duties = async (ok: boolean) => {
-    if (!ok) {
-      if (Date.now() - beatOkAt > lostAfterMs / 2) await service.leaseLost();
-      return;
-    }
-    beatOkAt = Date.now();
-    await service.leaseRenewed();
-    await service.wakeArrivals();
-    for (const n of await nodeStates(store, lostAfterMs)) {
-      if (n.state !== 'lost' || n.name === nodeName) continue;
-      const r = await service.adoptLost(n.name);
-      if (r.restored || r.ended) logger.warn({ node: n.name, ...r }, 'took over the sandboxes of a lost node');
-    }
-  };
+  const duties = clusterDuties({ service, store, nodeName, lostAfterMs, logger });
   // A drained node stays drained across restarts (the flag is in its record).
   const wasDraining = shared && (await store.listNodes()).some((n) => n.name === nodeName && n.draining);
   heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(wasDraining ? { draining: true } : {}), ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), ...(ingress ? { ingressUrl: advertised(ingress.url, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : undefined);

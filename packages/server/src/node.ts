@@ -5,7 +5,7 @@
  * a PostgreSQL database see each other (the cluster's placement and ownership build on this).
  */
 import type { NodeInfo } from '@space/api';
-import { SpaceError, type Logger, type MetadataStore, type NodeRecord } from '@space/core';
+import { SpaceError, type Logger, type MetadataStore, type NodeRecord, type SandboxService } from '@space/core';
 
 /**
  * Keeps a node's record fresh: `start()` registers, then a heartbeat every `everyMs`;
@@ -77,19 +77,45 @@ export class NodeHeartbeat {
 }
 
 /**
+ * A cluster node's duties after each heartbeat ({@link NodeHeartbeat}'s `duties`): its lease —
+ * its sandboxes paused while it cannot heartbeat for half the time after which the others count
+ * it lost, and the copies taken over meanwhile removed once it can — the sessions moved here to
+ * wake, and the sandboxes of lost nodes restored here (docs/cluster.md).
+ *
+ * @example
+ * const hb = new NodeHeartbeat(store, record, logger, 10_000, clusterDuties({ service, store, nodeName: 'n1', lostAfterMs: 30_000, logger }));
+ */
+export function clusterDuties(c: { service: Pick<SandboxService, 'leaseLost' | 'leaseRenewed' | 'wakeArrivals' | 'adoptLost'>; store: MetadataStore; nodeName: string; lostAfterMs: number; logger: Logger }): (beatOk: boolean) => Promise<void> {
+  let beatOkAt = Date.now();
+  return async (ok) => {
+    if (!ok) {
+      if (Date.now() - beatOkAt > c.lostAfterMs / 2) await c.service.leaseLost();
+      return;
+    }
+    beatOkAt = Date.now();
+    await c.service.leaseRenewed();
+    await c.service.wakeArrivals();
+    for (const n of await nodeStates(c.store, c.lostAfterMs)) {
+      if (n.state !== 'lost' || n.name === c.nodeName) continue;
+      const r = await c.service.adoptLost(n.name);
+      if (r.restored || r.ended) c.logger.warn({ node: n.name, ...r }, 'took over the sandboxes of a lost node');
+    }
+  };
+}
+
+/**
  * Every node with its state — `stopped` if it said so, `lost` when its last heartbeat is older
  * than `lostAfterMs`, else `up` — and how many sandboxes run on it.
  *
  * @example const nodes = await nodeViews(store, 30_000);
  */
 export async function nodeViews(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<NodeInfo[]> {
-  const [nodes, live] = await Promise.all([store.listNodes(), store.sandboxesInStates(['starting', 'running', 'paused'])]);
-  const count = new Map<string, number>();
-  for (const sb of live) if (sb.node) count.set(sb.node, (count.get(sb.node) ?? 0) + 1);
+  // Two queries whatever the cluster's size: the nodes, and a count of live sandboxes per node.
+  const [nodes, count] = await Promise.all([store.listNodes(), store.countSandboxesByNode(['starting', 'running', 'paused'])]);
   return nodes.map(({ stoppedAt, ...n }) => ({
     ...n,
     state: nodeState({ heartbeatAt: n.heartbeatAt, ...(stoppedAt ? { stoppedAt } : {}) }, lostAfterMs, now),
-    sandboxes: count.get(n.name) ?? 0,
+    sandboxes: count[n.name] ?? 0,
   }));
 }
 
@@ -113,6 +139,24 @@ export function pickNode(nodes: NodeInfo[], self: string, driver?: string): Node
   return nodes
     .filter((n) => n.name !== self && n.state === 'up' && !n.draining && n.sandboxes < n.maxSandboxes && (!driver || n.drivers.includes(driver)))
     .sort((x, y) => y.maxSandboxes - y.sandboxes - (x.maxSandboxes - x.sandboxes))[0];
+}
+
+/**
+ * Where each of a draining node's sessions goes: one after the other to the node with the most
+ * free places, counting those already sent (a moved session is hibernated until woken there,
+ * so the store's counts do not show it yet). Sessions no node can take map to undefined.
+ *
+ * @example const plan = planDrain(await nodeViews(store, 30_000), 'n1', mine); // Map { 'sb1' => 'n2', 'sb2' => 'n3' }
+ */
+export function planDrain(nodes: NodeInfo[], self: string, sessions: { id: string; driver: string }[]): Map<string, string | undefined> {
+  const load = nodes.map((n) => ({ ...n }));
+  const plan = new Map<string, string | undefined>();
+  for (const sb of sessions) {
+    const target = pickNode(load, self, sb.driver);
+    if (target) target.sandboxes++;
+    plan.set(sb.id, target?.name);
+  }
+  return plan;
 }
 
 /** `stopped` if it said so, `lost` when its last heartbeat is older than `lostAfterMs`, else `up`. */

@@ -14,6 +14,8 @@ export interface SandboxTable {
   tenant_id: string;
   state: string;
   created_at: string;
+  /** The owning node (`Sandbox.node`), for indexed per-node queries. */
+  node: string | null;
   /** The whole sandbox as JSON; indexed columns above are copies for queries. */
   doc: string;
 }
@@ -188,7 +190,7 @@ export class SqlStore implements MetadataStore {
 
   async insertSandbox(sb: Sandbox): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
-      await tx.insertInto('sandboxes').values({ id: sb.id, tenant_id: sb.tenantId, state: sb.state, created_at: sb.createdAt, doc: JSON.stringify(sb) }).execute();
+      await tx.insertInto('sandboxes').values({ id: sb.id, tenant_id: sb.tenantId, state: sb.state, created_at: sb.createdAt, node: sb.node ?? null, doc: JSON.stringify(sb) }).execute();
       const labels = Object.entries(sb.metadata).map(([key, value]) => ({ sandbox_id: sb.id, key, value }));
       if (labels.length) await tx.insertInto('sandbox_labels').values(labels).execute();
     });
@@ -201,7 +203,7 @@ export class SqlStore implements MetadataStore {
       const cur = JSON.parse(row.doc) as Sandbox;
       checkExpectation(cur, expect);
       const next: Sandbox = { ...cur, ...patch };
-      await tx.updateTable('sandboxes').set({ state: next.state, doc: JSON.stringify(next) }).where('id', '=', id).execute();
+      await tx.updateTable('sandboxes').set({ state: next.state, node: next.node ?? null, doc: JSON.stringify(next) }).where('id', '=', id).execute();
       return next;
     });
   }
@@ -239,9 +241,19 @@ export class SqlStore implements MetadataStore {
     };
   }
 
-  async sandboxesInStates(states: SandboxState[]): Promise<Sandbox[]> {
-    const rows = await this.db.selectFrom('sandboxes').select('doc').where('state', 'in', states).execute();
+  async sandboxesInStates(states: SandboxState[], opts: { node?: string } = {}): Promise<Sandbox[]> {
+    const rows = await this.db
+      .selectFrom('sandboxes')
+      .select('doc')
+      .where('state', 'in', states)
+      .$if(opts.node !== undefined, (q) => q.where('node', '=', opts.node!))
+      .execute();
     return rows.map((r) => JSON.parse(r.doc) as Sandbox);
+  }
+
+  async countSandboxesByNode(states: SandboxState[]): Promise<Record<string, number>> {
+    const rows = await this.db.selectFrom('sandboxes').select(['node', (eb) => eb.fn.countAll<number | string>().as('n')]).where('state', 'in', states).where('node', 'is not', null).groupBy('node').execute();
+    return Object.fromEntries(rows.map((r) => [r.node!, Number(r.n)]));
   }
 
   async insertSnapshot(sn: Snapshot): Promise<void> {

@@ -92,8 +92,20 @@ export interface MetadataStore extends IntentStore {
   updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'tenantId'>>, expect?: SandboxExpectation): Promise<Sandbox>;
   getSandbox(id: string): Promise<Sandbox | undefined>;
   listSandboxes(q: SandboxQuery): Promise<SandboxPage>;
-  /** Every sandbox in one of these states, across tenants (for reconciliation). */
-  sandboxesInStates(states: SandboxState[]): Promise<Sandbox[]>;
+  /**
+   * Every sandbox in one of these states, across tenants (for reconciliation); with `node`,
+   * only that node's (an indexed query: what a cluster node asks about its own).
+   *
+   * @example const mine = await store.sandboxesInStates(['running'], { node: 'n1' });
+   */
+  sandboxesInStates(states: SandboxState[], opts?: { node?: string }): Promise<Sandbox[]>;
+  /**
+   * How many sandboxes in these states each node owns (nodes with none are absent): placement's
+   * one grouped query, whatever the number of sandboxes.
+   *
+   * @example const load = await store.countSandboxesByNode(['starting', 'running', 'paused']); // { n1: 12, n2: 3 }
+   */
+  countSandboxesByNode(states: SandboxState[]): Promise<Record<string, number>>;
 
   insertSnapshot(s: Snapshot): Promise<void>;
   getSnapshot(id: string): Promise<Snapshot | undefined>;

@@ -6,7 +6,7 @@
 import { promises as fs } from 'node:fs';
 import { SpaceError } from '../errors.js';
 import type { Sandbox } from '../model.js';
-import type { MetadataStore } from '../ports/metadata-store.js';
+import type { SandboxState } from '../model.js';
 import { POOL_MEMORY_MB, type WarmPool } from '../templates/warm-pool.js';
 
 /** Limits of {@link Admission}. */
@@ -32,17 +32,16 @@ export class Admission {
   private createsRunning = 0;
 
   constructor(
-    private readonly store: MetadataStore,
+    /** This node's sandboxes in these states (a shared store holds other nodes' too). */
+    private readonly mine: (states: SandboxState[]) => Promise<Sandbox[]>,
     private readonly pool: () => WarmPool,
-    /** Whether a sandbox in the store is this node's (a shared store holds other nodes' too). */
-    private readonly owns: (sb: Pick<Sandbox, 'node'>) => boolean,
     readonly limits: AdmissionLimits,
   ) {}
 
   /** Sandboxes counted against the node's limits: alive in the store, being created, pooled. */
   private async load(): Promise<{ count: number; memoryMb: number }> {
     const pool = this.pool();
-    const alive = (await this.store.sandboxesInStates(['starting', 'running', 'paused'])).filter((x) => this.owns(x) && !this.creatingIds.has(x.id));
+    const alive = (await this.mine(['starting', 'running', 'paused'])).filter((x) => !this.creatingIds.has(x.id));
     return { count: alive.length + this.creating + pool.count() + pool.pending(), memoryMb: alive.reduce((n, x) => n + x.memoryMb, 0) + this.creatingMb + pool.memoryMb() };
   }
 

@@ -134,8 +134,7 @@ export class Recovery implements RecoveryHooks {
     const me = this.c.nodeName;
     const done = { restored: 0, ended: 0 };
     if (!me || lost === me) return done;
-    for (const found of await this.c.store.sandboxesInStates(['starting', 'running', 'paused'])) {
-      if (found.node !== lost) continue;
+    for (const found of await this.c.store.sandboxesInStates(['starting', 'running', 'paused'], { node: lost })) {
       await this.c.withLock(found.id, async () => {
         const sb = await this.c.store.getSandbox(found.id);
         if (!sb || sb.node !== lost || !['starting', 'running', 'paused'].includes(sb.state)) return;
