@@ -17,49 +17,9 @@ import { readFileSync } from 'node:fs';
 import { parseSizeMb } from '@space/api';
 import { checkDatabaseUrl, parseAccel, parseVolumesMode, parseDisksMode, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
 import { parseEgressHosts } from './networking.js';
+import { DAEMON_OPTIONS } from './flags.js';
 
-const { values } = parseArgs({
-  options: {
-    'data-dir': { type: 'string' },
-    listen: { type: 'string' },
-    'templates-dir': { type: 'string' },
-    'max-sandboxes': { type: 'string' },
-    'max-upload-bytes': { type: 'string' },
-    'log-level': { type: 'string' },
-    'debian-mirror': { type: 'string' },
-    pool: { type: 'string' },
-    'e2b-listen': { type: 'string' },
-    'e2b-internet': { type: 'string' },
-    'e2b-public-traffic': { type: 'string' },
-    'pkcs11-module': { type: 'string' },
-    'pkcs11-token': { type: 'string' },
-    'pkcs11-pin-file': { type: 'string' },
-    egress: { type: 'string' },
-    'sandbox-net': { type: 'string' },
-    'egress-port': { type: 'string' },
-    'egress-ca-file': { type: 'string' },
-    'egress-host': { type: 'string', multiple: true },
-    'ingress-listen': { type: 'string' },
-    'ingress-domain': { type: 'string' },
-    'ingress-cert': { type: 'string' },
-    'ingress-key': { type: 'string' },
-    driver: { type: 'string' },
-    drivers: { type: 'string' },
-    'microvm-accel': { type: 'string' },
-    'microvm-kernel-deb': { type: 'string' },
-    disks: { type: 'string' },
-    'disk-pool': { type: 'string' },
-    'disk-default': { type: 'string' },
-    'disk-max': { type: 'string' },
-    volumes: { type: 'string' },
-    database: { type: 'string' },
-    'blob-store': { type: 'string' },
-    'work-dir': { type: 'string' },
-    'node-name': { type: 'string' },
-    'node-lost-after': { type: 'string' },
-    'advertise-url': { type: 'string' },
-  },
-});
+const { values } = parseArgs({ options: DAEMON_OPTIONS });
 
 try {
   if (values.egress && values.egress !== 'on' && values.egress !== 'off') throw Object.assign(new Error('--egress must be on or off'), { code: 'BAD_REQUEST' });
