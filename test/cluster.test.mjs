@@ -1,4 +1,4 @@
-// Two nodes sharing one PostgreSQL database and one blob store (issue 22), from outside: each
+// Nodes sharing one PostgreSQL database and one blob store (issue 22), from outside: each
 // runs its own sandboxes and any node's API serves any of them — the request is forwarded to
 // the node that runs it (commands streaming, files both ways), a create of a tenant's template
 // goes to the node that built it, a node's restart leaves the other node's sandboxes alone, a
@@ -421,5 +421,78 @@ describe('a node lost: its sessions come back on another node from their snapsho
     // (Its runtime lets go of a container's cgroups in the background.)
     await eventually(() => leftovers(xDir, ids).length === 0).catch(() => assert.deepEqual(leftovers(xDir, ids), [], 'no container of the two is left on x'));
     assert.equal((await Sandbox.connect(ids[0], x.conn)).info.state, 'killed');
+  });
+});
+
+// Three nodes (the issue's acceptance): creates asked of one node spread over the others by
+// free places once it is full, and a drain spreads the sessions it moves instead of sending them
+// all to one node (the targets' counts include the sessions already sent, hibernated until woken).
+describe('a cluster of three nodes', () => {
+  const db = pg.freshDatabase();
+  const blobs = mkdtempSync('/tmp/spt-blobs-');
+  let a;
+  const others = [];
+  const ids = [];
+  const node = async (name, opts = {}) => {
+    const dataDir = mkdtempSync('/tmp/spt-');
+    mkdirSync(path.join(dataDir, 'keys'), { recursive: true, mode: 0o700 });
+    copyFileSync(path.join(a.dataDir, 'keys', 'node.key'), path.join(dataDir, 'keys', 'node.key'));
+    const daemon = await startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: path.join(dataDir, 'templates'), logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database: db, blobStore: `file://${blobs}`, nodeName: name, egress: { range: egressRange(dataDir) }, ...opts });
+    others.push({ daemon, dataDir });
+    return { apiUrl: daemon.url, apiKey: a.key };
+  };
+  const where = async (conn) => {
+    const count = {};
+    for (const sb of (await Sandbox.list(conn)).items) if (sb.state === 'running') count[sb.node] = (count[sb.node] ?? 0) + 1;
+    return count;
+  };
+  before(async () => {
+    a = await startTestDaemon({ database: db, blobStore: `file://${blobs}`, nodeName: 'a', maxSandboxes: 4 });
+    await node('b', { maxSandboxes: 4 });
+    await node('c', { maxSandboxes: 4 });
+  });
+  after(async () => {
+    for (const id of ids) await Sandbox.kill(id, a.conn).catch(() => {});
+    for (const o of others) await o.daemon.close();
+    const leaks = [...others.flatMap((o) => leftovers(o.dataDir, ids)), ...((await a?.close()) ?? [])];
+    for (const o of others) rmSync(o.dataDir, { recursive: true, force: true });
+    rmSync(blobs, { recursive: true, force: true });
+    assert.deepEqual(leaks, []);
+  });
+
+  it('12 creates asked of node a: 4 run on a, then each goes to the node with most room (4 on b, 4 on c); a 13th is CAPACITY_EXHAUSTED', async () => {
+    for (let i = 0; i < 12; i++) {
+      const sb = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
+      ids.push(sb.id);
+    }
+    assert.deepEqual(await where(a.conn), { a: 4, b: 4, c: 4 });
+    assert.equal(await rejectionCode(Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 })), 'CAPACITY_EXHAUSTED');
+    // A command through node a reaches each node's sandboxes.
+    const onC = (await Sandbox.list(a.conn)).items.find((s) => s.node === 'c');
+    assert.equal((await (await Sandbox.connect(onC.id, a.conn)).commands.run('hostname')).stdout, `${onC.id}\n`);
+  });
+
+  it('a drain of node a spreads its four sessions over b and c (two each), each running there with its files', async () => {
+    // Room on b and c: two of each's sandboxes go.
+    for (const n of ['b', 'c']) {
+      for (const sb of (await Sandbox.list(a.conn)).items.filter((s) => s.node === n && s.state === 'running').slice(0, 2)) await Sandbox.kill(sb.id, a.conn);
+    }
+    const onA = (await Sandbox.list(a.conn)).items.filter((s) => s.node === 'a' && s.state === 'running');
+    for (const s of onA) await (await Sandbox.connect(s.id, a.conn)).files.write('/tmp/mark', s.id);
+    const r = await Nodes.drain('a', a.conn);
+    assert.deepEqual(r.stayed, []);
+    const per = {};
+    for (const m of r.moved) per[m.node] = (per[m.node] ?? 0) + 1;
+    assert.deepEqual(per, { b: 2, c: 2 }, JSON.stringify(r.moved));
+    // Each wakes on its node after that node's next heartbeat (a bounded wait).
+    for (const s of onA) {
+      const woke = await eventually(async () => {
+        const sb = await Sandbox.connect(s.id, a.conn);
+        return sb.info.state === 'running' && sb.info.node !== 'a' ? sb : undefined;
+      });
+      assert.equal(await woke.files.read('/tmp/mark'), s.id);
+    }
+    assert.deepEqual(await where(a.conn), { b: 4, c: 4 });
+    await Nodes.undrain('a', a.conn);
   });
 });
