@@ -86,9 +86,9 @@ export function fakeHarness(dir, store, driver, { blobsDir = path.join(dir, 'blo
       ...opts,
     });
   }
-  /** Runs a fake command line; resolves to { exitCode, stdout, stderr }. */
-  async function run(svc, id, line) {
-    const call = await svc.call(T, id, 'exec', { op: 'exec', argv: line.split(' ') });
+  /** Runs a fake command line (in a sandbox of `tenant`); resolves to { exitCode, stdout, stderr }. */
+  async function run(svc, id, line, tenant = T) {
+    const call = await svc.call(tenant, id, 'exec', { op: 'exec', argv: line.split(' ') });
     await call.reply;
     let stdout = '';
     let stderr = '';

@@ -24,10 +24,10 @@ function asPostgres(bin, args) {
 
 /**
  * Starts a fresh cluster with a `space` role (password `pw`, needed over TCP) owning database
- * `space`. Returns its URLs and controls.
+ * `space`. Returns its URLs and controls. `settings`: more server settings (`name=value`).
  * @example const pg = await startPostgres(); … await pg.stop();
  */
-export async function startPostgres() {
+export async function startPostgres({ settings = [] } = {}) {
   const bin = postgresBin();
   if (!bin) throw new Error('PostgreSQL is not installed: run ./space (the set-up installs Debian\'s postgresql)');
   const dir = mkdtempSync('/tmp/spt-pg-');
@@ -35,7 +35,7 @@ export async function startPostgres() {
   if (process.getuid?.() === 0) chownSync(dir, Number(execFileSync('id', ['-u', 'postgres'], { encoding: 'utf8' })), Number(execFileSync('id', ['-g', 'postgres'], { encoding: 'utf8' })));
   asPostgres(`${bin}/initdb`, ['-D', data, '-U', 'postgres', '--auth-local=trust', '--auth-host=scram-sha-256', '--no-sync', '-E', 'UTF8', '--locale=C.UTF-8']);
   const port = await freePort();
-  const start = () => asPostgres(`${bin}/pg_ctl`, ['-D', data, '-l', path.join(dir, 'log'), '-w', '-t', '60', '-o', `-c listen_addresses=127.0.0.1 -c port=${port} -c unix_socket_directories=${dir} -c fsync=off -c max_connections=200`, 'start']);
+  const start = () => asPostgres(`${bin}/pg_ctl`, ['-D', data, '-l', path.join(dir, 'log'), '-w', '-t', '60', '-o', `-c listen_addresses=127.0.0.1 -c port=${port} -c unix_socket_directories=${dir} -c fsync=off -c max_connections=200${settings.map((x) => ` -c ${x}`).join('')}`, 'start']);
   start();
   const psql = (sql, db = 'postgres') => asPostgres(`${bin}/psql`, ['-h', dir, '-p', String(port), '-U', 'postgres', '-d', db, '-v', 'ON_ERROR_STOP=1', '-Atc', sql]);
   psql("CREATE ROLE space LOGIN PASSWORD 'pw'");

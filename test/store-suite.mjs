@@ -72,7 +72,7 @@ export function storeSuite(name, h) {
       await s.close();
     });
 
-    it('a node\'s own sandboxes and the count per node: by the owning node, following moves', async () => {
+    it('a node\'s own sandboxes, the count per node (following moves) and the silent nodes', async () => {
       const s = await h.open('by-node');
       await s.insertSandbox({ ...sandbox('a1', 't'), node: 'a' });
       await s.insertSandbox({ ...sandbox('a2', 't', 'paused'), node: 'a' });
@@ -89,6 +89,14 @@ export function storeSuite(name, h) {
       assert.deepEqual(await ids(['running'], { node: 'b' }), ['a3', 'b1']);
       assert.deepEqual(await s.countSandboxesByNode(['running', 'paused']), { a: 2, b: 2 });
       assert.deepEqual(await s.countSandboxesByNode(['killed']), {});
+      // Nodes by their last heartbeat: the silent ones alone, by name.
+      const node = (name, heartbeatAt) => ({ name, url: `http://${name}`, version: 'x', drivers: ['gvisor'], cpus: 1, memoryMb: 1, maxSandboxes: 1, startedAt: heartbeatAt, heartbeatAt });
+      await s.putNode(node('n2', '2026-12-01T10:00:00.000Z'));
+      await s.putNode(node('n1', '2026-12-01T09:00:00.000Z'));
+      await s.putNode(node('n3', '2026-12-01T11:00:00.000Z'));
+      await s.putNode(node('n3', '2026-12-01T08:00:00.000Z')); // a heartbeat replaces the time
+      assert.deepEqual((await s.listNodes()).map((n) => n.name), ['n1', 'n2', 'n3']);
+      assert.deepEqual((await s.listNodes({ heartbeatBefore: '2026-12-01T10:00:00.000Z' })).map((n) => n.name), ['n1', 'n3']);
       await s.close();
     });
 

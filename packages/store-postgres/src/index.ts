@@ -125,10 +125,12 @@ export const MIGRATIONS: string[] = [
      heartbeat_at TEXT COLLATE "C" NOT NULL,
      doc TEXT NOT NULL);`,
   // The owning node as a column: a node's own sandboxes are one indexed query (admission, usage,
-  // arrivals), not a read of every node's (a cost that grew with the cluster).
+  // arrivals), not a read of every node's (a cost that grew with the cluster); nodes by their
+  // last heartbeat (the silent ones are what each node looks for after every heartbeat).
   `ALTER TABLE sandboxes ADD COLUMN node TEXT COLLATE "C";
    UPDATE sandboxes SET node = doc::jsonb ->> 'node';
-   CREATE INDEX sandboxes_node_state ON sandboxes(node, state);`,
+   CREATE INDEX sandboxes_node_state ON sandboxes(node, state);
+   CREATE INDEX nodes_heartbeat ON nodes(heartbeat_at);`,
 ];
 
 /** Advisory-lock keys (first half: "SPCE"): migrations. */

@@ -468,8 +468,14 @@ export class SqlStore implements MetadataStore {
     await this.db.insertInto('nodes').values({ name: n.name, heartbeat_at: n.heartbeatAt, doc }).onConflict((oc) => oc.column('name').doUpdateSet({ heartbeat_at: n.heartbeatAt, doc })).execute();
   }
 
-  async listNodes(): Promise<NodeRecord[]> {
-    return (await this.db.selectFrom('nodes').select('doc').orderBy('name').execute()).map((r) => JSON.parse(r.doc) as NodeRecord);
+  async listNodes(opts: { heartbeatBefore?: string } = {}): Promise<NodeRecord[]> {
+    const rows = await this.db
+      .selectFrom('nodes')
+      .select('doc')
+      .$if(opts.heartbeatBefore !== undefined, (q) => q.where('heartbeat_at', '<', opts.heartbeatBefore!))
+      .orderBy('name')
+      .execute();
+    return rows.map((r) => JSON.parse(r.doc) as NodeRecord);
   }
 
   async getMeta(key: string): Promise<string | undefined> {

@@ -176,8 +176,14 @@ export interface MetadataStore extends IntentStore {
 
   /** Inserts or replaces a node's record (its registration and every heartbeat). */
   putNode(n: NodeRecord): Promise<void>;
-  /** Every node that ever registered, by name. */
-  listNodes(): Promise<NodeRecord[]>;
+  /**
+   * Every node that ever registered, by name; with `heartbeatBefore` (an ISO time), only those
+   * whose last heartbeat is older — what a node's duties look at after each heartbeat, so that
+   * their cost does not grow with the number of nodes.
+   *
+   * @example const silent = await store.listNodes({ heartbeatBefore: new Date(Date.now() - 30_000).toISOString() });
+   */
+  listNodes(opts?: { heartbeatBefore?: string }): Promise<NodeRecord[]>;
 
   /** A setting of the deployment itself (e.g. `deployment-id`), or undefined. */
   getMeta(key: string): Promise<string | undefined>;
