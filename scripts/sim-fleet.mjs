@@ -136,7 +136,7 @@ async function onOwner(id, at, op) {
     }
     if (err.code !== 'SANDBOX_ON_OTHER_NODE' || !byName(err.details?.node)?.up) throw err;
     at.node = err.details.node;
-    return op(byName(at.node));
+    return onOwner(id, at, op);
   }
 }
 
@@ -220,6 +220,11 @@ try {
           await create();
           times.create.push(performance.now() - tc);
         }
+      } catch (err) {
+        // Ended meanwhile by a false loss (see seenLost): gone from the fleet.
+        if (err.code !== 'SANDBOX_NOT_RUNNING' || err.details?.endReason !== 'node-lost') throw err;
+        fleet.delete(id);
+        endedByFalseLoss++;
       } finally {
         at.busy = false;
       }

@@ -7,6 +7,7 @@
 // two daemons in this process, each with a template cache of its own.
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
+import { execFileSync } from 'node:child_process';
 import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
@@ -399,6 +400,11 @@ describe('a node lost: its sessions come back on another node from their snapsho
       return sb?.info.node === 'y' && sb.info.state === 'running' ? sb : undefined;
     }, { tries: 600, everyMs: 100 });
     assert.equal(back.info.generation, 1);
+    // Not run twice: x's runtime still holds its copies (x's daemon is gone), paused by x's
+    // lease keeper before y could take them over.
+    const onX = JSON.parse(execFileSync('runsc', ['--root', path.join(xDir, 'runsc'), 'list', '-format=json'], { encoding: 'utf8' })) ?? [];
+    assert.ok(onX.some((c) => c.id.startsWith(kept.id)), JSON.stringify(onX));
+    assert.deepEqual(onX.filter((c) => c.status === 'running').map((c) => c.id), [], 'nothing of x runs on');
     assert.equal(await back.files.read('/tmp/before'), 'in the snapshot');
     assert.equal((await back.commands.run('test -e /tmp/after && echo there || echo gone')).stdout, 'gone\n', 'what came after the snapshot was lost with the node');
     const events = await back.events();

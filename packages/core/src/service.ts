@@ -593,10 +593,12 @@ export class SandboxService {
   /**
    * The heartbeat went through (called after each): sandboxes this node's runtime holds whose
    * record is now another node's — taken over while this one was cut off — are removed, and the
-   * ones {@link leaseLost} paused that are still this node's and running run again.
+   * ones {@link leaseLost} (or the node's lease keeper: `alsoPaused`) paused that are still this
+   * node's and running run again.
    */
-  async leaseRenewed(): Promise<{ resumed: number; removed: number }> {
-    const frozen = this.frozenByLease;
+  async leaseRenewed(alsoPaused: string[] = []): Promise<{ resumed: number; removed: number }> {
+    // `alsoPaused`: what the node's lease keeper (a process of its own) paused meanwhile.
+    const frozen = this.frozenByLease || alsoPaused.length ? new Set([...(this.frozenByLease ?? []), ...alsoPaused]) : undefined;
     const out = { resumed: 0, removed: 0 };
     // One query for the node's own records; only a copy whose record is not among them (taken
     // over, or gone) is looked up alone.

@@ -16,6 +16,7 @@ import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
 import { claimBlobStore, openBlobStore } from './blob-store.js';
+import { LeaseKeeper } from './lease-keeper.js';
 import { NodeHeartbeat, checkNodeName, clusterDuties, nodeStates, nodeViews, planDrain } from './node.js';
 import { VERSION } from './version.js';
 import { RootfsStore } from '@space/templates';
@@ -459,7 +460,21 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const isLoopback = (ip: string) => ip.startsWith('127.') || ip === '::1';
   const daemonEndpoint = (ip: string, p: number) => daemonPorts.has(p) && (isLoopback(ip) || ip === host || host === '0.0.0.0' || host === '::');
   const keyFile = path.join(dataDir, 'admin.key');
+  // A cluster node's lease keeper (lease-keeper.ts): pauses the node's gVisor sandboxes if this
+  // daemon dies or hangs, before other nodes may take them over.
+  const gvisorRuns = [driver, ...extra].some((d) => d.name === 'gvisor');
+  const pausedFile = path.join(dataDir, 'lease-paused.json');
+  const keeper = shared && gvisorRuns ? new LeaseKeeper({ leaseFile: path.join(dataDir, 'lease.json'), pausedFile, lostAfterMs, runsc: 'runsc', roots: [path.join(dataDir, 'runsc')] }) : undefined;
   try {
+    if (keeper) {
+      // What the keeper of a daemon that died paused: its own sessions run again (re-adopted
+      // below); the others were taken over and go in recovery.
+      const r = await LeaseKeeper.resumeOwn(pausedFile, 'runsc', async (id) => {
+        const sb = await store.getSandbox(id);
+        return !!sb && sb.node === nodeName && (sb.state === 'running' || sb.state === 'starting');
+      });
+      if (r.resumed.length || r.left.length) logger.warn(r, 'sandboxes the lease keeper paused: this node\'s own resumed, the rest (taken over) left for removal');
+    }
     await service.start();
     // Checkpoint images used to pass through <data>/work, on disk: recovery has finished what a
     // crash left there (the journal names each image's path), so the directory goes.
@@ -575,11 +590,12 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await fs.rename(`${stateFile}.tmp`, stateFile);
-  const duties = clusterDuties({ service, store, nodeName, lostAfterMs, logger });
+  const duties = clusterDuties({ service, store, nodeName, lostAfterMs, logger, ...(keeper ? { keeper } : {}) });
   // A drained node stays drained across restarts (the flag is in its record).
   const wasDraining = shared && (await store.listNodes()).some((n) => n.name === nodeName && n.draining);
   heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(wasDraining ? { draining: true } : {}), ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), ...(ingress ? { ingressUrl: advertised(ingress.url, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : undefined);
   await heartbeat.start();
+  await keeper?.start();
   logger.info({ url, dataDir, node: nodeName, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
 
   let closing: Promise<void> | undefined;
@@ -596,6 +612,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       clearInterval(gcTimer);
       await gcRun;
       // Its duties (a cluster's) end before the service does; the record says it stopped.
+      await keeper?.stop();
       await heartbeat.stop();
       await service.shutdown();
       // The working copies of template images: RAM is given back; the next start reloads them.

@@ -79,13 +79,22 @@ export class NodeHeartbeat {
 /**
  * A cluster node's duties after each heartbeat ({@link NodeHeartbeat}'s `duties`): its lease —
  * its sandboxes paused while it cannot heartbeat for half the time after which the others count
- * it lost, and the copies taken over meanwhile removed once it can — the sessions moved here to
- * wake, and the sandboxes of lost nodes restored here (docs/cluster.md).
+ * it lost (and by its lease keeper if the daemon dies or hangs), the copies taken over meanwhile
+ * removed once it can — the sessions moved here to wake, and the sandboxes of lost nodes
+ * restored here (docs/cluster.md).
  *
  * @example
  * const hb = new NodeHeartbeat(store, record, logger, 10_000, clusterDuties({ service, store, nodeName: 'n1', lostAfterMs: 30_000, logger }));
  */
-export function clusterDuties(c: { service: Pick<SandboxService, 'leaseLost' | 'leaseRenewed' | 'wakeArrivals' | 'adoptLost'>; store: MetadataStore; nodeName: string; lostAfterMs: number; logger: Logger }): (beatOk: boolean) => Promise<void> {
+export function clusterDuties(c: {
+  service: Pick<SandboxService, 'leaseLost' | 'leaseRenewed' | 'wakeArrivals' | 'adoptLost'>;
+  store: MetadataStore;
+  nodeName: string;
+  lostAfterMs: number;
+  logger: Logger;
+  /** The node's lease keeper (lease-keeper.ts): told of each good heartbeat; says what it paused meanwhile. */
+  keeper?: { renewed(): Promise<string[]> };
+}): (beatOk: boolean) => Promise<void> {
   let beatOkAt = Date.now();
   return async (ok) => {
     if (!ok) {
@@ -93,7 +102,9 @@ export function clusterDuties(c: { service: Pick<SandboxService, 'leaseLost' | '
       return;
     }
     beatOkAt = Date.now();
-    await c.service.leaseRenewed();
+    const pausedByKeeper = (await c.keeper?.renewed()) ?? [];
+    if (pausedByKeeper.length) c.logger.warn({ paused: pausedByKeeper.length }, 'the lease keeper paused this node\'s sandboxes (no good heartbeat for too long): resuming its own');
+    await c.service.leaseRenewed(pausedByKeeper);
     await c.service.wakeArrivals();
     // Only the silent nodes (an indexed query): reading every node's record after every
     // heartbeat of every node grew with the square of the cluster's size.
