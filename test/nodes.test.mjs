@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { after, describe, it } from 'node:test';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { NodeHeartbeat, checkNodeName, nodeViews, planDrain } from '../packages/server/dist/node.js';
-import { quiet } from './fake-harness.mjs';
+import { quiet, until } from './fake-harness.mjs';
 import { sandbox } from './store-suite.mjs';
 
 const dir = mkdtempSync('/tmp/spn-');
@@ -31,6 +31,32 @@ describe('nodes', () => {
     assert.equal((await nodeViews(store, 30_000))[0].state, 'stopped');
     await hb.start();
     assert.equal((await nodeViews(store, 30_000))[0].state, 'up', 'a restart is up again');
+    await hb.stop();
+    await store.close();
+  });
+
+  it('duties that take long never delay the heartbeats (a busy node must not look lost), and never run twice at once', async () => {
+    const store = SqliteStore.open(`${dir}/busy.db`);
+    let open;
+    const gate = new Promise((r) => (open = r));
+    let dutyRuns = 0;
+    let afterBeats = 0;
+    const hb = new NodeHeartbeat(store, record('busy', new Date().toISOString()), quiet, 10, {
+      afterBeat: async (ok) => void (ok && afterBeats++),
+      duties: async () => {
+        dutyRuns++;
+        await gate; // restoring a lost node's sandboxes, say
+      },
+    });
+    await hb.start();
+    const beatAt = async () => (await store.listNodes()).find((n) => n.name === 'busy').heartbeatAt;
+    const seen = new Set([await beatAt()]);
+    // Beats go on while the first duties are held: three newer heartbeats (bounded wait).
+    await until(async () => (seen.add(await beatAt()), seen.size >= 4), 'heartbeats while duties run');
+    assert.equal(dutyRuns, 1, 'the held duties are not started again beside themselves');
+    assert.ok(afterBeats >= 3, 'afterBeat ran with every beat');
+    open();
+    await until(() => dutyRuns >= 2, 'duties again once the first run ended');
     await hb.stop();
     await store.close();
   });

@@ -8,9 +8,20 @@ import type { NodeInfo } from '@space/api';
 import { SpaceError, type Logger, type MetadataStore, type NodeRecord, type SandboxService } from '@space/core';
 
 /**
+ * What runs with a node's heartbeats: `afterBeat` right after each one (quick: it must never
+ * delay the next beat), `duties` after a beat too but on their own — a beat that finds the
+ * previous duties still running (a lost node's sandboxes being restored can take a while) skips
+ * them, and the next beat comes on time: a node busy with duties must not look lost.
+ */
+export interface HeartbeatDuties {
+  afterBeat?: (beatOk: boolean) => Promise<void>;
+  duties?: (beatOk: boolean) => Promise<void>;
+}
+
+/**
  * Keeps a node's record fresh: `start()` registers, then a heartbeat every `everyMs`;
- * `stop()` records the stop. After each heartbeat, `duties` (a cluster's: see daemon.ts) run
- * with whether it went through; the next heartbeat waits for them.
+ * `stop()` records the stop. With `duties` (a cluster's: {@link clusterDuties}), what runs
+ * after each beat.
  *
  * @example
  * const hb = new NodeHeartbeat(store, record, logger, 10_000);
@@ -20,13 +31,14 @@ export class NodeHeartbeat {
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
   private running: Promise<void> = Promise.resolve();
+  private dutiesRunning: Promise<void> | undefined;
 
   constructor(
     private readonly store: MetadataStore,
     private record: NodeRecord,
     private readonly logger: Logger,
     private readonly everyMs: number,
-    private readonly duties?: (beatOk: boolean) => Promise<void>,
+    private readonly duties: HeartbeatDuties = {},
   ) {}
 
   /** Registers (a store that does not answer now is logged: the next heartbeat registers) and starts beating. */
@@ -43,7 +55,14 @@ export class NodeHeartbeat {
           () => true,
           (err: unknown) => (this.logger.warn({ err }, 'node heartbeat failed; the next one retries'), false),
         );
-        if (!this.stopped) await this.duties?.(ok).catch((err: unknown) => this.logger.error({ err }, 'cluster duties after the heartbeat failed'));
+        if (this.stopped) return;
+        await this.duties.afterBeat?.(ok).catch((err: unknown) => this.logger.error({ err }, 'work after the heartbeat failed'));
+        const duties = this.duties.duties;
+        if (duties && !this.dutiesRunning) {
+          this.dutiesRunning = duties(ok)
+            .catch((err: unknown) => this.logger.error({ err }, 'cluster duties after the heartbeat failed'))
+            .finally(() => (this.dutiesRunning = undefined));
+        }
       })().finally(() => this.next());
     }, this.everyMs);
     this.timer.unref();
@@ -71,6 +90,7 @@ export class NodeHeartbeat {
     this.stopped = true;
     clearTimeout(this.timer);
     await this.running;
+    await this.dutiesRunning;
     const at = new Date().toISOString();
     await this.store.putNode({ ...this.record, heartbeatAt: at, stoppedAt: at }).catch((err: unknown) => this.logger.warn({ err }, 'could not record this node\'s stop'));
   }
@@ -85,6 +105,7 @@ export class NodeHeartbeat {
  *
  * @example
  * const hb = new NodeHeartbeat(store, record, logger, 10_000, clusterDuties({ service, store, nodeName: 'n1', lostAfterMs: 30_000, logger }));
+ * // afterBeat renews the lease at once; duties run beside the beats, never delaying them
  */
 export function clusterDuties(c: {
   service: Pick<SandboxService, 'leaseLost' | 'leaseRenewed' | 'wakeArrivals' | 'adoptLost'>;
@@ -92,27 +113,35 @@ export function clusterDuties(c: {
   nodeName: string;
   lostAfterMs: number;
   logger: Logger;
-  /** The node's lease keeper (lease-keeper.ts): told of each good heartbeat; says what it paused meanwhile. */
+  /** The node's lease keeper (lease-keeper.ts): renewed after each good beat; says what it paused meanwhile. */
   keeper?: { renewed(): Promise<string[]> };
-}): (beatOk: boolean) => Promise<void> {
+}): HeartbeatDuties {
   let beatOkAt = Date.now();
-  return async (ok) => {
-    if (!ok) {
-      if (Date.now() - beatOkAt > c.lostAfterMs / 2) await c.service.leaseLost();
-      return;
-    }
-    beatOkAt = Date.now();
-    const pausedByKeeper = (await c.keeper?.renewed()) ?? [];
-    if (pausedByKeeper.length) c.logger.warn({ paused: pausedByKeeper.length }, 'the lease keeper paused this node\'s sandboxes (no good heartbeat for too long): resuming its own');
-    await c.service.leaseRenewed(pausedByKeeper);
-    await c.service.wakeArrivals();
-    // Only the silent nodes (an indexed query): reading every node's record after every
-    // heartbeat of every node grew with the square of the cluster's size.
-    for (const n of await c.store.listNodes({ heartbeatBefore: new Date(Date.now() - c.lostAfterMs).toISOString() })) {
-      if (n.stoppedAt || n.name === c.nodeName) continue;
-      const r = await c.service.adoptLost(n.name);
-      if (r.restored || r.ended) c.logger.warn({ node: n.name, ...r }, 'took over the sandboxes of a lost node');
-    }
+  /** What the keeper paused (the daemon was hung or cut off), for the next duties to resume or remove. */
+  const pausedByKeeper: string[] = [];
+  return {
+    afterBeat: async (ok) => {
+      if (!ok) return;
+      beatOkAt = Date.now();
+      if (c.keeper) pausedByKeeper.push(...(await c.keeper.renewed()));
+    },
+    duties: async (ok) => {
+      if (!ok) {
+        if (Date.now() - beatOkAt > c.lostAfterMs / 2) await c.service.leaseLost();
+        return;
+      }
+      const paused = pausedByKeeper.splice(0);
+      if (paused.length) c.logger.warn({ paused: paused.length }, 'the lease keeper paused this node\'s sandboxes (no good heartbeat for too long): resuming its own');
+      await c.service.leaseRenewed(paused);
+      await c.service.wakeArrivals();
+      // Only the silent nodes (an indexed query): reading every node's record after every
+      // heartbeat of every node grew with the square of the cluster's size.
+      for (const n of await c.store.listNodes({ heartbeatBefore: new Date(Date.now() - c.lostAfterMs).toISOString() })) {
+        if (n.stoppedAt || n.name === c.nodeName) continue;
+        const r = await c.service.adoptLost(n.name);
+        if (r.restored || r.ended) c.logger.warn({ node: n.name, ...r }, 'took over the sandboxes of a lost node');
+      }
+    },
   };
 }
 
