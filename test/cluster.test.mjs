@@ -502,3 +502,102 @@ describe('a cluster of three nodes', () => {
     await Nodes.undrain('a', a.conn);
   });
 });
+
+// A node SIGKILLed in the middle of an operation (the issue's matrix: mid-snapshot, mid-fork,
+// mid-move; the daemon kills itself at the fault point): nothing half-written is listed, no
+// session runs twice (the killed node's copies are paused by its lease keeper), and every
+// session ends recovered on the other node or dead/node-lost.
+describe('a node killed mid-operation', () => {
+  const db = pg.freshDatabase();
+  const blobs = mkdtempSync('/tmp/spt-blobs-');
+  const xDir = mkdtempSync('/tmp/spt-');
+  const yDir = mkdtempSync('/tmp/spt-');
+  const env = (fault) => ({ SPACE_DATABASE: db, SPACE_BLOB_STORE: `file://${blobs}`, SPACE_NODE_NAME: 'x', SPACE_NODE_LOST_AFTER: '6', SPACE_FAULT_INJECT: fault });
+  let x;
+  let y;
+  let yConn;
+  const ids = [];
+  const xRunning = () => (JSON.parse(execFileSync('runsc', ['--root', path.join(xDir, 'runsc'), 'list', '-format=json'], { encoding: 'utf8' })) ?? []).filter((c) => c.status === 'running').map((c) => c.id);
+  /** Node x (again) with `fault` armed, and a session on it with one snapshot and a file written after. */
+  const session = async (fault) => {
+    x = await startSpaced(xDir, env(fault));
+    if (!y) {
+      mkdirSync(path.join(yDir, 'keys'), { recursive: true, mode: 0o700 });
+      copyFileSync(path.join(xDir, 'keys', 'node.key'), path.join(yDir, 'keys', 'node.key'));
+      y = await startDaemon({ dataDir: yDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database: db, blobStore: `file://${blobs}`, nodeName: 'y', nodeLostAfterS: 6, egress: { range: egressRange(yDir) } });
+      yConn = { apiUrl: y.url, apiKey: x.conn.apiKey };
+    }
+    const sb = await Sandbox.create({ ...x.conn, template: 'minimal', memoryMb: 256 });
+    ids.push(sb.id);
+    await sb.files.write('/tmp/kept', 'in the snapshot');
+    const first = await sb.snapshot();
+    return { sb, first };
+  };
+  /** Waits for x to die at its fault point, then for y to resolve the session; checks x runs none of it. */
+  const resolved = async (id) => {
+    await x.exited;
+    const sb = await eventually(async () => {
+      const s = await Sandbox.connect(id, yConn).catch(() => undefined);
+      return s && s.info.node === 'y' && (s.info.state === 'running' || s.info.state === 'dead') ? s : undefined;
+    }, { tries: 600, everyMs: 100 });
+    assert.deepEqual(xRunning(), [], 'nothing of x runs on beside y');
+    return sb;
+  };
+  after(async () => {
+    for (const id of ids) await Sandbox.kill(id, yConn).catch(() => {});
+    // x started once more removes what its runtime still holds of sessions now y's.
+    if (x && x.child.exitCode === null && x.child.signalCode === null) x.child.kill('SIGKILL');
+    await x?.exited;
+    x = await startSpaced(xDir, env(''));
+    await eventually(() => leftovers(xDir, ids).length === 0).catch(() => {});
+    x.child.kill('SIGTERM');
+    await x.exited;
+    await y?.close();
+    const leaks = [...leftovers(xDir, ids), ...leftovers(yDir, ids)];
+    for (const d of [xDir, yDir, blobs]) rmSync(d, { recursive: true, force: true });
+    assert.deepEqual(leaks, []);
+  });
+
+  it('mid-snapshot (after the checkpoint, before it is stored): y restores the last complete snapshot; the half-taken one is never listed', async () => {
+    const { sb, first } = await session('snapshot:after-checkpoint#2');
+    await sb.files.write('/tmp/later', 'after the snapshot');
+    await assert.rejects(sb.snapshot());
+    const back = await resolved(sb.id);
+    assert.equal(back.info.state, 'running');
+    assert.deepEqual((await back.snapshots()).map((s) => s.id), [first.id]);
+    assert.equal(await back.files.read('/tmp/kept'), 'in the snapshot');
+  });
+
+  it('mid-fork (the fork recorded, not started): the parent is restored on y, the fork ends dead/node-lost and runs nowhere', async () => {
+    const { sb } = await session('fork:after-record');
+    await assert.rejects(sb.fork());
+    const back = await resolved(sb.id);
+    assert.equal(back.info.state, 'running');
+    const forks = (await Sandbox.list(yConn)).items.filter((s) => s.parentId === sb.id);
+    for (const f of forks) {
+      ids.push(f.id);
+      const fk = await eventually(async () => {
+        const s = await Sandbox.connect(f.id, yConn);
+        return s.info.state === 'dead' ? s : undefined;
+      });
+      assert.equal(fk.info.endReason, 'node-lost');
+    }
+    assert.equal(forks.length, 1, 'the fork\'s record was listed, and ended');
+  });
+
+  it('mid-move (hibernated on x, not yet handed over): the session wakes on y on the next request, whole', async () => {
+    const { sb } = await session('move:after-hibernate');
+    await sb.files.write('/tmp/moving', 'hibernated with it');
+    await assert.rejects(sb.move('y'));
+    await x.exited;
+    // Hibernated and x's: taken over by the node asked once x is lost (a bounded wait).
+    const woke = await eventually(async () => {
+      const s = await Sandbox.connect(sb.id, yConn).catch(() => undefined);
+      if (!s || s.info.state !== 'hibernated' || s.info.node !== 'x') return s?.info.node === 'y' && s.info.state === 'running' ? s : undefined;
+      return (await s.wake().then(() => Sandbox.connect(sb.id, yConn)).catch(() => undefined)) ?? undefined;
+    }, { tries: 600, everyMs: 100 });
+    assert.equal(woke.info.node, 'y');
+    assert.equal(await woke.files.read('/tmp/moving'), 'hibernated with it');
+    assert.deepEqual(xRunning(), []);
+  });
+});

@@ -157,6 +157,22 @@ describe(`crash-proof lifecycle on the fake driver (fast lane, seed ${SEED})`, (
     }
   });
 
+  it('a point armed as NAME#N lets its first N-1 passes go by and fires at the N-th', async () => {
+    await crash();
+    await restart({ faults: ['snapshot:after-checkpoint#2'] });
+    const id = (await svc.create(T, {})).id;
+    add(id);
+    await write(id);
+    assert.equal(await underWay('snapshot', id), 'done');
+    await write(id);
+    assert.equal(await underWay('snapshot', id), 'died');
+    await crash();
+    await restart();
+    await check('snapshot killed in its second pass');
+    // Here the restarted node finishes the second from its local image, or drops it.
+    assert.ok((await svc.snapshots(T, id)).length >= 1, 'the first snapshot stands');
+  });
+
   it(`at the k-th call of ${KILLS} random operations, some killed again during recovery`, async (t) => {
     const rand = generator(SEED);
     const outcomes = {};

@@ -15,15 +15,23 @@ const sigkill: FaultAction = () => {
 };
 
 /**
+ * Points are names, each armed for its first pass, or `NAME#N` for the N-th pass (the ones
+ * before it go by: a session can take a good snapshot and die in its second).
+ *
  * @example
- * const faults = new FaultPoints(['snapshot:after-checkpoint'], log);
+ * const faults = new FaultPoints(['snapshot:after-checkpoint#2'], log);
+ * await faults.fault('snapshot:after-checkpoint'); // passes
  * await faults.fault('snapshot:after-checkpoint'); // the process dies here
  */
 export class FaultPoints {
-  private readonly points: Set<string>;
+  /** Passes left before each armed point fires (1: the next one). */
+  private readonly points = new Map<string, number>();
 
   constructor(points: readonly string[], private readonly log: Logger, private readonly action: FaultAction = sigkill) {
-    this.points = new Set(points);
+    for (const p of points) {
+      const m = /^(.*)#([1-9][0-9]*)$/.exec(p);
+      this.points.set(m ? m[1]! : p, m ? Number(m[2]) : 1);
+    }
   }
 
   /** Whether `point` is armed. */
@@ -31,9 +39,14 @@ export class FaultPoints {
     return this.points.has(point);
   }
 
-  /** Kills the daemon if `point` is armed (the returned promise then never settles). */
+  /** Kills the daemon if `point` is armed and this is its pass (the returned promise then never settles). */
   async fault(point: string): Promise<void> {
-    if (!this.points.has(point)) return;
+    const left = this.points.get(point);
+    if (left === undefined) return;
+    if (left > 1) {
+      this.points.set(point, left - 1);
+      return;
+    }
     this.log.error({ point }, 'fault injected: killing the daemon');
     await this.action(point);
   }
@@ -43,7 +56,10 @@ export class FaultPoints {
    * into it, and `p` carries on without it, as a detached runtime call does.
    */
   async during<T>(point: string, p: Promise<T>): Promise<T> {
-    if (!this.points.has(point)) return p;
+    if (this.points.get(point) !== 1) {
+      await this.fault(point); // counts the pass
+      return p;
+    }
     p.catch(() => {}); // its outcome is nobody's once the daemon is gone
     await new Promise((r) => setTimeout(r, 25));
     await this.fault(point);

@@ -164,6 +164,9 @@ export class Sessions implements SessionHooks {
       await this.assertMovable(sb, to);
       const wasRunning = sb.state !== 'hibernated';
       const asleep = wasRunning ? await this.hibernateLocked(sb) : sb;
+      // Hibernated here, not yet handed over: a node lost now leaves it hibernated and its own,
+      // for the next request on any node to take over.
+      await this.c.faults.fault('move:after-hibernate');
       this.c.live.get(id)?.clearTimers();
       const moved = await this.c.store.updateSandbox(id, { node: to, generation: (asleep.generation ?? 0) + 1, ...(wasRunning && opts.wakeThere ? { wakeOnArrival: true } : {}) }, { node: this.c.nodeName ?? null, state: 'hibernated' });
       await this.c.event(id, 'moved', `moved from node ${this.c.nodeName} to node ${to} (ownership generation ${moved.generation}); it wakes there`);
