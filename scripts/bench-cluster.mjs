@@ -103,6 +103,8 @@ try {
   // until every one runs on a or b, against the floor of --node-lost-after plus one wake.
   mkdirSync(path.join(dirs[2], 'keys'), { recursive: true, mode: 0o700 });
   copyFileSync(path.join(dirs[0], 'keys', 'node.key'), path.join(dirs[2], 'keys', 'node.key'));
+  // A node joining a deployment writes no admin key of its own: the operator's is copied for its CLI.
+  copyFileSync(nodes[0].state.keyFile, path.join(dirs[2], 'admin.key'));
   xEnv = { SPACE_DATABASE: database, SPACE_BLOB_STORE: `file://${blobs}`, SPACE_NODE_NAME: 'x', SPACE_NODE_LOST_AFTER: String(LOST_AFTER_S) };
   x = await startSpaced(dirs[2], xEnv);
   for (let i = 0; i < LOST; i++) {

@@ -212,7 +212,26 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal(await sb.files.read('/tmp/e2b.txt'), 'through b');
     assert.equal((await made0.commands.run('cat /tmp/e2b.txt')).stdout, 'through b', 'node a has it');
     assert.equal((await sb.getInfo()).state, 'running');
+    // Signed file URLs (they name no sandbox) opened with no headers at node b: matched there,
+    // forwarded to node a, checked there against that sandbox alone.
+    const down = await sb.downloadUrl('/tmp/e2b.txt');
+    assert.ok(down.startsWith(urlB), down);
+    const got = await fetch(down);
+    assert.equal(got.status, 200);
+    assert.equal(got.headers.get('x-space-node'), 'a');
+    assert.equal(await got.text(), 'through b');
+    const up = await sb.uploadUrl('/tmp/signed-up.txt');
+    const form = new FormData();
+    form.append('file', new Blob(['uploaded through b']), '/tmp/signed-up.txt');
+    assert.equal((await fetch(up, { method: 'POST', body: form })).status, 200);
+    assert.equal((await made0.commands.run('cat /tmp/signed-up.txt')).stdout, 'uploaded through b');
+    const tampered = new URL(down);
+    tampered.searchParams.set('signature', 'v1_' + 'A'.repeat(43));
+    const bad = await fetch(tampered);
+    assert.equal(bad.status, 401);
+    assert.deepEqual(await bad.json(), { code: 401, message: 'invalid signature' });
     assert.equal(await E2B.Sandbox.kill(made0.sandboxId, viaB), true);
+    assert.equal((await fetch(down)).status, 401, 'a URL dies with its sandbox');
     assert.equal((await Sandbox.connect(made0.sandboxId, a.conn)).info.state, 'killed');
   });
 

@@ -437,6 +437,18 @@ export class SandboxService {
     return (await this.store.sandboxesInStates(['running', 'paused', 'hibernated'])).map((s) => ({ id: s.id, tenantId: s.tenantId }));
   }
 
+  /**
+   * One sandbox by id, across tenants, if it has not ended: id and tenant only. For a credential
+   * that names its sandbox by a hint to be checked (the E2B API's signed file URLs, forwarded).
+   *
+   * @example
+   * const c = await svc.unendedSandbox('sb3k9x');
+   */
+  async unendedSandbox(id: string): Promise<{ id: string; tenantId: string } | undefined> {
+    const sb = await this.store.getSandbox(id);
+    return sb && ['running', 'paused', 'hibernated'].includes(sb.state) ? { id: sb.id, tenantId: sb.tenantId } : undefined;
+  }
+
   /** Kills a sandbox and frees everything it had on the host. */
   async kill(tenantId: string, id: string): Promise<Sandbox> {
     const sb = await this.get(tenantId, id);

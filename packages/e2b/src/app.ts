@@ -8,7 +8,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRepl
 import multipart from '@fastify/multipart';
 import { fastifyConnectPlugin } from '@connectrpc/connect-fastify';
 import { SpaceError, fileMetadataFromHeaders, type ApiKeys, type SandboxService } from '@space/core';
-import { AccessTokens, signedCaller, type SignedFileQuery } from './access.js';
+import { AccessTokens, SignedFileOwners, type SignedFileQuery } from './access.js';
 import { registerControl } from './control.js';
 import { registerVolumes } from './volumes.js';
 import { envdCaller, envdRoutes, readFile, writeFile } from './envd.js';
@@ -66,6 +66,24 @@ function sendE2bError(reply: FastifyReply, err: unknown): FastifyReply {
 export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {
   const app = Fastify({ ...(deps.logger ? { loggerInstance: deps.logger } : { logger: false }), bodyLimit: 1024 * 1024, return503OnClosing: true });
   app.setErrorHandler((err, _req, reply) => sendE2bError(reply, err));
+  // A signed file URL (downloadUrl/uploadUrl, opened anywhere with no headers) names no
+  // sandbox: it is matched first, and then named in E2b-Sandbox-Id like the SDK's own calls —
+  // so a node that does not run it forwards it (beforeRoutes), and the node that does checks
+  // the signature against that one sandbox. A bad signature gets envd's exact 401 body.
+  const owners = new SignedFileOwners(deps.tokens, { all: () => deps.service.unendedSandboxes(), one: (id) => deps.service.unendedSandbox(id) });
+  const signed = new WeakMap<object, { tenantId: string; sandboxId: string }>();
+  app.addHook('onRequest', async (req) => {
+    const q = req.query as SignedFileQuery;
+    if (req.routeOptions.url !== '/files' || req.headers['x-access-token'] || q.signature === undefined) return;
+    const hint = req.headers['e2b-sandbox-id'];
+    try {
+      const c = await owners.match(q, req.method === 'GET' ? 'read' : 'write', typeof hint === 'string' ? hint : undefined);
+      signed.set(req, c);
+      req.headers['e2b-sandbox-id'] = c.sandboxId;
+    } catch (err) {
+      throw (err as SpaceError).code === 'UNAUTHENTICATED' ? Object.assign(err as Error, { e2bExact: true }) : err;
+    }
+  });
   deps.beforeRoutes?.(app);
   app.setNotFoundHandler((req, reply) => reply.code(404).send({ code: 404, message: `No route ${req.method} ${req.url.split('?')[0]} in SPACE's E2B-compatible API` }));
   app.addContentTypeParser('application/octet-stream', { bodyLimit: deps.maxUploadBytes }, (_req, payload, done) => done(null, payload));
@@ -83,26 +101,19 @@ export async function buildE2bApp(deps: E2bAppDeps): Promise<FastifyInstance> {
     // 502 is how E2B says "not running" (the SDK's isRunning() reads it as false).
     return reply.code(sb.state === 'running' ? 204 : 502).send(sb.state === 'running' ? undefined : { code: 502, message: `sandbox ${sb.id} is ${sb.state}` });
   });
-  /**
-   * Who calls /files: the SDK's headers, or (a URL from downloadUrl/uploadUrl opened anywhere,
-   * e.g. a browser) a signature in the query. A bad signature gets envd's exact 401 body.
-   */
-  const fileCaller = async (req: { headers: Record<string, string | string[] | undefined>; query: SignedFileQuery }, operation: 'read' | 'write') => {
-    if (req.headers['x-access-token'] || req.headers['e2b-sandbox-id'] || req.query.signature === undefined) return caller(req.headers);
-    try {
-      return { ...signedCaller(deps.tokens, await deps.service.unendedSandboxes(), req.query, operation), user: req.query.username || undefined };
-    } catch (err) {
-      throw Object.assign(err as Error, { e2bExact: true });
-    }
+  /** Who calls /files: the SDK's headers, or a signature in the query (matched on arrival, above). */
+  const fileCaller = (req: { headers: Record<string, string | string[] | undefined>; query: SignedFileQuery }) => {
+    const c = signed.get(req);
+    return c ? { ...c, user: req.query.username || undefined } : caller(req.headers);
   };
   app.get<{ Querystring: SignedFileQuery }>('/files', async (req, reply) => {
-    const c = await fileCaller(req, 'read');
+    const c = fileCaller(req);
     if (!req.query.path) return reply.code(400).send({ code: 400, message: 'path is required' });
     const stream = await readFile(deps.service, { ...c, user: req.query.username || c.user }, req.query.path);
     return reply.header('content-type', 'application/octet-stream').send(stream);
   });
   app.post<{ Querystring: SignedFileQuery }>('/files', async (req) => {
-    const c = { ...(await fileCaller(req, 'write')), ...(req.query.username ? { user: req.query.username } : {}) };
+    const c = { ...fileCaller(req), ...(req.query.username ? { user: req.query.username } : {}) };
     const metadata = fileMetadataFromHeaders(req.headers);
     if (req.isMultipart()) {
       const out = [];

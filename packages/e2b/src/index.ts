@@ -4,5 +4,5 @@
  */
 export { buildE2bApp } from './app.js';
 export type { E2bAppDeps } from './app.js';
-export { AccessTokens } from './access.js';
+export { AccessTokens, SignedFileOwners, type SignedCandidate, type SignedCandidateSource, type SignedFileQuery } from './access.js';
 export { ENVD_VERSION } from './control.js';

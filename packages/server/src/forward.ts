@@ -143,7 +143,8 @@ export interface E2bForwardOptions extends Omit<ForwardOptions, 'find' | 'placeT
 }
 
 /**
- * Registers forwarding on the E2B-compatible API (before its routes): a request naming a
+ * Registers forwarding on the E2B-compatible API (before its routes), and says on every answer
+ * which node answered (`x-space-node`): a request naming a
  * sandbox another node runs — in the path (`/sandboxes/:id…`, `/v2/sandboxes/:id…`) or, for
  * envd's calls, in `E2b-Sandbox-Id` — goes to that node's E2B listener as it came (`url` of
  * the targets is that listener's). The owner authenticates it (API key or access token): this
@@ -153,6 +154,10 @@ export interface E2bForwardOptions extends Omit<ForwardOptions, 'find' | 'placeT
  * registerE2bForwarding(e2bApp, { self: 'n1', find: (id) => store.getSandbox(id), owns, nodes: e2bNodes, errorBody: (e) => ({ code: e.status, message: e.message }) });
  */
 export function registerE2bForwarding(app: FastifyInstance, opts: E2bForwardOptions): void {
+  app.addHook('onSend', async (_req, reply, payload) => {
+    reply.header(ANSWERED_BY, opts.self);
+    return payload;
+  });
   app.addHook('onRequest', async (req, reply) => {
     const route = req.routeOptions.url ?? '';
     const fromPath = route.startsWith('/sandboxes/:id') || route.startsWith('/v2/sandboxes/:id') ? (req.params as { id?: unknown } | undefined)?.id : undefined;
