@@ -1,9 +1,16 @@
 // The PostgreSQL metadata store on a real, throwaway PostgreSQL (test/postgres.mjs): the shared
 // store suite, then what is PostgreSQL's own — migrations under concurrent starts, one daemon
-// per database, the server going away and coming back, and start-up errors that say why.
+// per database, the server going away and coming back, start-up errors that say why, and the
+// lock that keeps the nodes' blob writes and collections apart.
 import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { Readable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
+import { DedupBlobStore, KeyService, LocalKeyProvider } from '../packages/core/dist/index.js';
+import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
 import { PostgresStore, MIGRATIONS } from '../packages/store-postgres/dist/index.js';
 import { startPostgres } from './postgres.mjs';
 import { sandbox, storeSuite } from './store-suite.mjs';
@@ -93,5 +100,85 @@ describe('PostgresStore', () => {
       await store.whenLocked();
       await assert.rejects(PostgresStore.open(url), (e) => e.code === 'DATABASE_IN_USE', 'the lock is held again after the restart');
     });
+  });
+});
+
+describe('the blob collection lock: nodes sharing one blob store', () => {
+  const silent = { info() {}, warn() {}, error() {}, debug() {}, child() { return silent; } };
+  const readAll = async (r) => Buffer.concat(await r.toArray());
+  /** Rows of advisory locks some session waits for. */
+  const waiting = async (url) => (await query(url, "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).length;
+
+  it('writes share it, a collection waits for them and holds off new ones; it moves the generation before deleting', async () => {
+    const url = server.freshDatabase();
+    const [n1, n2] = await Promise.all([PostgresStore.open(url, { node: 'n1' }), PostgresStore.open(url, { node: 'n2' })]);
+    const [a, b] = [n1.blobCollectionLock(), n2.blobCollectionLock()];
+    const log = [];
+    let open;
+    const gate = new Promise((r) => (open = r));
+    let started;
+    const first = new Promise((r) => (started = r));
+    const w1 = a.writing(async (g) => {
+      log.push(`w1 in generation ${g}`);
+      started();
+      await gate;
+      log.push('w1 done');
+    });
+    await first;
+    // A second writer on another node shares the lock with the first.
+    await b.writing(async () => log.push('w0 beside w1'));
+    const collected = b.collecting(async (deleting) => {
+      log.push('collecting');
+      await deleting();
+      await deleting();
+      return 7;
+    });
+    while ((await waiting(url)) === 0) await new Promise((r) => setImmediate(r));
+    // The collection waits in the server: a writer arriving now waits behind it.
+    const w2 = a.writing(async (g) => log.push(`w2 in generation ${g}`));
+    open();
+    assert.deepEqual(await collected, { value: 7, generation: '1' });
+    await Promise.all([w1, w2]);
+    assert.deepEqual(log, ['w1 in generation 0', 'w0 beside w1', 'w1 done', 'collecting', 'w2 in generation 1']);
+    // Another node collected just now: a scheduled collection is left out.
+    let ran = false;
+    assert.equal(await a.collecting(async () => (ran = true), { minIntervalMs: 60_000 }), undefined);
+    assert.equal(ran, false);
+    // A collection that deleted nothing leaves the generation.
+    assert.deepEqual(await a.collecting(async () => 0), { value: 0, generation: '1' });
+    await Promise.all([n1.close(), n2.close()]);
+  });
+
+  it('a node that knew a pack another node collected stores its chunks again, and its object reads back whole', async () => {
+    const url = server.freshDatabase();
+    const dir = mkdtempSync('/tmp/spt-bloblock-');
+    mkdirSync(path.join(dir, 'keys'));
+    writeFileSync(path.join(dir, 'keys', 'node.key'), randomBytes(32));
+    const [n1, n2] = await Promise.all([PostgresStore.open(url, { node: 'n1' }), PostgresStore.open(url, { node: 'n2' })]);
+    const keys = new KeyService({ store: n1, providers: [new LocalKeyProvider(path.join(dir, 'keys'))], nodeKey: { provider: 'local', ref: 'node.key' }, logger: silent });
+    await keys.start();
+    try {
+      const inner = new LocalBlobStore(path.join(dir, 'blobs'));
+      const a = new DedupBlobStore(inner, keys, undefined, n1.blobCollectionLock());
+      const b = new DedupBlobStore(inner, keys, undefined, n2.blobCollectionLock());
+      const data = randomBytes(1 << 20);
+      // Node a stores an object (and learns its packs), which is then deleted; node b collects.
+      await a.put('snapshots/t1/one', Readable.from([data]));
+      await a.delete('snapshots/t1/one');
+      assert.ok((await b.gc([])) >= 1, 'node b deleted the unreferenced packs');
+      // Node a stores the same bytes again: with the packs it knew gone, it must not name them.
+      await a.put('snapshots/t1/two', Readable.from([data]));
+      assert.ok((await readAll(await a.get('snapshots/t1/two'))).equals(data));
+      // Node b's collection keeps what node a's object names, and node a's object written a
+      // moment ago whose record is not in yet (b's database does not name it).
+      const fresh = randomBytes(300_000);
+      await a.put('snapshots/t1/fresh', Readable.from([fresh]));
+      await b.gc(['snapshots/t1/two']);
+      assert.ok((await readAll(await b.get('snapshots/t1/two'))).equals(data));
+      assert.ok((await readAll(await b.get('snapshots/t1/fresh'))).equals(fresh));
+    } finally {
+      await Promise.all([n1.close(), n2.close()]);
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

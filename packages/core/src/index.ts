@@ -10,7 +10,7 @@ export type { CreateTimings, EndReason, Sandbox, SandboxAction, SandboxEvent, Sa
 export { TEMPLATE_NAME_RE } from './model.js';
 export type { Progress, RootfsBuild, RootfsBuilder, RootfsSource } from './ports/rootfs-builder.js';
 export { newSnapshotId } from './model.js';
-export type { BlobInfo, BlobStore } from './ports/blob-store.js';
+export type { BlobCollectionLock, BlobInfo, BlobStore } from './ports/blob-store.js';
 export { SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, packSnapshot, readSnapshot } from './storage/snapshot-format.js';
 export type { SnapshotMeta } from './storage/snapshot-format.js';
 export type { VolumeHost, VolumeHostReport } from './ports/volume-host.js';

@@ -423,7 +423,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const driver = make(driverName);
   const extra = (opts.drivers ?? (process.env.SPACE_DRIVERS ? parseDrivers(process.env.SPACE_DRIVERS) : [])).filter((n) => n !== driverName).map(make);
   const gcFault = process.env.SPACE_FAULT_INJECT?.startsWith('gc:after-') ? Number(process.env.SPACE_FAULT_INJECT.slice('gc:after-'.length)) : undefined;
-  const blobs = new DedupBlobStore(new EncryptedBlobStore(blobStore.store, encryptionKeys, store), encryptionKeys, gcFault);
+  // Nodes sharing the database share the blob store: their writes and collections take turns.
+  const blobs = new DedupBlobStore(new EncryptedBlobStore(blobStore.store, encryptionKeys, store), encryptionKeys, gcFault, store.blobCollectionLock?.());
   // Template images used to be kept in plaintext on disk: they are captured again (and stored encrypted).
   await fs.rm(path.join(dataDir, 'template-images'), { recursive: true, force: true });
   const imagesDir = templateImagesDir(dataDir);
@@ -525,18 +526,14 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);
     daemonPorts.add(typeof a === 'object' && a ? a.port : l.port);
   }
-  // Chunks no snapshot references any more go at start and every 10 minutes (and on demand).
-  const gcNow = async () => {
+  // Chunks no snapshot references any more go at start and every 10 minutes (and on demand). In
+  // a cluster the collection takes the deployment's blob lock (every node's snapshots wait for
+  // it), and a scheduled one is left out when another node collected in the last 9 minutes.
+  const gcNow = async (opts: { scheduled?: boolean } = {}) => {
     // Only in a blob store that is still this deployment's (its collection deletes what this
     // database does not reference).
     await claimBlobStore(blobStore.store, store, blobStore.where);
-    // Not while other nodes share the database (up, or lost: maybe cut off and still writing):
-    // their snapshots under way, and the chunk index each node dedups against, would lose packs
-    // this collection deletes (docs/cluster.md). Asked again during the collection.
-    const alone = async () => !shared || (await store.listNodes()).every((n) => n.name === nodeName || n.stoppedAt !== undefined);
-    let deleted = 0;
-    if (await alone()) deleted = await blobs.gc(() => snapshotKeys(store), { mayDelete: alone });
-    else logger.info('snapshot chunks are not collected while other nodes share the database (docs/cluster.md)');
+    const deleted = await blobs.gc(() => snapshotKeys(store), opts.scheduled && shared ? { minIntervalMs: 9 * 60_000 } : {});
     if (deleted) logger.info({ deleted }, 'snapshot chunks collected');
     const pruned = await store.pruneEgressLog(new Date(Date.now() - EGRESS_LOG_DAYS * 86_400_000).toISOString());
     if (pruned) logger.info({ pruned }, 'old egress log entries deleted');
@@ -547,7 +544,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   // In the background: reading every manifest must not delay the listener. Close waits for it.
   let gcRun: Promise<unknown> = Promise.resolve();
   const gcLater = () => {
-    gcRun = gcNow().catch((err) => logger.error({ err }, 'chunk collection failed'));
+    gcRun = gcNow({ scheduled: true }).catch((err) => logger.error({ err }, 'chunk collection failed'));
   };
   gcLater();
   const gcTimer = setInterval(gcLater, 10 * 60_000);

@@ -6,7 +6,10 @@
  */
 import pg from 'pg';
 import { Kysely, PostgresDialect, sql, type PostgresPool, type PostgresPoolClient } from 'kysely';
-import { SpaceError, isUnreachableError, type Logger, type MetadataStore } from '@space/core';
+import { SpaceError, isUnreachableError, type BlobCollectionLock, type Logger, type MetadataStore } from '@space/core';
+import { postgresBlobLock } from './blob-lock.js';
+
+export { postgresBlobLock, type PostgresBlobLockOptions } from './blob-lock.js';
 import { SqlStore, type Schema, type SqlFlavour } from '@space/store-sql';
 
 /**
@@ -235,6 +238,7 @@ export class PostgresStore extends SqlStore implements MetadataStore {
     private lockClient: pg.Client | undefined,
     private readonly url: string,
     private readonly opts: PostgresStoreOptions,
+    private readonly pool: pg.Pool,
   ) {
     super(db, POSTGRES);
     if (lockClient) this.watchLock(lockClient);
@@ -271,7 +275,7 @@ export class PostgresStore extends SqlStore implements MetadataStore {
       throw err;
     }
     const db = new Kysely<Schema>({ dialect: new PostgresDialect({ pool: guardedPool(pool, url) }) });
-    return new PostgresStore(db, config, lockClient, url, opts);
+    return new PostgresStore(db, config, lockClient, url, opts, pool);
   }
 
   /** Keeps the daemon's lock: a dropped lock connection is re-taken as soon as the server answers. */
@@ -304,6 +308,11 @@ export class PostgresStore extends SqlStore implements MetadataStore {
       };
       retry(500);
     });
+  }
+
+  /** The deployment's blob collection lock (see {@link postgresBlobLock}). */
+  blobCollectionLock(): BlobCollectionLock {
+    return postgresBlobLock(this.pool, { failed: (err) => (isUnreachable(err) ? unavailable(this.url, err) : err) });
   }
 
   /**

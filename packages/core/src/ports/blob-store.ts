@@ -42,3 +42,28 @@ export interface BlobStore {
   /** Keys directly under `prefix` (a "directory" such as `chunks/<tenant>`). */
   list?(prefix: string): Promise<string[]>;
 }
+
+/**
+ * Keeps blob writers and the collector apart across every daemon of a deployment (nodes sharing
+ * one database and one blob store), as {@link DedupBlobStore} keeps them apart within one: a
+ * collection deletes packs no recorded object references, so no node may be writing (and
+ * referencing packs it knows of) while it runs. Before a collection's first deletion the
+ * `generation` moves on; a writer seeing a new one forgets the pack locations it knew (some may
+ * be gone) and reads them again from the manifests. (Moved before, not after: a collector
+ * that dies half-way has still told every writer.)
+ *
+ * @example
+ * await lock.writing(async (generation) => put(key, data));
+ * const r = await lock.collecting(async (deleting) => gc({ mayDelete: async () => (await deleting(), true) }), { minIntervalMs: 9 * 60_000 });
+ */
+export interface BlobCollectionLock {
+  /** Runs `fn` while no collection runs on any node (writers share the lock); `fn` gets the generation. */
+  writing<T>(fn: (generation: string) => Promise<T>): Promise<T>;
+  /**
+   * Runs `fn` once no write runs on any node and none can start; `fn` calls `deleting()` before
+   * it deletes anything (the first call moves the generation on). Undefined, without running
+   * `fn`, when the lock could not be had in time or (`minIntervalMs`) another node collected
+   * more recently than that. Returns the generation after it.
+   */
+  collecting<T>(fn: (deleting: () => Promise<void>) => Promise<T>, opts?: { minIntervalMs?: number }): Promise<{ value: T; generation: string } | undefined>;
+}

@@ -5,6 +5,7 @@
  */
 import type { DataKeyRecord, NodeRecord, EgressLogEntry, EgressLogPage, IngressLogEntry, IngressLogPage, PortExposure, SecretRecord, TenantKey, VolumeRecord, VolumeSnapshotRecord } from '../records.js';
 import type { IntentStore } from './intent-journal.js';
+import type { BlobCollectionLock } from './blob-store.js';
 import { SpaceError } from '../errors.js';
 import type { Sandbox, SandboxEvent, SandboxState, Snapshot, Template } from '../model.js';
 
@@ -189,6 +190,13 @@ export interface MetadataStore extends IntentStore {
   getMeta(key: string): Promise<string | undefined>;
   /** Stores `value` under `key` unless a value is there; returns the one that is stored. */
   putMetaIfAbsent(key: string, value: string): Promise<string>;
+  /**
+   * The lock that keeps every daemon's blob writes and collections apart, for a store several
+   * daemons share (PostgreSQL); absent where one daemon has the store to itself (SQLite).
+   *
+   * @example const lock = store.blobCollectionLock?.();
+   */
+  blobCollectionLock?(): BlobCollectionLock;
 
   /** Inserts a volume; `VOLUME_EXISTS` when the tenant has one of that name (in any state). */
   insertVolume(v: VolumeRecord): Promise<void>;

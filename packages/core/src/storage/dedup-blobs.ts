@@ -29,7 +29,7 @@ import { Readable } from 'node:stream';
 import { promisify } from 'node:util';
 import zlib from 'node:zlib';
 import { SpaceError } from '../errors.js';
-import { tenantOfKey, type BlobInfo, type BlobStore } from '../ports/blob-store.js';
+import { tenantOfKey, type BlobCollectionLock, type BlobInfo, type BlobStore } from '../ports/blob-store.js';
 import type { KeyService } from '../security/keys.js';
 
 const compress = promisify(zlib.brotliCompress);
@@ -161,11 +161,19 @@ export class DedupBlobStore implements BlobStore {
    */
   private readonly recent = new Map<string, number>();
 
+  /** The collection generation this store's indexes were built in (with a shared lock). */
+  private generation: string | undefined;
+
   constructor(
     private readonly inner: BlobStore,
     private readonly keys: KeyService,
     /** Crash tests: SIGKILL after deleting this many packs in a collection. Never set in production. */
     private readonly faultAfterGcDeletes?: number,
+    /**
+     * With other daemons writing to the same blob store (a cluster): the lock that keeps every
+     * node's writes and collections apart (see {@link BlobCollectionLock}).
+     */
+    private readonly shared?: BlobCollectionLock,
   ) {}
 
   /** The chunk's id: 128 bits of its keyed hash (first-format ids have 160). */
@@ -206,6 +214,19 @@ export class DedupBlobStore implements BlobStore {
   }
 
   async put(key: string, data: Readable): Promise<number> {
+    if (!this.shared) return this.putHere(key, data);
+    return this.shared.writing(async (generation) => {
+      // Another node collected since these indexes were read: some packs they name may be gone.
+      if (generation !== this.generation) {
+        this.indexes.clear();
+        this.generation = generation;
+      }
+      return this.putHere(key, data);
+    });
+  }
+
+  /** A put, kept apart from this store's own collections. */
+  private async putHere(key: string, data: Readable): Promise<number> {
     while (this.collecting) await this.collecting.catch(() => {});
     this.writers++;
     try {
@@ -436,19 +457,36 @@ export class DedupBlobStore implements BlobStore {
    * each tenant's chunk index from their manifests. `liveKeys` lists every stored object's key;
    * as a function it is asked once no write runs (and none can start), so an object whose write
    * was under way when the collection was asked for is never missed. Objects written in the
-   * last minute count as live too (their caller may not have recorded them yet). Tenants with a
-   * manifest that cannot be read (revoked key, corrupt) are skipped. `mayDelete` is asked before
-   * each deletion (at most once a second): when it says no, the collection stops there (another
-   * writer may have appeared: e.g. a second node on a shared store). Returns the number of
-   * stored objects deleted.
+   * last minute count as live too (their caller — this node or, on a shared store, another —
+   * may not have recorded them yet). Tenants with a manifest that cannot be read (revoked key,
+   * corrupt) are skipped. `mayDelete` is asked before each deletion (at most once a second):
+   * when it says no, the collection stops there. On a shared store (a cluster) the collection
+   * runs under the deployment's lock, with every node's writes held off; `minIntervalMs` skips
+   * it when any node collected more recently. Returns the number of stored objects deleted.
    */
-  async gc(liveKeys: string[] | (() => Promise<string[]>), opts: { mayDelete?: () => Promise<boolean> } = {}): Promise<number> {
+  async gc(liveKeys: string[] | (() => Promise<string[]>), opts: { mayDelete?: () => Promise<boolean>; minIntervalMs?: number } = {}): Promise<number> {
+    if (!this.shared) return this.gcHere(liveKeys, opts.mayDelete);
+    const r = await this.shared.collecting(
+      (deleting) =>
+        this.gcHere(liveKeys, async () => {
+          await deleting();
+          return opts.mayDelete ? opts.mayDelete() : true;
+        }),
+      opts.minIntervalMs !== undefined ? { minIntervalMs: opts.minIntervalMs } : {},
+    );
+    // This store's indexes were rebuilt by the collection: they are of its generation.
+    if (r) this.generation = r.generation;
+    return r?.value ?? 0;
+  }
+
+  /** A collection, kept apart from this store's own writes. */
+  private async gcHere(liveKeys: string[] | (() => Promise<string[]>), mayDeleteNow?: () => Promise<boolean>): Promise<number> {
     let askedAt = 0;
     let allowed = true;
     const mayDelete = async () => {
-      if (!opts.mayDelete) return true;
+      if (!mayDeleteNow) return true;
       if (Date.now() - askedAt >= 1000) {
-        allowed = await opts.mayDelete();
+        allowed = await mayDeleteNow();
         askedAt = Date.now();
       }
       return allowed;
@@ -462,13 +500,24 @@ export class DedupBlobStore implements BlobStore {
         else if (await this.inner.stat(k)) live.add(k);
       }
       let deleted = 0;
-      // A snapshot whose record was deleted but whose bytes were not (a crash in between) leaves its manifest.
-      for (const dir of (await this.inner.list?.('snapshots')) ?? []) {
-        for (const k of (await this.inner.list?.(dir)) ?? []) {
-          if (live.has(k)) continue;
-          if (!(await mayDelete())) return deleted;
-          await this.inner.delete(k);
-          deleted++;
+      // Manifests no record names: just written, their record not yet in (by another node of a
+      // cluster: this node's own are in `recent`) — live; or a snapshot whose record was deleted
+      // but whose bytes were not (a crash in between) — deleted.
+      for (const kind of MANIFEST_KINDS) {
+        for (const dir of (await this.inner.list?.(kind)) ?? []) {
+          for (const k of (await this.inner.list?.(dir)) ?? []) {
+            if (live.has(k)) continue;
+            const info = await this.inner.stat(k);
+            if (!info) continue;
+            if (Date.now() - Date.parse(info.createdAt) < RECENT_MS) {
+              live.add(k);
+              continue;
+            }
+            if (kind !== 'snapshots') continue;
+            if (!(await mayDelete())) return deleted;
+            await this.inner.delete(k);
+            deleted++;
+          }
         }
       }
       const byTenant = new Map<string, string[]>();
