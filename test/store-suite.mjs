@@ -185,6 +185,9 @@ export function storeSuite(name, h) {
       const s = await h.open('misc');
       for (const [id, at] of [['sn2', '2026-01-02T00:00:00.000Z'], ['sn1', '2026-01-01T00:00:00.000Z'], ['sn3', '2026-01-02T00:00:00.000Z']]) await s.insertSnapshot({ id, sandboxId: 'sb', createdAt: at, trigger: 'manual' });
       assert.deepEqual((await s.listSnapshots('sb')).map((x) => x.id), ['sn1', 'sn2', 'sn3']);
+      await s.insertSnapshot({ id: 'sn9', sandboxId: 'other', createdAt: '2026-01-03T00:00:00.000Z', trigger: 'manual' });
+      assert.deepEqual((await s.listAllSnapshots()).map((x) => x.id).sort(), ['sn1', 'sn2', 'sn3', 'sn9']);
+      await s.deleteSnapshot('sn9');
       await s.deleteSnapshot('sn2');
       assert.equal(await s.getSnapshot('sn2'), undefined);
       for (let i = 0; i < 5; i++) await s.insertEvent({ sandboxId: 'sb', at: `t${i}`, type: 'e', message: `m${i}` });

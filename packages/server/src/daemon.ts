@@ -9,7 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { Ext4Volumes } from '@space/volume-ext4';
-import { ApiKeys, Volumes, type Logger, DedupBlobStore, SANDBOX_STATES, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
+import { ApiKeys, Volumes, type Logger, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
 import { parseSizeMb, type DrainResult } from '@space/api';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
@@ -271,7 +271,8 @@ const EGRESS_LOG_DAYS = 30;
 /** The blob keys of every stored snapshot and template image (what garbage collection must keep). */
 async function snapshotKeys(store: MetadataStore): Promise<string[]> {
   const out: string[] = [];
-  for (const sb of await store.sandboxesInStates([...SANDBOX_STATES])) for (const sn of await store.listSnapshots(sb.id)) out.push(sn.blobKey);
+  // One read (it runs while a cluster's blob writes wait), every snapshot row kept.
+  for (const sn of await store.listAllSnapshots()) out.push(sn.blobKey);
   for (const t of await store.listTemplates()) if (t.image) out.push(templateImageBlobKey(t.tenantId, t.image.key));
   return out;
 }

@@ -270,6 +270,11 @@ export class SqlStore implements MetadataStore {
     return rows.map((r) => JSON.parse(r.doc) as Snapshot);
   }
 
+  async listAllSnapshots(): Promise<Snapshot[]> {
+    const rows = await this.db.selectFrom('snapshots').select('doc').execute();
+    return rows.map((r) => JSON.parse(r.doc) as Snapshot);
+  }
+
   async deleteSnapshot(id: string): Promise<void> {
     await this.db.deleteFrom('snapshots').where('id', '=', id).execute();
   }

@@ -112,6 +112,12 @@ export interface MetadataStore extends IntentStore {
   getSnapshot(id: string): Promise<Snapshot | undefined>;
   /** A sandbox's snapshots, oldest first. */
   listSnapshots(sandboxId: string): Promise<Snapshot[]>;
+  /**
+   * Every snapshot of the deployment, in one read: what blob collection must keep.
+   *
+   * @example const keep = (await store.listAllSnapshots()).map((sn) => sn.blobKey);
+   */
+  listAllSnapshots(): Promise<Snapshot[]>;
   deleteSnapshot(id: string): Promise<void>;
 
   /** Inserts or replaces the exposure (sandboxId, port). */
