@@ -14,7 +14,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Nodes, Sandbox, Templates, Volumes } from '../packages/sdk/dist/index.js';
-import { api, egressRange, eventually, leftovers, rejectionCode, startSpaced, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
+import { api, cliRunner, egressRange, eventually, leftovers, rejectionCode, startSpaced, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
 import { makeOciImage } from './oci-image.mjs';
 const E2B = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { startPostgres } from './postgres.mjs';
@@ -353,8 +353,10 @@ describe('a cluster of two nodes on one database', () => {
     a.conn.apiUrl = a.daemon.url;
     assert.equal((await Sandbox.connect(onA.id, a.conn)).info.node, 'b');
     // Asked of node a, done by node b.
-    const r = await Nodes.drain('b', a.conn);
+    const events = [];
+    const r = await Nodes.drain('b', { ...a.conn, onProgress: (ev) => events.push(ev) });
     assert.deepEqual(r, { node: 'b', draining: true, moved: [{ id: onA.id, node: 'a' }], stayed: [] });
+    assert.deepEqual(events, [{ type: 'plan', sessions: 1 }, { type: 'moved', id: onA.id, node: 'a', done: 1, sessions: 1 }], 'streamed through node a from node b');
     // Node a wakes it after its next heartbeat (a bounded wait).
     const woke = await eventually(async () => {
       const sb = await Sandbox.connect(onA.id, b.conn);
@@ -506,8 +508,17 @@ describe('a cluster of three nodes', () => {
     }
     const onA = (await Sandbox.list(a.conn)).items.filter((s) => s.node === 'a' && s.state === 'running');
     for (const s of onA) await (await Sandbox.connect(s.id, a.conn)).files.write('/tmp/mark', s.id);
-    const r = await Nodes.drain('a', a.conn);
+    // Through the CLI, as an operator would: each session said as it moves, then the result.
+    const home = mkdtempSync('/tmp/spc-home-');
+    const out = await cliRunner(home, { SPACE_URL: a.conn.apiUrl, SPACE_API_KEY: a.conn.apiKey })('node', 'drain', 'a', '--json');
+    rmSync(home, { recursive: true, force: true });
+    assert.equal(out.code, 0, out.stderr);
+    const r = JSON.parse(out.stdout);
     assert.deepEqual(r.stayed, []);
+    const steps = out.stderr.split('\n').filter((l) => /^\[\d\/4\] /.test(l));
+    assert.deepEqual(steps.map((l) => l.slice(0, 5)), ['[1/4]', '[2/4]', '[3/4]', '[4/4]'], out.stderr);
+    assert.match(out.stderr, /^4 sessions to move$/m);
+    for (const m of r.moved) assert.ok(steps.some((l) => l.includes(`${m.id} moved to node ${m.node}`)), out.stderr);
     const per = {};
     for (const m of r.moved) per[m.node] = (per[m.node] ?? 0) + 1;
     assert.deepEqual(per, { b: 2, c: 2 }, JSON.stringify(r.moved));

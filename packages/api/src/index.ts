@@ -13,5 +13,5 @@ export type { CreateSandboxOpts, CreateTimings, EndReason, Sandbox, SandboxEvent
 export type { EgressLogEntry, EgressLogPage, EgressPolicy, ExposedPort, HeaderRule, IngressLogEntry, IngressLogPage, SecretAttachment, SecretInfo } from './records.js';
 export { parseSizeMb } from './sizes.js';
 export { parseVolumeMount } from './volume.js';
-export type { DrainResult, NodeInfo, NodeState } from './node.js';
+export type { DrainEvent, DrainResult, NodeInfo, NodeState } from './node.js';
 export type { Volume, VolumeEntry, VolumeMount, VolumeSnapshot, VolumeUser } from './volume.js';

@@ -51,3 +51,20 @@ export interface DrainResult {
   moved: { id: string; node: string }[];
   stayed: { id: string; reason: string }[];
 }
+
+/**
+ * One line of a drain's progress (`POST /v1/nodes/{name}/drain` with `Accept:
+ * application/x-ndjson`): the plan, then each session as it moved or stayed, then the result
+ * (or an error). A client that goes away does not stop the drain.
+ *
+ * @example
+ * {"type":"plan","sessions":4}
+ * {"type":"moved","id":"sb3k9x…","node":"node-a","done":1,"sessions":4}
+ * {"type":"done","result":{"node":"node-b","draining":true,"moved":[…],"stayed":[]}}
+ */
+export type DrainEvent =
+  | { type: 'plan'; sessions: number }
+  | { type: 'moved'; id: string; node: string; done: number; sessions: number }
+  | { type: 'stayed'; id: string; reason: string; done: number; sessions: number }
+  | { type: 'done'; result: DrainResult }
+  | { type: 'error'; code: string; message: string };

@@ -371,7 +371,14 @@ nodeCmd
   .action(async (name: string, o: { json?: boolean }) => {
     const t0 = Date.now();
     process.stderr.write(`draining node ${name}: moving its sessions off...\n`);
-    const r = await Nodes.drain(name, connection());
+    const r = await Nodes.drain(name, {
+      ...connection(),
+      onProgress: (ev) => {
+        if (ev.type === 'plan') process.stderr.write(`${ev.sessions} session${ev.sessions === 1 ? '' : 's'} to move\n`);
+        else if (ev.type === 'moved') process.stderr.write(`[${ev.done}/${ev.sessions}] ${ev.id} moved to node ${ev.node} (${Math.round((Date.now() - t0) / 1000)} s)\n`);
+        else if (ev.type === 'stayed') process.stderr.write(`[${ev.done}/${ev.sessions}] ${ev.id} stayed: ${ev.reason}\n`);
+      },
+    });
     if (o.json) return void process.stdout.write(JSON.stringify(r, null, 2) + '\n');
     for (const m of r.moved) process.stdout.write(`${m.id} moved to node ${m.node}\n`);
     for (const s of r.stayed) process.stdout.write(`${s.id} stayed: ${s.reason}\n`);

@@ -20,7 +20,7 @@ export type { PtyCreateOpts } from './pty.js';
 export { Secrets } from './secrets.js';
 export type { SecretInfo, SecretSetOpts } from './secrets.js';
 export { Volumes } from './volumes.js';
-export { Nodes, type DrainResult } from './nodes.js';
+export { Nodes, type DrainEvent, type DrainOpts, type DrainResult } from './nodes.js';
 export type { NodeInfo, NodeState } from './nodes.js';
 export type { Volume, VolumeEntry, VolumeSnapshot } from './volumes.js';
 export { Templates } from './templates.js';

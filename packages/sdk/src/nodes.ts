@@ -1,8 +1,14 @@
 /** The deployment's nodes (admin keys). */
-import type { DrainResult, NodeInfo, NodeState } from '@space/api';
-import { ApiClient, type ConnectionOpts } from './client.js';
+import { isErrorCode, type DrainEvent, type DrainResult, type NodeInfo, type NodeState } from '@space/api';
+import { ApiClient, SpaceError, ndjson, type ConnectionOpts } from './client.js';
 
-export type { DrainResult, NodeInfo, NodeState };
+export type { DrainEvent, DrainResult, NodeInfo, NodeState };
+
+/** Options of {@link Nodes.drain}. */
+export interface DrainOpts extends ConnectionOpts {
+  /** Told the plan, then each session as it moves (or stays). */
+  onProgress?: (ev: DrainEvent) => void;
+}
 
 /**
  * @example
@@ -20,10 +26,20 @@ export class Nodes {
    * each has moved (or says why it stayed).
    *
    * @example
-   * const r = await Nodes.drain('node-b'); // r.moved: [{ id, node: 'node-a' }], r.stayed: []
+   * const r = await Nodes.drain('node-b', { onProgress: (ev) => ev.type === 'moved' && console.log(ev.id, '→', ev.node) });
+   * // r.moved: [{ id, node: 'node-a' }], r.stayed: []
    */
-  static async drain(name: string, opts: ConnectionOpts = {}): Promise<DrainResult> {
-    return new ApiClient(opts).json<DrainResult>('POST', `/v1/nodes/${encodeURIComponent(name)}/drain`, { timeoutMs: 3_600_000 });
+  static async drain(name: string, opts: DrainOpts = {}): Promise<DrainResult> {
+    const res = await new ApiClient(opts).request('POST', `/v1/nodes/${encodeURIComponent(name)}/drain`, { timeoutMs: 3_600_000, headers: { accept: 'application/x-ndjson, application/json' } });
+    // A daemon that does not stream answers with the result alone.
+    if (!res.header('content-type')?.includes('application/x-ndjson')) return (await res.json()) as DrainResult;
+    for await (const ev of ndjson(res)) {
+      const e = ev as DrainEvent;
+      if (e.type === 'done') return e.result;
+      if (e.type === 'error') throw new SpaceError(isErrorCode(e.code) ? e.code : 'INTERNAL', e.message);
+      opts.onProgress?.(e);
+    }
+    throw new SpaceError('INTERNAL', `The drain of node ${name} ended without a result (the connection was cut; the node stays drained: \`space nodes\` shows what is left on it)`);
   }
 
   /** Ends a drain of node `name` (admin key): it takes new sandboxes again. */

@@ -10,7 +10,7 @@ import path from 'node:path';
 import pino from 'pino';
 import { Ext4Volumes } from '@space/volume-ext4';
 import { ApiKeys, Volumes, type Logger, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
-import { parseSizeMb, type DrainResult } from '@space/api';
+import { parseSizeMb, type DrainEvent, type DrainResult } from '@space/api';
 import { GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
@@ -553,24 +553,31 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const instance = randomUUID();
   // Draining: the flag in the node's record (kept across restarts), then every session moved
   // to the node with most room; those that ran are woken there (wakeOnArrival, after its heartbeat).
-  const drain = async (on: boolean): Promise<DrainResult> => {
+  const drain = async (on: boolean, progress: (ev: DrainEvent) => void = () => {}): Promise<DrainResult> => {
     if (!heartbeat) throw new SpaceError('DAEMON_SHUTTING_DOWN', 'The node is still starting; drain it in a moment');
     await heartbeat.setDraining(on);
     const result: DrainResult = { node: nodeName, draining: on, moved: [], stayed: [] };
     if (!on) return result;
     const mine = (await store.sandboxesInStates(['running', 'paused', 'hibernated'], { node: nodeName })).filter((sb) => service.owns(sb));
     const plan = planDrain(await nodeViews(store, lostAfterMs), nodeName, mine);
+    const sessions = mine.length;
+    progress({ type: 'plan', sessions });
+    const stayed = (id: string, reason: string) => {
+      result.stayed.push({ id, reason });
+      progress({ type: 'stayed', id, reason, done: result.moved.length + result.stayed.length, sessions });
+    };
     for (const sb of mine) {
       const target = plan.get(sb.id);
       if (!target) {
-        result.stayed.push({ id: sb.id, reason: 'no other node is up with room for it' });
+        stayed(sb.id, 'no other node is up with room for it');
         continue;
       }
       try {
         await service.move(sb.tenantId, sb.id, target, { wakeThere: true });
         result.moved.push({ id: sb.id, node: target });
+        progress({ type: 'moved', id: sb.id, node: target, done: result.moved.length + result.stayed.length, sessions });
       } catch (err) {
-        result.stayed.push({ id: sb.id, reason: err instanceof Error ? err.message : String(err) });
+        stayed(sb.id, err instanceof Error ? err.message : String(err));
       }
     }
     logger.warn({ moved: result.moved.length, stayed: result.stayed.length }, 'node drained');
@@ -578,7 +585,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   };
   // The node's heartbeat (made once the listener's URL is known; drains go through it).
   let heartbeat: NodeHeartbeat | undefined;
-  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, ...(shared ? { cluster: { self: nodeName, nodes: () => nodeStates(store, lostAfterMs), draining: () => !!heartbeat?.draining, drain: (on: boolean) => drain(on) } } : {}), drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
+  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, ...(shared ? { cluster: { self: nodeName, nodes: () => nodeStates(store, lostAfterMs), draining: () => !!heartbeat?.draining, drain: (on: boolean, progress?: (ev: DrainEvent) => void) => drain(on, progress) } } : {}), drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;

@@ -1,5 +1,5 @@
 /** What the HTTP API is built from (its own module, so that app.ts and routes.ts need not import each other). */
-import type { DrainResult, NodeInfo } from '@space/api';
+import type { DrainEvent, DrainResult, NodeInfo } from '@space/api';
 import type { Ingress } from './ingress.js';
 import type { FastifyBaseLogger } from 'fastify';
 import type { ApiKeys, KeyService, SandboxDriver, SandboxService, SecretService } from '@space/core';
@@ -37,7 +37,7 @@ export interface AppDeps {
     nodes: () => Promise<Pick<NodeInfo, 'name' | 'url' | 'state' | 'heartbeatAt' | 'draining'>[]>;
     /** Whether this node is drained (creates go elsewhere). */
     draining: () => boolean;
-    /** Drains this node (moves every session it runs to other nodes) or ends that. */
-    drain: (on: boolean) => Promise<DrainResult>;
+    /** Drains this node (moves every session it runs to other nodes, telling `progress` as each goes) or ends that. */
+    drain: (on: boolean, progress?: (ev: DrainEvent) => void) => Promise<DrainResult>;
   };
 }

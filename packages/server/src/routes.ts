@@ -342,10 +342,14 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   });
 
   for (const [verb, on] of [['drain', true], ['undrain', false]] as const) {
-    app.post(`/v1/nodes/:name/${verb}`, { schema: { tags: ['system'], params: S.NodeParams, description: on ? 'Drains a node: no new sandbox is placed there, and every session it runs is moved to the node with most room (hibernated there, woken if it ran). Admin keys only.' : 'Ends a drain: the node takes new sandboxes again. Admin keys only.' } }, async (req, reply) => {
+    app.post(`/v1/nodes/:name/${verb}`, { schema: { tags: ['system'], params: S.NodeParams, description: on ? 'Drains a node: no new sandbox is placed there, and every session it runs is moved to the node with most room (hibernated there, woken if it ran). With `Accept: application/x-ndjson` the answer streams each session as it moves (DrainEvent lines), then the result. Admin keys only.' : 'Ends a drain: the node takes new sandboxes again. Admin keys only.' } }, async (req, reply) => {
       if (!req.principal.admin) throw new SpaceError('FORBIDDEN', `${on ? 'Draining' : 'Undraining'} a node needs an admin key`);
       const cluster = requireCluster();
-      if (req.params.name === cluster.self) return cluster.drain(on);
+      if (req.params.name === cluster.self) {
+        // A drain takes a move per session: asked for NDJSON, it says each one as it goes.
+        if (on && String(req.headers.accept ?? '').includes('application/x-ndjson')) return eventStream(reply, (emit) => cluster.drain(true, emit));
+        return cluster.drain(on);
+      }
       const node = (await cluster.nodes()).find((n) => n.name === req.params.name);
       if (!node) throw new SpaceError('BAD_REQUEST', `No node ${JSON.stringify(req.params.name)} in this deployment; \`space nodes\` lists them`);
       if (node.state !== 'up' || req.headers['x-space-forwarded-by']) throw new SpaceError('NODE_UNAVAILABLE', `Node ${node.name} is ${node.state} (last heartbeat ${node.heartbeatAt}); it must be up to move its sessions off`);
@@ -354,7 +358,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     });
   }
 
-  app.post('/v1/admin/gc', { schema: { tags: ['system'], description: 'Deletes snapshot chunks no snapshot references (also runs every 10 minutes; not while other nodes share the database: docs/cluster.md). Admin keys only.' } }, async (req) => {
+  app.post('/v1/admin/gc', { schema: { tags: ['system'], description: 'Deletes snapshot chunks no snapshot references (also runs every 10 minutes; in a cluster every node\'s snapshot writes wait while it runs: docs/cluster.md). Admin keys only.' } }, async (req) => {
     if (!req.principal.admin) throw new SpaceError('FORBIDDEN', 'Garbage collection needs an admin key');
     return { deletedChunks: deps.gc ? await deps.gc() : 0 };
   });
@@ -393,6 +397,26 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     if (!body || !(body instanceof Readable)) throw new SpaceError('BAD_REQUEST', 'Send the tarball as the request body with Content-Type: application/octet-stream');
     return reply.code(201).send(await tpl.saveUpload(req.principal.tenantId, body));
   });
+}
+
+/**
+ * Runs a long operation and streams the events it emits as NDJSON, then `{"type":"done","result"}`
+ * or `{"type":"error","code","message"}`. The operation goes on if the client goes away (a
+ * drain: the node is drained either way).
+ */
+function eventStream(reply: FastifyReply, run: (emit: (ev: object) => void) => Promise<unknown>): FastifyReply {
+  const lines = new AsyncQueue<string>();
+  const push = (line: object) => lines.push(JSON.stringify(line) + '\n');
+  void run(push)
+    .then(
+      (result) => push({ type: 'done', result }),
+      (e: unknown) => {
+        const se = toSpaceError(e);
+        push({ type: 'error', code: se.code, message: se.message, ...(se.hint ? { hint: se.hint } : {}) });
+      },
+    )
+    .finally(() => lines.close());
+  return reply.code(200).header('content-type', 'application/x-ndjson').header('cache-control', 'no-store').send(Readable.from(lines, { objectMode: false }));
 }
 
 /**
