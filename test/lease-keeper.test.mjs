@@ -1,9 +1,12 @@
-// The lease keeper (fast lane): the process that pauses a cluster node's gVisor sandboxes when
-// its daemon died or hung, before other nodes may take them over (packages/server/src/lease-keeper.ts).
+// The lease keeper (fast lane): the process that pauses a cluster node's sandboxes when its
+// daemon died or hung, before other nodes may take them over (packages/server/src/lease-keeper.ts).
 // runsc is stood in for by a script keeping containers in a JSON file (the real one is driven by
-// test/cluster.test.mjs: a SIGKILLed node's copy is found paused there).
+// test/cluster.test.mjs: a SIGKILLed node's copy is found paused there); QEMU by QMP servers on
+// unix sockets that keep each VM's run state (the driver's own pause and resume are the same
+// QMP commands, driven on real QEMU by the microVM conformance suite).
 import assert from 'node:assert/strict';
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { LeaseKeeper, keep } from '../packages/server/dist/lease-keeper.js';
@@ -74,6 +77,48 @@ describe('lease keeper', () => {
     for (const k of [fresh, replaced]) {
       assert.deepEqual(k.calls(), []);
       assert.ok(!existsSync(k.config.pausedFile));
+    }
+  });
+
+  it('microVMs: every running VM is stopped over QMP (one its user paused is left), and the next daemon continues its own', async () => {
+    const vmDir = path.join(dir, `vms${++n}`);
+    const log = [];
+    const servers = [];
+    for (const [id, running] of [['sbv', true], ['sbw', false], ['sbx', true]]) {
+      mkdirSync(path.join(vmDir, id), { recursive: true });
+      const vm = { running };
+      const server = net.createServer((sock) => {
+        sock.write(JSON.stringify({ QMP: { version: {}, capabilities: [] } }) + '\n');
+        let buf = '';
+        sock.on('data', (d) => {
+          buf += d;
+          for (let i; (i = buf.indexOf('\n')) >= 0; buf = buf.slice(i + 1)) {
+            const { execute } = JSON.parse(buf.slice(0, i));
+            if (execute !== 'qmp_capabilities') log.push(`${id} ${execute}`);
+            if (execute === 'stop') vm.running = false;
+            if (execute === 'cont') vm.running = true;
+            sock.write(JSON.stringify({ return: execute === 'query-status' ? { running: vm.running, status: vm.running ? 'running' : 'paused' } : {} }) + '\n');
+          }
+        });
+      });
+      await new Promise((r) => server.listen(path.join(vmDir, id, 'qmp.sock'), r));
+      servers.push([id, server, vm]);
+    }
+    mkdirSync(path.join(vmDir, 'sbgone')); // a VM directory whose QEMU is gone
+    const d = path.join(dir, `n${++n}`);
+    mkdirSync(d);
+    const config = { leaseFile: path.join(d, 'lease.json'), pausedFile: path.join(d, 'lease-paused.json'), lostAfterMs: 60_000, runsc, roots: [], vmDirs: [vmDir], everyMs: 10 };
+    writeFileSync(config.leaseFile, JSON.stringify({ beatOkAt: Date.now() - 41_000, keeper: process.pid }));
+    try {
+      assert.deepEqual((await keep(config)).sort(), ['sbv', 'sbx']);
+      assert.deepEqual(servers.map(([id, , vm]) => [id, vm.running]), [['sbv', false], ['sbw', false], ['sbx', false]]);
+      assert.ok(!log.includes('sbw stop'), log.join(', '));
+      // The next daemon: sbv is still its own, sbx was taken over by another node.
+      const r = await LeaseKeeper.resumeOwn(config.pausedFile, runsc, async (id) => id === 'sbv');
+      assert.deepEqual(r, { resumed: ['sbv'], left: ['sbx'] });
+      assert.deepEqual(servers.map(([id, , vm]) => [id, vm.running]), [['sbv', true], ['sbw', false], ['sbx', false]]);
+    } finally {
+      for (const [, server] of servers) server.close();
     }
   });
 

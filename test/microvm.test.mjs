@@ -1,13 +1,16 @@
 // The microVM driver beyond the conformance suite: full-machine snapshots hold what gVisor
 // refuses (a TCP server with an open client connection) through snapshot, hibernate/wake and
-// fork; the guest clock and RNG after a restore; a VMM crash; bad configuration.
+// fork; the guest clock and RNG after a restore; a VMM crash; bad configuration; a cluster
+// node's lease keeper stopping its VMs when the daemon is SIGKILLed.
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
-import { Templates, Volumes } from '../packages/sdk/dist/index.js';
-import { eventually, startTestDaemon } from './helpers.mjs';
+import { Sandbox, Templates, Volumes } from '../packages/sdk/dist/index.js';
+import { qmp } from '../packages/driver-microvm/dist/index.js';
+import { eventually, leftovers, startSpaced, startTestDaemon } from './helpers.mjs';
+import { startPostgres } from './postgres.mjs';
 
 const CACHE = process.env.SPACE_MICROVM_CACHE_DIR ?? '/var/cache/space/microvm';
 const NODE = ['/.space/lib/ld-linux-x86-64.so.2', '--library-path', '/.space/lib', '/.space/node'];
@@ -140,6 +143,40 @@ describe('microvm driver: full-machine snapshots', () => {
     assert.equal(info.endReason, 'crashed');
     assert.match(info.endDetail, /VM stopped/);
     await sb.kill();
+  });
+});
+
+describe('microvm driver on a cluster node: the lease keeper', () => {
+  it('the daemon SIGKILLed: its keeper stops the VM over QMP before another node may take it over; the daemon back continues it', async () => {
+    const pg = await startPostgres();
+    const dir = mkdtempSync('/tmp/spt-vmkeep-');
+    const env = { SPACE_DATABASE: pg.freshDatabase(), SPACE_BLOB_STORE: `file://${dir}/blobs`, SPACE_NODE_NAME: 'v', SPACE_NODE_LOST_AFTER: '6', SPACE_DRIVER: 'microvm', SPACE_MICROVM_CACHE_DIR: CACHE };
+    let d = await startSpaced(dir, env);
+    let id;
+    try {
+      const sb = await Sandbox.create({ ...d.conn, template: 'minimal', memoryMb: 256 });
+      id = sb.id;
+      await sb.files.write('/tmp/kept', 'through the stop');
+      const status = async () => (await qmp(path.join(dir, 'microvm', 'boxes', id, 'qmp.sock'), [{ execute: 'query-status' }]))[0];
+      assert.equal((await status()).running, true);
+      d.child.kill('SIGKILL');
+      await d.exited;
+      // Two thirds of --node-lost-after (4 s) after the last heartbeat: stopped (a bounded wait).
+      await eventually(async () => (await status()).running === false, { tries: 300, everyMs: 100 });
+      d = await startSpaced(dir, env);
+      assert.equal((await status()).running, true, 'the node back continues its own VM');
+      const again = await Sandbox.connect(id, d.conn);
+      assert.equal(again.info.state, 'running');
+      assert.equal(await again.files.read('/tmp/kept'), 'through the stop');
+      await again.kill();
+    } finally {
+      if (d.child.exitCode === null && d.child.signalCode === null) d.child.kill('SIGTERM');
+      await d.exited;
+      await pg.stop();
+      const left = id ? leftovers(dir, [id]) : [];
+      rmSync(dir, { recursive: true, force: true });
+      assert.deepEqual(left, []);
+    }
   });
 });
 

@@ -143,6 +143,11 @@ export class MicrovmDriver implements SandboxDriver {
     this.guest = new GuestBuilder({ dir: this.cacheDir, ...(opts.kernelDeb ? { kernelDeb: opts.kernelDeb } : {}) });
   }
 
+  /** Where each VM's directory is (`<dir>/<sandbox id>/qmp.sock`): what a lease keeper stops. */
+  get vmsDir(): string {
+    return this.boxesDir;
+  }
+
   bind(events: DriverEvents): void {
     this.events = events;
   }

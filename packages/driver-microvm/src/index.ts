@@ -7,3 +7,4 @@ export type { MicrovmDriverOptions } from './driver.js';
 export { GuestBuilder } from './guest.js';
 export type { GuestBuilderOptions, GuestKernel } from './guest.js';
 export { GUEST_INIT } from './init.js';
+export { qmp } from './qmp.js';

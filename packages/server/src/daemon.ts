@@ -462,11 +462,12 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const isLoopback = (ip: string) => ip.startsWith('127.') || ip === '::1';
   const daemonEndpoint = (ip: string, p: number) => daemonPorts.has(p) && (isLoopback(ip) || ip === host || host === '0.0.0.0' || host === '::');
   const keyFile = path.join(dataDir, 'admin.key');
-  // A cluster node's lease keeper (lease-keeper.ts): pauses the node's gVisor sandboxes if this
-  // daemon dies or hangs, before other nodes may take them over.
+  // A cluster node's lease keeper (lease-keeper.ts): pauses the node's sandboxes (gVisor's and
+  // microVMs) if this daemon dies or hangs, before other nodes may take them over.
   const gvisorRuns = [driver, ...extra].some((d) => d.name === 'gvisor');
+  const vmDirs = [driver, ...extra].flatMap((d) => (d instanceof MicrovmDriver ? [d.vmsDir] : []));
   const pausedFile = path.join(dataDir, 'lease-paused.json');
-  const keeper = shared && gvisorRuns ? new LeaseKeeper({ leaseFile: path.join(dataDir, 'lease.json'), pausedFile, lostAfterMs, runsc: 'runsc', roots: [path.join(dataDir, 'runsc')] }) : undefined;
+  const keeper = shared && (gvisorRuns || vmDirs.length) ? new LeaseKeeper({ leaseFile: path.join(dataDir, 'lease.json'), pausedFile, lostAfterMs, runsc: 'runsc', roots: gvisorRuns ? [path.join(dataDir, 'runsc')] : [], vmDirs }) : undefined;
   try {
     if (keeper) {
       // What the keeper of a daemon that died paused: its own sessions run again (re-adopted

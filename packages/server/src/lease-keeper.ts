@@ -12,7 +12,8 @@
  * next daemon of the node (or this one, if it was only hung) resumes those still its own and
  * removes the rest (taken over).
  *
- * Only gVisor's runtime (runsc) is paused this way; a microVM node is not covered yet.
+ * gVisor's containers are paused with `runsc pause`, microVMs with QMP `stop` (both freeze the
+ * guest where it stands; `runsc resume` / QMP `cont` let it go on).
  *
  * Run by the daemon: `node lease-keeper.js CONFIG.json`.
  */
@@ -21,6 +22,7 @@ import { promises as fs, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { qmp } from '@space/driver-microvm';
 
 const exec = promisify(execFile);
 
@@ -35,6 +37,8 @@ export interface KeeperConfig {
   /** The runsc binary and the state roots of the node's gVisor runtimes. */
   runsc: string;
   roots: string[];
+  /** The microVM driver's VM directories (`<dir>/<sandbox id>/qmp.sock`). @default [] */
+  vmDirs?: string[];
   /** How often the lease is read. @default 250 */
   everyMs?: number;
 }
@@ -55,6 +59,8 @@ export interface PausedByKeeper {
   ids: string[];
   /** The runtime's containers it paused (a sandbox's current incarnation and any stale one). */
   containers: { root: string; rid: string }[];
+  /** The microVMs it stopped (QMP `stop`): each VM's control socket. */
+  vms?: { id: string; qmp: string }[];
 }
 
 /** Writes `data` to `file` whole (a reader never sees half of it). */
@@ -148,8 +154,34 @@ export class LeaseKeeper {
         out.resumed.push(id);
       } else out.left.push(id);
     }
+    for (const vm of paused?.vms ?? []) {
+      if (await mine(vm.id)) {
+        await qmp(vm.qmp, [{ execute: 'cont' }], 10_000).catch(() => {});
+        out.resumed.push(vm.id);
+      } else out.left.push(vm.id);
+    }
     return out;
   }
+}
+
+/** Stops every running microVM under `dir` (QMP `stop`); returns those it stopped. */
+async function stopVms(dir: string): Promise<{ id: string; qmp: string }[]> {
+  const ids = await fs.readdir(dir).catch(() => [] as string[]);
+  const stopped = await Promise.all(
+    ids.map(async (id) => {
+      const sock = path.join(dir, id, 'qmp.sock');
+      try {
+        // Only running ones: a VM its user paused stays paused when the next daemon resumes these.
+        const [status] = (await qmp(sock, [{ execute: 'query-status' }], 5_000)) as { running?: boolean }[];
+        if (!status?.running) return undefined;
+        await qmp(sock, [{ execute: 'stop' }], 5_000);
+        return { id, qmp: sock };
+      } catch {
+        return undefined; // no VM (a directory left behind), or its QEMU is gone
+      }
+    }),
+  );
+  return stopped.filter((v): v is { id: string; qmp: string } => !!v);
 }
 
 /** The running containers under a runsc root. */
@@ -181,8 +213,9 @@ export async function keep(config: KeeperConfig, self = process.pid): Promise<st
           if (await exec(config.runsc, ['--root', root, 'pause', rid], { timeout: 10_000 }).then(() => true, () => false)) containers.push({ root, rid });
         }));
       }
-      const ids = [...new Set(containers.map((c) => c.rid.split('-')[0]!))];
-      await writeWhole(config.pausedFile, { at: new Date().toISOString(), ids, containers } satisfies PausedByKeeper);
+      const vms = (await Promise.all((config.vmDirs ?? []).map(stopVms))).flat();
+      const ids = [...new Set([...containers.map((c) => c.rid.split('-')[0]!), ...vms.map((v) => v.id)])];
+      await writeWhole(config.pausedFile, { at: new Date().toISOString(), ids, containers, ...(vms.length ? { vms } : {}) } satisfies PausedByKeeper);
       return ids;
     }
     await new Promise((r) => setTimeout(r, config.everyMs ?? 250));
