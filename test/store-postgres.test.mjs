@@ -146,6 +146,28 @@ describe('the blob collection lock: nodes sharing one blob store', () => {
     assert.equal(ran, false);
     // A collection that deleted nothing leaves the generation.
     assert.deepEqual(await a.collecting(async () => 0), { value: 0, generation: '1' });
+    // At most four writes of a node hold a connection of its pool (they read through it too).
+    let inside = 0;
+    let most = 0;
+    const release = [];
+    const six = Array.from({ length: 6 }, () =>
+      a.writing(async () => {
+        most = Math.max(most, ++inside);
+        await new Promise((r) => release.push(r));
+        inside--;
+      }),
+    );
+    const waitFor = async (n) => {
+      while (release.length < n) await new Promise((r) => setTimeout(r, 5));
+    };
+    await waitFor(4);
+    const held = async () => (await query(url, "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 2 AND granted"))[0].n;
+    assert.equal(await held(), 4, 'four shared holds, the other two writes wait in the process');
+    for (const r of release.splice(0)) r();
+    await waitFor(2);
+    for (const r of release.splice(0)) r();
+    await Promise.all(six);
+    assert.equal(most, 4);
     await Promise.all([n1.close(), n2.close()]);
   });
 

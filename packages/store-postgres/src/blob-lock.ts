@@ -27,6 +27,12 @@ export interface PostgresBlobLockOptions {
   collectorWaitMs?: number;
   /** What a failed database call becomes (e.g. METADATA_UNAVAILABLE when the server is gone). @default the error itself */
   failed?: (err: unknown) => unknown;
+  /**
+   * Writes holding a connection of the pool at once; more wait their turn in this process. A
+   * write also reads through the pool (its data keys), so the holders must leave room: with
+   * every connection held by a write that waits for one, writes would time out. @default 4
+   */
+  maxWriters?: number;
 }
 
 interface Collected {
@@ -59,27 +65,43 @@ export function postgresBlobLock(pool: pg.Pool, opts: PostgresBlobLockOptions = 
       c.release(destroy);
     }
   };
+  // Writes beyond maxWriters wait here for a turn (first come, first served).
+  let writers = 0;
+  const turns: (() => void)[] = [];
+  const turn = async <T>(fn: () => Promise<T>): Promise<T> => {
+    if (writers >= (opts.maxWriters ?? 4)) await new Promise<void>((r) => turns.push(r));
+    else writers++;
+    try {
+      return await fn();
+    } finally {
+      const next = turns.shift();
+      if (next) next();
+      else writers--;
+    }
+  };
   return {
     writing: (fn) =>
-      onConnection(async (c, dirty) => {
-        const deadline = Date.now() + (opts.writerWaitMs ?? 600_000);
-        for (let delay = 50; ; delay = Math.min(delay * 2, 1000)) {
-          const r = await q<{ ok: boolean }>(c, 'SELECT pg_try_advisory_lock_shared($1, $2) AS ok', [LOCK_SPACE, LOCK_BLOBS]);
-          if (r.rows[0]?.ok) break;
-          if (Date.now() > deadline) throw new SpaceError('BLOB_STORE_UNAVAILABLE', `A collection of the blob store by another node has held it for over ${Math.round((opts.writerWaitMs ?? 600_000) / 1000)} s; try again later`);
-          await new Promise((r) => setTimeout(r, delay));
-        }
-        try {
-          const generation = (await read(c)).generation;
-          const value = await fn(String(generation));
-          // Still held? A connection the server dropped under a long write let the lock go, and
-          // a collection may have run since: the write then fails rather than name lost packs.
-          if ((await read(c)).generation !== generation) throw new SpaceError('BLOB_STORE_UNAVAILABLE', 'The blob store was collected during this write (its database connection was lost); try again');
-          return value;
-        } finally {
-          await c.query('SELECT pg_advisory_unlock_shared($1, $2)', [LOCK_SPACE, LOCK_BLOBS]).catch(dirty);
-        }
-      }),
+      turn(() =>
+        onConnection(async (c, dirty) => {
+          const deadline = Date.now() + (opts.writerWaitMs ?? 600_000);
+          for (let delay = 50; ; delay = Math.min(delay * 2, 1000)) {
+            const r = await q<{ ok: boolean }>(c, 'SELECT pg_try_advisory_lock_shared($1, $2) AS ok', [LOCK_SPACE, LOCK_BLOBS]);
+            if (r.rows[0]?.ok) break;
+            if (Date.now() > deadline) throw new SpaceError('BLOB_STORE_UNAVAILABLE', `A collection of the blob store by another node has held it for over ${Math.round((opts.writerWaitMs ?? 600_000) / 1000)} s; try again later`);
+            await new Promise((r) => setTimeout(r, delay));
+          }
+          try {
+            const generation = (await read(c)).generation;
+            const value = await fn(String(generation));
+            // Still held? A connection the server dropped under a long write let the lock go, and
+            // a collection may have run since: the write then fails rather than name lost packs.
+            if ((await read(c)).generation !== generation) throw new SpaceError('BLOB_STORE_UNAVAILABLE', 'The blob store was collected during this write (its database connection was lost); try again');
+            return value;
+          } finally {
+            await c.query('SELECT pg_advisory_unlock_shared($1, $2)', [LOCK_SPACE, LOCK_BLOBS]).catch(dirty);
+          }
+        }),
+      ),
     collecting: (fn, o = {}) =>
       onConnection(async (c, dirty) => {
         try {

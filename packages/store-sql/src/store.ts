@@ -189,10 +189,13 @@ export class SqlStore implements MetadataStore {
   ) {}
 
   async insertSandbox(sb: Sandbox): Promise<void> {
+    const row = { id: sb.id, tenant_id: sb.tenantId, state: sb.state, created_at: sb.createdAt, node: sb.node ?? null, doc: JSON.stringify(sb) };
+    const labels = Object.entries(sb.metadata).map(([key, value]) => ({ sandbox_id: sb.id, key, value }));
+    // One statement needs no transaction (two round trips fewer per create on PostgreSQL).
+    if (!labels.length) return void (await this.db.insertInto('sandboxes').values(row).execute());
     await this.db.transaction().execute(async (tx) => {
-      await tx.insertInto('sandboxes').values({ id: sb.id, tenant_id: sb.tenantId, state: sb.state, created_at: sb.createdAt, node: sb.node ?? null, doc: JSON.stringify(sb) }).execute();
-      const labels = Object.entries(sb.metadata).map(([key, value]) => ({ sandbox_id: sb.id, key, value }));
-      if (labels.length) await tx.insertInto('sandbox_labels').values(labels).execute();
+      await tx.insertInto('sandboxes').values(row).execute();
+      await tx.insertInto('sandbox_labels').values(labels).execute();
     });
   }
 
