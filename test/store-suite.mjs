@@ -69,6 +69,14 @@ export function storeSuite(name, h) {
       await assert.rejects(s.updateSandbox('moving', { state: 'running' }, { node: 'a' }), (e) => e.code === 'SANDBOX_ON_OTHER_NODE' && e.message.includes(winners[0]));
       await assert.rejects(s.updateSandbox('moving', { state: 'running' }, { node: winners[0], state: 'running' }), (e) => e.code === 'SANDBOX_INVALID_STATE');
       assert.equal((await s.getSandbox('moving')).state, 'hibernated');
+      // An update answers with the record as stored: fields replaced whole (not merged), a field
+      // set to undefined gone, the state and node columns following (a listing by state sees it).
+      await s.updateSandbox('moving', { wakeOnArrival: true, egress: { allow: ['a.example'] } });
+      const after = await s.updateSandbox('moving', { wakeOnArrival: undefined, egress: { deny: ['b.example'] }, state: 'running', node: 'z' }, { node: winners[0] });
+      assert.deepEqual([after.wakeOnArrival, after.egress, after.state, after.node, after.generation], [undefined, { deny: ['b.example'] }, 'running', 'z', 1]);
+      assert.ok(!('wakeOnArrival' in (await s.getSandbox('moving'))));
+      assert.deepEqual((await s.sandboxesInStates(['running'], { node: 'z' })).map((x) => x.id), ['moving']);
+      await assert.rejects(s.updateSandbox('nowhere', { state: 'running' }), (e) => e.code === 'SANDBOX_NOT_FOUND');
       await s.close();
     });
 

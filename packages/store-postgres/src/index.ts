@@ -146,6 +146,8 @@ const POSTGRES: SqlFlavour = {
   docField: (field) => sql<string>`(doc::jsonb ->> ${field})`,
   isUniqueViolation: (err) => (err as { code?: string }).code === '23505',
   lockRows: true,
+  // Top-level fields replaced (jsonb's `||` is shallow, like an object spread), removed ones dropped.
+  patchDoc: (patch, remove) => sql<string>`((doc::jsonb - ${remove}::text[]) || ${patch}::jsonb)::text`,
 };
 
 /** PostgreSQL's SQLSTATEs (beside class 08, connection exceptions) that mean "the server is not there now", not "the query is wrong". */
