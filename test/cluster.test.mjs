@@ -380,6 +380,14 @@ describe('a cluster of two nodes on one database', () => {
 // A node lost for good: SIGKILLed, it heartbeats no more; after --node-lost-after the other node
 // restores its sandboxes from their newest snapshots (or ends them dead, node-lost), and the lost
 // node, started again, removes the copies its runtime still held.
+/** The end of a node-loss run: node y stopped, nothing of `ids` left on either node's runtime, the directories gone. */
+async function closeY(y, [xDir, yDir, blobs], ids) {
+  await y?.close();
+  const leaks = [...leftovers(xDir, ids), ...leftovers(yDir, ids)];
+  for (const d of [xDir, yDir, blobs]) rmSync(d, { recursive: true, force: true });
+  assert.deepEqual(leaks, []);
+}
+
 describe('a node lost: its sessions come back on another node from their snapshots', () => {
   const db = pg.freshDatabase();
   const blobs = mkdtempSync('/tmp/spt-blobs-');
@@ -396,10 +404,7 @@ describe('a node lost: its sessions come back on another node from their snapsho
       x.child.kill('SIGTERM');
       await x.exited;
     }
-    await y?.close();
-    const leaks = [...leftovers(xDir, ids), ...leftovers(yDir, ids)];
-    for (const d of [xDir, yDir, blobs]) rmSync(d, { recursive: true, force: true });
-    assert.deepEqual(leaks, []);
+    await closeY(y, [xDir, yDir, blobs], ids);
   });
 
   it('SIGKILL of node x: node y restores the session that has a snapshot (losing what came after it) and ends the one without (node-lost)', async () => {
@@ -584,10 +589,7 @@ describe('a node killed mid-operation', () => {
     await eventually(() => leftovers(xDir, ids).length === 0).catch(() => {});
     x.child.kill('SIGTERM');
     await x.exited;
-    await y?.close();
-    const leaks = [...leftovers(xDir, ids), ...leftovers(yDir, ids)];
-    for (const d of [xDir, yDir, blobs]) rmSync(d, { recursive: true, force: true });
-    assert.deepEqual(leaks, []);
+    await closeY(y, [xDir, yDir, blobs], ids);
   });
 
   it('mid-snapshot (after the checkpoint, before it is stored): y restores the last complete snapshot; the half-taken one is never listed', async () => {
