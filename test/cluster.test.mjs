@@ -95,6 +95,27 @@ describe('a cluster of two nodes on one database', () => {
     assert.ok(listed.items.some((x) => x.id === onA.id && x.node === 'a'), 'node b lists node a\'s sandbox');
   });
 
+  it('another tenant\'s key finds node a\'s sandbox unknown through either node, on the API and the E2B API', async () => {
+    const other = (await api(a, 'POST', '/v1/keys', { json: { tenant: 'tenant-x', name: 'x' } })).body.key;
+    const otherE2b = (await api(a, 'POST', '/v1/keys', { json: { tenant: 'tenant-x', name: 'x-e2b', format: 'e2b' } })).body.key;
+    const e2bUrl = async (conn) => (await fetch(`${conn.apiUrl}/v1/e2b`, { headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).url;
+    for (const node of [a, b]) {
+      const conn = { apiUrl: node.conn.apiUrl, apiKey: other };
+      await assert.rejects(Sandbox.connect(onA.id, conn), (e) => e.code === 'SANDBOX_NOT_FOUND');
+      for (const [m, p, json] of [
+        ['POST', `/v1/sandboxes/${onA.id}/commands`, { cmd: 'true' }],
+        ['GET', `/v1/sandboxes/${onA.id}/files/content?path=/etc/hostname`],
+        ['DELETE', `/v1/sandboxes/${onA.id}`],
+      ]) {
+        const r = await api({ url: node.conn.apiUrl }, m, p, { key: other, json });
+        assert.deepEqual([r.status, r.body.error?.code], [404, 'SANDBOX_NOT_FOUND'], `${m} ${p} through ${node.conn.apiUrl}`);
+      }
+      const via = await e2bUrl(node.conn);
+      await assert.rejects(E2B.Sandbox.connect(onA.id, { apiKey: otherE2b, apiUrl: via, sandboxUrl: via }), (e) => /not found/i.test(e.message), 'E2B: unknown');
+    }
+    assert.equal((await Sandbox.connect(onA.id, b.conn)).info.state, 'running', 'untouched');
+  });
+
   it('node b forwards a command to node a and streams its output as it comes', async () => {
     const sb = await Sandbox.connect(onA.id, b.conn);
     const r = await sb.commands.run('echo "on $(hostname)"; echo err >&2; exit 3');
