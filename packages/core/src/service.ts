@@ -154,6 +154,9 @@ function fenced(store: MetadataStore, node: string): MetadataStore {
   });
 }
 
+/** The states whose sandboxes a credential that names no sandbox may belong to (signed file URLs). */
+const UNENDED: SandboxState[] = ['running', 'paused', 'hibernated'];
+
 /**
  * Lifecycle orchestration.
  *
@@ -434,7 +437,7 @@ export class SandboxService {
    * const owner = (await svc.unendedSandboxes()).find((s) => matches(s));
    */
   async unendedSandboxes(): Promise<{ id: string; tenantId: string }[]> {
-    return (await this.store.sandboxesInStates(['running', 'paused', 'hibernated'])).map((s) => ({ id: s.id, tenantId: s.tenantId }));
+    return (await this.store.sandboxesInStates(UNENDED)).map((s) => ({ id: s.id, tenantId: s.tenantId }));
   }
 
   /**
@@ -446,7 +449,7 @@ export class SandboxService {
    */
   async unendedSandbox(id: string): Promise<{ id: string; tenantId: string } | undefined> {
     const sb = await this.store.getSandbox(id);
-    return sb && ['running', 'paused', 'hibernated'].includes(sb.state) ? { id: sb.id, tenantId: sb.tenantId } : undefined;
+    return sb && UNENDED.includes(sb.state) ? { id: sb.id, tenantId: sb.tenantId } : undefined;
   }
 
   /** Kills a sandbox and frees everything it had on the host. */

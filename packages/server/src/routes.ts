@@ -401,52 +401,46 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
 
 /**
  * Runs a long operation and streams the events it emits as NDJSON, then `{"type":"done","result"}`
- * or `{"type":"error","code","message"}`. The operation goes on if the client goes away (a
- * drain: the node is drained either way).
+ * or `{"type":"error","code","message"}` (with `step` when `errorStep` says which). The operation
+ * goes on if the client goes away (a drain: the node is drained either way), unless
+ * `abortOnClose`: then its signal is aborted.
  */
-function eventStream(reply: FastifyReply, run: (emit: (ev: object) => void) => Promise<unknown>): FastifyReply {
-  const lines = new AsyncQueue<string>();
-  const push = (line: object) => lines.push(JSON.stringify(line) + '\n');
-  void run(push)
-    .then(
-      (result) => push({ type: 'done', result }),
-      (e: unknown) => {
-        const se = toSpaceError(e);
-        push({ type: 'error', code: se.code, message: se.message, ...(se.hint ? { hint: se.hint } : {}) });
-      },
-    )
-    .finally(() => lines.close());
-  return reply.code(200).header('content-type', 'application/x-ndjson').header('cache-control', 'no-store').send(Readable.from(lines, { objectMode: false }));
-}
-
-/**
- * Runs a long operation and streams its progress as NDJSON: `{"type":"progress","percent","step"}`
- * lines, then `{"type":"done","result"}` or `{"type":"error","code","message"}`. The operation is
- * aborted if the client goes away.
- */
-function progressStream(reply: FastifyReply, run: (progress: Progress, signal: AbortSignal) => Promise<unknown>): FastifyReply {
+function eventStream(reply: FastifyReply, run: (emit: (ev: object) => void, signal: AbortSignal) => Promise<unknown>, opts: { abortOnClose?: boolean; errorStep?: () => string } = {}): FastifyReply {
   const ac = new AbortController();
   const lines = new AsyncQueue<string>();
   const push = (line: object) => lines.push(JSON.stringify(line) + '\n');
   let finished = false;
-  let lastStep = '';
-  void run((percent, step) => {
-    lastStep = step;
-    push({ type: 'progress', percent, step });
-  }, ac.signal)
+  void run(push, ac.signal)
     .then(
       (result) => push({ type: 'done', result }),
       (e: unknown) => {
         const se = toSpaceError(e);
-        push({ type: 'error', code: se.code, message: se.message, step: (se.details?.step as string | undefined) ?? lastStep, ...(se.hint ? { hint: se.hint } : {}) });
+        push({ type: 'error', code: se.code, message: se.message, ...(opts.errorStep ? { step: (se.details?.step as string | undefined) ?? opts.errorStep() } : {}), ...(se.hint ? { hint: se.hint } : {}) });
       },
     )
     .finally(() => {
       finished = true;
       lines.close();
     });
-  reply.raw.on('close', () => {
-    if (!finished) ac.abort(new SpaceError('BAD_REQUEST', 'the client went away'));
-  });
+  if (opts.abortOnClose) {
+    reply.raw.on('close', () => {
+      if (!finished) ac.abort(new SpaceError('BAD_REQUEST', 'the client went away'));
+    });
+  }
   return reply.code(200).header('content-type', 'application/x-ndjson').header('cache-control', 'no-store').send(Readable.from(lines, { objectMode: false }));
+}
+
+/**
+ * Runs a long operation and streams its progress as NDJSON: `{"type":"progress","percent","step"}`
+ * lines, then `{"type":"done","result"}` or `{"type":"error","code","message","step"}`. The
+ * operation is aborted if the client goes away.
+ */
+function progressStream(reply: FastifyReply, run: (progress: Progress, signal: AbortSignal) => Promise<unknown>): FastifyReply {
+  let lastStep = '';
+  const stream = (emit: (ev: object) => void, signal: AbortSignal) =>
+    run((percent, step) => {
+      lastStep = step;
+      emit({ type: 'progress', percent, step });
+    }, signal);
+  return eventStream(reply, stream, { abortOnClose: true, errorStep: () => lastStep });
 }

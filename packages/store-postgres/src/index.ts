@@ -7,10 +7,10 @@
 import pg from 'pg';
 import { Kysely, PostgresDialect, sql, type PostgresPool, type PostgresPoolClient } from 'kysely';
 import { SpaceError, isUnreachableError, type BlobCollectionLock, type Logger, type MetadataStore } from '@space/core';
+import { SqlStore, type Schema, type SqlFlavour } from '@space/store-sql';
 import { postgresBlobLock } from './blob-lock.js';
 
 export { postgresBlobLock, type PostgresBlobLockOptions } from './blob-lock.js';
-import { SqlStore, type Schema, type SqlFlavour } from '@space/store-sql';
 
 /**
  * Ordered migrations in PostgreSQL's words; the index + 1 is the version kept in
