@@ -16,14 +16,14 @@ import { createInterface } from 'node:readline';
 
 // The fast lane first: seconds, no runtime (the fake driver, the protocol, the stores, the
 // import-cycle check), so a broken core fails the run before the real-runtime suites start.
-export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'cluster-fake', 'lease-keeper', 'e2b-access', 'deploy', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'nodes', 'snapshot-store'].map((n) => `test/${n}.test.mjs`);
+export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'cluster-fake', 'lease-keeper', 'e2b-access', 'console-session', 'deploy', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'nodes', 'snapshot-store'].map((n) => `test/${n}.test.mjs`);
 /**
  * Lane 1: the files that boot microVMs — the only users of the microVM guest cache
  * (/var/cache/space/microvm), which therefore never sees two builders — and the gVisor crash
  * loop (~9 min), which evens the lanes out (measured on a clean clone: lane 1 11 min with the
  * microVM files alone, lane 2 27 min).
  */
-export const LANE_ONE = ['workloads', 'conformance-microvm', 'microvm', 'ingress-sandbox', 'crash-lifecycle'].map((n) => `test/${n}.test.mjs`);
+export const LANE_ONE = ['workloads', 'conformance-microvm', 'microvm', 'ingress-sandbox', 'crash-lifecycle', 'console'].map((n) => `test/${n}.test.mjs`);
 const all = readdirSync(new URL('../test/', import.meta.url)).filter((f) => f.endsWith('.test.mjs')).sort().map((f) => `test/${f}`);
 const fastOnly = process.argv[2] === '--fast';
 const only = fastOnly ? FAST : process.argv.slice(2);

@@ -19,6 +19,12 @@ import { makeOciImage } from './oci-image.mjs';
 const E2B = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { startPostgres } from './postgres.mjs';
 
+/**
+ * Each test's bound (the slowest takes ~40 s here): a test that hangs fails with its own name
+ * after 4 min and the file goes on, instead of the file being cut off at the runner's 30 min.
+ */
+const STEP = { timeout: 240_000 };
+
 const pg = await startPostgres();
 const blobDir = mkdtempSync('/tmp/spt-blobs-');
 const database = pg.freshDatabase();
@@ -87,7 +93,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.deepEqual(leaks, []);
   });
 
-  it('both nodes are listed up; a sandbox records the node that runs it', async () => {
+  it('both nodes are listed up; a sandbox records the node that runs it', STEP, async () => {
     const nodes = await Nodes.list(b.conn);
     assert.deepEqual(nodes.map((n) => [n.name, n.state]), [['a', 'up'], ['b', 'up']]);
     assert.equal(onA.info.node, 'a');
@@ -95,7 +101,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.ok(listed.items.some((x) => x.id === onA.id && x.node === 'a'), 'node b lists node a\'s sandbox');
   });
 
-  it('another tenant\'s key finds node a\'s sandbox unknown through either node, on the API and the E2B API', async () => {
+  it('another tenant\'s key finds node a\'s sandbox unknown through either node, on the API and the E2B API', STEP, async () => {
     const other = (await api(a, 'POST', '/v1/keys', { json: { tenant: 'tenant-x', name: 'x' } })).body.key;
     const otherE2b = (await api(a, 'POST', '/v1/keys', { json: { tenant: 'tenant-x', name: 'x-e2b', format: 'e2b' } })).body.key;
     const e2bUrl = async (conn) => (await fetch(`${conn.apiUrl}/v1/e2b`, { headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).url;
@@ -116,7 +122,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal((await Sandbox.connect(onA.id, b.conn)).info.state, 'running', 'untouched');
   });
 
-  it('node b forwards a command to node a and streams its output as it comes', async () => {
+  it('node b forwards a command to node a and streams its output as it comes', STEP, async () => {
     const sb = await Sandbox.connect(onA.id, b.conn);
     const r = await sb.commands.run('echo "on $(hostname)"; echo err >&2; exit 3');
     assert.equal(r.exitCode, 3);
@@ -143,7 +149,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.deepEqual(await answeredBy(b.conn, '/v1/sandboxes'), { node: 'b', status: 200 }, 'a listing is answered by the node asked');
   });
 
-  it('the ingress on node b serves a port of a sandbox on node a (its token checked there); without the token 401', async () => {
+  it('the ingress on node b serves a port of a sandbox on node a (its token checked there); without the token 401', STEP, async () => {
     const sb = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
     made.push(sb.id);
     await sb.commands.run('mkdir -p /tmp/www && echo hello-from-a > /tmp/www/index.html && busybox httpd -p 8000 -h /tmp/www');
@@ -157,7 +163,7 @@ describe('a cluster of two nodes on one database', () => {
     await sb.kill();
   });
 
-  it('files go both ways through node b intact (8 MiB up and down)', async () => {
+  it('files go both ways through node b intact (8 MiB up and down)', STEP, async () => {
     const sb = await Sandbox.connect(onA.id, b.conn);
     const data = randomBytes(8 * 1024 * 1024);
     await sb.files.write('/tmp/big.bin', data);
@@ -167,7 +173,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.ok(back.equals(data), 'the download matches');
   });
 
-  it('lifecycle actions through node b happen on node a: pause, resume, snapshot, rollback', async () => {
+  it('lifecycle actions through node b happen on node a: pause, resume, snapshot, rollback', STEP, async () => {
     const sb = await Sandbox.connect(onA.id, b.conn);
     await sb.files.write('/tmp/state', 'before');
     await sb.pause();
@@ -181,7 +187,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.ok(events.some((e) => e.type === 'rolled-back'), 'node a did it');
   });
 
-  it('a sandbox created through node b runs on b, and node a forwards to it', async () => {
+  it('a sandbox created through node b runs on b, and node a forwards to it', STEP, async () => {
     onB = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 });
     made.push(onB.id);
     assert.equal(onB.info.node, 'b');
@@ -190,7 +196,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.deepEqual(await answeredBy(a.conn, `/v1/sandboxes/${onB.id}/usage`), { node: 'b', status: 200 });
   });
 
-  it('a create of a tenant\'s template through node b goes to node a, which built it and holds its files', async () => {
+  it('a create of a tenant\'s template through node b goes to node a, which built it and holds its files', STEP, async () => {
     const work = mkdtempSync('/tmp/spt-img-');
     try {
       await Templates.build({ ...a.conn, name: 'app', image: await makeOciImage(work, { marker: 'cluster' }) });
@@ -204,7 +210,7 @@ describe('a cluster of two nodes on one database', () => {
     }
   });
 
-  it('a node collects snapshot chunks while another is up; that node\'s next snapshots restore whole', async () => {
+  it('a node collects snapshot chunks while another is up; that node\'s next snapshots restore whole', STEP, async () => {
     // Node a stores a snapshot (and learns its packs), then its sandbox is killed: unreferenced.
     const z = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
     made.push(z.id);
@@ -225,7 +231,7 @@ describe('a cluster of two nodes on one database', () => {
     await w.kill();
   });
 
-  it('the E2B SDK reaches a sandbox of node a through node b\'s E2B endpoint: commands, files, kill', async () => {
+  it('the E2B SDK reaches a sandbox of node a through node b\'s E2B endpoint: commands, files, kill', STEP, async () => {
     const key = (await api(a, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b' } })).body.key;
     const e2bUrl = async (conn) => (await fetch(`${conn.apiUrl}/v1/e2b`, { headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).url;
     const [urlA, urlB] = [await e2bUrl(a.conn), await e2bUrl(b.conn)];
@@ -263,11 +269,11 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal((await Sandbox.connect(made0.sandboxId, a.conn)).info.state, 'killed');
   });
 
-  it('volumes are refused while nodes share the database (a volume lives on one node\'s disk)', async () => {
+  it('volumes are refused while nodes share the database (a volume lives on one node\'s disk)', STEP, async () => {
     assert.equal(await rejectionCode(Volumes.create('data', { ...b.conn, sizeMb: 64 })), 'VOLUMES_UNAVAILABLE');
   });
 
-  it('a second daemon as node a is refused (DATABASE_IN_USE), naming the node', async () => {
+  it('a second daemon as node a is refused (DATABASE_IN_USE), naming the node', STEP, async () => {
     const dir = mkdtempSync('/tmp/spt-');
     try {
       await assert.rejects(startDaemon({ dataDir: dir, listen: '127.0.0.1:0', logLevel: 'silent', database, blobStore, nodeName: 'a' }), (e) => e.code === 'DATABASE_IN_USE' && /node "a"/.test(e.message));
@@ -276,7 +282,7 @@ describe('a cluster of two nodes on one database', () => {
     }
   });
 
-  it('node b restarting leaves node a\'s sandboxes alone (its recovery takes only its own)', async () => {
+  it('node b restarting leaves node a\'s sandboxes alone (its recovery takes only its own)', STEP, async () => {
     await b.daemon.close();
     b.daemon = await startNodeB(b.dataDir);
     b.conn = { ...b.conn, apiUrl: b.daemon.url };
@@ -288,7 +294,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal((await (await Sandbox.connect(onB.id, b.conn)).commands.run('echo back')).stdout, 'back\n');
   });
 
-  it('node a stopped: its sandbox reads from the record through b, anything else is 503 NODE_UNAVAILABLE', async () => {
+  it('node a stopped: its sandbox reads from the record through b, anything else is 503 NODE_UNAVAILABLE', STEP, async () => {
     await a.daemon.close();
     try {
       const sb = await Sandbox.connect(onA.id, b.conn);
@@ -314,7 +320,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal((await (await Sandbox.connect(onA.id, b.conn)).commands.run('echo up')).stdout, 'up\n');
   });
 
-  it('a session moves between nodes: hibernated on a, woken on b with its files and processes (generation 1)', async () => {
+  it('a session moves between nodes: hibernated on a, woken on b with its files and processes (generation 1)', STEP, async () => {
     const sb = await Sandbox.connect(onA.id, b.conn);
     await sb.commands.run('sleep 3600', { background: true });
     await sb.move('b');
@@ -330,7 +336,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal((await sb.refresh()).state, 'running');
   });
 
-  it('node b stopped: its hibernated sandbox is taken over by node a on the next request and wakes there', async () => {
+  it('node b stopped: its hibernated sandbox is taken over by node a on the next request and wakes there', STEP, async () => {
     const sb = await Sandbox.connect(onB.id, b.conn);
     await sb.files.write('/tmp/kept', 'across nodes');
     await sb.hibernate();
@@ -350,7 +356,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.deepEqual(await answeredBy(b.conn, `/v1/sandboxes/${onB.id}/usage`), { node: 'a', status: 200 });
   });
 
-  it('a full node places a create on another node with room; CAPACITY_EXHAUSTED only when none has', async () => {
+  it('a full node places a create on another node with room; CAPACITY_EXHAUSTED only when none has', STEP, async () => {
     // Node b may run one sandbox, and runs one (the session moved there).
     await b.daemon.close();
     b.daemon = await startNodeB(b.dataDir, { maxSandboxes: 1 });
@@ -367,7 +373,7 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal(await rejectionCode(Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 })), 'CAPACITY_EXHAUSTED');
     await placed.kill();
   });
-  it('space node drain: every session of node b moves to a (woken there if it ran), creates through b go elsewhere; undrain ends it', async () => {
+  it('space node drain: every session of node b moves to a (woken there if it ran), creates through b go elsewhere; undrain ends it', STEP, async () => {
     // Room on node a again (the test before left it full).
     await a.daemon.close();
     a.daemon = await startDaemon({ dataDir: a.dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: 'warn', database, blobStore, nodeName: 'a', egress: { range: egressRange(a.dataDir) } });
@@ -428,7 +434,7 @@ describe('a node lost: its sessions come back on another node from their snapsho
     await closeY(y, [xDir, yDir, blobs], ids);
   });
 
-  it('SIGKILL of node x: node y restores the session that has a snapshot (losing what came after it) and ends the one without (node-lost)', async () => {
+  it('SIGKILL of node x: node y restores the session that has a snapshot (losing what came after it) and ends the one without (node-lost)', STEP, async () => {
     x = await startSpaced(xDir, env);
     mkdirSync(path.join(yDir, 'keys'), { recursive: true, mode: 0o700 });
     copyFileSync(path.join(xDir, 'keys', 'node.key'), path.join(yDir, 'keys', 'node.key'));
@@ -467,7 +473,7 @@ describe('a node lost: its sessions come back on another node from their snapsho
     assert.deepEqual(nodes.map((n) => [n.name, n.state]).sort(), [['x', 'lost'], ['y', 'up']]);
   });
 
-  it('node x started again removes the copies its runtime still held (the records are y\'s now)', async () => {
+  it('node x started again removes the copies its runtime still held (the records are y\'s now)', STEP, async () => {
     // First the session ends on y: the two nodes share this host, and with it the sandbox's
     // network namespace and cgroup names, which x's clean-up would otherwise take from y's copy.
     assert.equal((await Sandbox.kill(ids[0], yConn)).state, 'killed');
@@ -515,7 +521,7 @@ describe('a cluster of three nodes', () => {
     assert.deepEqual(leaks, []);
   });
 
-  it('12 creates asked of node a: 4 run on a, then each goes to the node with most room (4 on b, 4 on c); a 13th is CAPACITY_EXHAUSTED', async () => {
+  it('12 creates asked of node a: 4 run on a, then each goes to the node with most room (4 on b, 4 on c); a 13th is CAPACITY_EXHAUSTED', STEP, async () => {
     for (let i = 0; i < 12; i++) {
       const sb = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
       ids.push(sb.id);
@@ -527,7 +533,7 @@ describe('a cluster of three nodes', () => {
     assert.equal((await (await Sandbox.connect(onC.id, a.conn)).commands.run('hostname')).stdout, `${onC.id}\n`);
   });
 
-  it('a drain of node a spreads its four sessions over b and c (two each), each running there with its files', async () => {
+  it('a drain of node a spreads its four sessions over b and c (two each), each running there with its files', STEP, async () => {
     // Room on b and c: two of each's sandboxes go.
     for (const n of ['b', 'c']) {
       for (const sb of (await Sandbox.list(a.conn)).items.filter((s) => s.node === n && s.state === 'running').slice(0, 2)) await Sandbox.kill(sb.id, a.conn);
@@ -613,7 +619,7 @@ describe('a node killed mid-operation', () => {
     await closeY(y, [xDir, yDir, blobs], ids);
   });
 
-  it('mid-snapshot (after the checkpoint, before it is stored): y restores the last complete snapshot; the half-taken one is never listed', async () => {
+  it('mid-snapshot (after the checkpoint, before it is stored): y restores the last complete snapshot; the half-taken one is never listed', STEP, async () => {
     const { sb, first } = await session('snapshot:after-checkpoint#2');
     await sb.files.write('/tmp/later', 'after the snapshot');
     await assert.rejects(sb.snapshot());
@@ -623,7 +629,7 @@ describe('a node killed mid-operation', () => {
     assert.equal(await back.files.read('/tmp/kept'), 'in the snapshot');
   });
 
-  it('mid-fork (the fork recorded, not started): the parent is restored on y, the fork ends dead/node-lost and runs nowhere', async () => {
+  it('mid-fork (the fork recorded, not started): the parent is restored on y, the fork ends dead/node-lost and runs nowhere', STEP, async () => {
     const { sb } = await session('fork:after-record');
     await assert.rejects(sb.fork());
     const back = await resolved(sb.id);
@@ -640,7 +646,7 @@ describe('a node killed mid-operation', () => {
     assert.equal(forks.length, 1, 'the fork\'s record was listed, and ended');
   });
 
-  it('mid-move (hibernated on x, not yet handed over): the session wakes on y on the next request, whole', async () => {
+  it('mid-move (hibernated on x, not yet handed over): the session wakes on y on the next request, whole', STEP, async () => {
     const { sb } = await session('move:after-hibernate');
     await sb.files.write('/tmp/moving', 'hibernated with it');
     await assert.rejects(sb.move('y'));

@@ -51,7 +51,8 @@ export async function startTestDaemon(opts = {}) {
     },
     async close() {
       for (const m of made) await Sandbox.kill(m.id, m.conn).catch(() => {});
-      await daemon.close();
+      // (fx.daemon: a test may have restarted it in the same data directory)
+      await fx.daemon.close();
       const leaks = [...closeVolumes(dataDir), ...closeDiskPool(dataDir), ...leftovers(dataDir, made.map((m) => m.id))];
       // SPACE_TEST_KEEP=1 keeps the data directory (runsc logs, database) to debug a failure.
       if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });

@@ -26,6 +26,8 @@ export const ERRORS = {
   INGRESS_UNAUTHENTICATED: { status: 401, message: 'This port needs its access token', hint: 'Send the token `space expose` printed as "X-Space-Access-Token: <token>", or open the signed link it printed (it sets a cookie for this host).' },
   PORT_NOT_EXPOSED: { status: 404, message: 'Nothing is exposed at this address', hint: 'Expose the port first: `space expose ID PORT` prints its URL; `space ports ID` lists what is exposed.' },
   UNAUTHENTICATED: { status: 401, message: 'Missing or invalid API key', hint: 'Send the key as "Authorization: Bearer <key>" (SPACE_API_KEY for the SDK and CLI).' },
+  CONSOLE_NOT_BUILT: { status: 404, message: 'The web console is not built into this installation', hint: 'Run `npm run build` (./space does it), then start the daemon again.' },
+  CSRF_TOKEN_INVALID: { status: 403, message: 'This request needs the console session\'s CSRF token', hint: 'Send the csrfToken of GET /v1/session as "X-CSRF-Token" (the console does); or authenticate with "Authorization: Bearer <key>" instead of the session cookie.' },
   FORBIDDEN: { status: 403, message: 'This API key may not do that', hint: 'Use an admin key of the tenant.' },
   SANDBOX_NOT_FOUND: { status: 404, message: 'No such sandbox', hint: 'List your sandboxes with `space ls`; ids belong to the tenant of the API key.' },
   TEMPLATE_NOT_FOUND: { status: 404, message: 'No such template', hint: 'List templates with `space template ls`.' },

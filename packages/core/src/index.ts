@@ -29,7 +29,7 @@ export { TemplateService, templateImageBlobKey } from './templates/template-serv
 export type { TemplateBuildRequest, TemplateImageStore, TemplateServiceOptions, TemplateUpload } from './templates/template-service.js';
 export { WarmPool } from './templates/warm-pool.js';
 export type { PoolHooks, PoolStatus } from './templates/warm-pool.js';
-export type { CreateSandboxOpts, ForkResult, ListSandboxesOpts, SandboxEgressOptions, SandboxServiceOptions } from './service.js';
+export type { CreateSandboxOpts, ForkResult, ListSandboxesOpts, SandboxChange, SandboxEgressOptions, SandboxServiceOptions } from './service.js';
 export type { Logger } from './logger.js';
 export type { FaultAction } from './sandboxes/faults.js';
 export { ApiKeys, publicKey } from './security/api-keys.js';

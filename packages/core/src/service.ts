@@ -154,6 +154,27 @@ function fenced(store: MetadataStore, node: string): MetadataStore {
   });
 }
 
+/** A store that tells `changed` each sandbox record it inserts or updates, once written. */
+function watched(store: MetadataStore, changed: (sb: Sandbox) => void): MetadataStore {
+  return new Proxy(store, {
+    get(target, key) {
+      if (key === 'insertSandbox') return async (sb: Sandbox) => (await target.insertSandbox(sb), changed(sb));
+      if (key === 'updateSandbox') {
+        return async (...a: Parameters<MetadataStore['updateSandbox']>) => {
+          const sb = await target.updateSandbox(...a);
+          changed(sb);
+          return sb;
+        };
+      }
+      const v = Reflect.get(target, key, target) as unknown;
+      return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+    },
+  });
+}
+
+/** A change {@link SandboxService.onChange} reports: a sandbox record as written, or an event recorded. */
+export type SandboxChange = { kind: 'sandbox'; sandbox: Sandbox } | { kind: 'event'; event: SandboxEvent };
+
 /** The states whose sandboxes a credential that names no sandbox may belong to (signed file URLs). */
 const UNENDED: SandboxState[] = ['running', 'paused', 'hibernated'];
 
@@ -211,7 +232,8 @@ export class SandboxService {
   constructor(opts: SandboxServiceOptions) {
     // With a shared store every write of a sandbox record says whose it must still be: a node
     // that lost a sandbox to another (a move, a takeover) cannot write over the new owner's.
-    this.store = opts.shared && opts.nodeName ? fenced(opts.store, opts.nodeName) : opts.store;
+    const store = opts.shared && opts.nodeName ? fenced(opts.store, opts.nodeName) : opts.store;
+    this.store = watched(store, (sandbox) => this.notify({ kind: 'sandbox', sandbox }));
     this.nodeUp = opts.nodeUp;
     this.driver = new DriverRouter(opts.driver, opts.drivers ?? []);
     this.log = opts.logger;
@@ -340,6 +362,34 @@ export class SandboxService {
     const ev: SandboxEvent = { sandboxId, at: new Date().toISOString(), type, message };
     await this.store.insertEvent(ev).catch((err) => this.log.error({ err, sandboxId }, 'event not recorded'));
     this.log.info({ sandboxId, event: type }, message);
+    this.notify({ kind: 'event', event: ev });
+  }
+
+  private readonly changeListeners = new Set<(c: SandboxChange) => void>();
+
+  private notify(c: SandboxChange): void {
+    for (const l of this.changeListeners) {
+      try {
+        l(c);
+      } catch (err) {
+        this.log.warn({ err }, 'change listener failed');
+      }
+    }
+  }
+
+  /**
+   * Calls `listener` with every change of a sandbox record this node writes and every event it
+   * records, from now on, after they are stored (every tenant's: filter by `tenantId` — an
+   * event's tenant is its sandbox's). Other nodes' writes are not seen. Returns the function
+   * that stops it.
+   *
+   * @example
+   * const stop = service.onChange((c) => console.log(c.kind, c.kind === 'sandbox' ? c.sandbox.state : c.event.type));
+   * stop();
+   */
+  onChange(listener: (c: SandboxChange) => void): () => void {
+    this.changeListeners.add(listener);
+    return () => this.changeListeners.delete(listener);
   }
 
   /**

@@ -9,6 +9,8 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiKeys, SpaceError, type KeyService, type Principal, type SandboxService, type SecretService } from '@space/core';
 import type { SandboxDriver } from '@space/core';
 import type { AppDeps } from './deps.js';
+import { ConsoleSessions, csrfRefused, CSRF_HEADER, sessionCookieOf } from './console-session.js';
+import { isConsolePath, registerConsole } from './console-routes.js';
 import { registerForwarding } from './forward.js';
 import { registerRoutes } from './routes.js';
 import { registerVolumeRoutes } from './volume-routes.js';
@@ -23,7 +25,9 @@ declare module 'fastify' {
 }
 
 
-const PUBLIC = new Set(['/v1/health', '/v1/version', '/openapi.json']);
+const PUBLIC = new Set(['/v1/health', '/v1/version', '/openapi.json', '/favicon.ico']);
+/** Methods that change nothing: a console session needs no CSRF token for them. */
+const SAFE = new Set(['GET', 'HEAD', 'OPTIONS']);
 
 function bearer(req: FastifyRequest): string | undefined {
   const h = req.headers.authorization;
@@ -55,7 +59,7 @@ export function sendError(reply: FastifyReply, err: unknown): FastifyReply {
  * Builds the Fastify app (not listening).
  *
  * @example
- * const app = await buildApp({ service, keys, drivers: [driver], maxUploadBytes: 1 << 30, logger: true });
+ * const app = await buildApp({ service, keys, encryptionKeys, sessionSecret: randomBytes(32), drivers: [driver], maxUploadBytes: 1 << 30, logger: false });
  * await app.listen({ host: '127.0.0.1', port: 7070 });
  */
 export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
@@ -85,10 +89,23 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   });
   app.setNotFoundHandler((req, reply) => sendError(reply, new SpaceError('BAD_REQUEST', `No route ${req.method} ${req.url.split('?')[0]}; see GET /openapi.json`)));
 
+  // A bearer key, or else the console's session cookie (whose requests that change anything
+  // must carry its CSRF token): console-session.ts.
+  const sessions = new ConsoleSessions(deps.sessionSecret, deps.keys);
   app.addHook('onRequest', async (req) => {
     const p = req.url.split('?')[0]!;
-    if (PUBLIC.has(p)) return;
-    req.principal = await deps.keys.verify(bearer(req));
+    if (PUBLIC.has(p) || (p === '/v1/session' && req.method !== 'GET') || (isConsolePath(p) && req.method === 'GET')) return;
+    const key = bearer(req);
+    const cookie = key === undefined ? sessionCookieOf(req.headers.cookie) : undefined;
+    if (cookie === undefined) {
+      req.principal = await deps.keys.verify(key);
+      return;
+    }
+    const s = await sessions.session(cookie);
+    if (!s) throw new SpaceError('UNAUTHENTICATED', 'The console session ended (it expired, or its API key was revoked): sign in again');
+    const token = req.headers[CSRF_HEADER];
+    if (!SAFE.has(req.method) && !sessions.csrfValid(cookie, typeof token === 'string' ? token : undefined)) throw csrfRefused();
+    req.principal = ConsoleSessions.principal(s);
   });
   // After authentication: only a tenant's requests for its own sandboxes are forwarded.
   if (deps.cluster) {
@@ -103,6 +120,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   }
 
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  await registerConsole(app, { service: deps.service, sessions, ...(deps.secrets ? { secrets: deps.secrets } : {}) });
   await registerRoutes(app, deps);
   registerVolumeRoutes(app, deps.service, deps.maxUploadBytes);
   return app;

@@ -389,11 +389,13 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     ...(process.env.SPACE_FAULT_INJECT?.startsWith('rotation:after-') ? { faultAfterRewraps: Number(process.env.SPACE_FAULT_INJECT.slice('rotation:after-'.length)) } : {}),
   });
   let ingressSecret: Buffer;
+  let sessionSecret: Buffer;
   try {
     // A missing or bad node key stops the daemon here, never at the first restore: a data key
     // the deployment already has (the ingress's) must unwrap with it.
     await encryptionKeys.start();
     ingressSecret = await encryptionKeys.daemonSecret('ingress-passes');
+    sessionSecret = await encryptionKeys.daemonSecret('console-sessions');
   } catch (err) {
     pkcs11?.close();
     await closeStores();
@@ -586,7 +588,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   };
   // The node's heartbeat (made once the listener's URL is known; drains go through it).
   let heartbeat: NodeHeartbeat | undefined;
-  const app = await buildApp({ service, keys, encryptionKeys, gc: gcNow, ...(shared ? { cluster: { self: nodeName, nodes: () => nodeStates(store, lostAfterMs), draining: () => !!heartbeat?.draining, drain: (on: boolean, progress?: (ev: DrainEvent) => void) => drain(on, progress) } } : {}), drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
+  const app = await buildApp({ service, keys, encryptionKeys, sessionSecret, gc: gcNow, ...(shared ? { cluster: { self: nodeName, nodes: () => nodeStates(store, lostAfterMs), draining: () => !!heartbeat?.draining, drain: (on: boolean, progress?: (ev: DrainEvent) => void) => drain(on, progress) } } : {}), drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
   await app.listen({ host, port });
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;

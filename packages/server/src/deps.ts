@@ -8,6 +8,8 @@ import type { ApiKeys, KeyService, SandboxDriver, SandboxService, SecretService 
 export interface AppDeps {
   service: SandboxService;
   keys: ApiKeys;
+  /** The deployment's secret that console session cookies are MACed with (the same on every node). */
+  sessionSecret: Buffer;
   /** Tenants' encryption keys. */
   encryptionKeys: KeyService;
   /** Collects snapshot chunks nothing references; resolves to how many went. */

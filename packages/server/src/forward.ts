@@ -81,6 +81,8 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
       if ((req.method === 'GET' && route === '/v1/sandboxes/:id') || sb.state === 'hibernated') return;
       throw nodeUnavailable(sb, node);
     }
+    // WebSocket upgrades (the terminal) are not relayed between nodes: say where it runs.
+    if (req.headers.upgrade) throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${node.name} (${node.url}): open its terminal there; WebSockets are not forwarded between nodes (commands, files and PTYs over the HTTP API are)`, { details: { sandboxId: sb.id, node: sb.node } });
     await forward(req, reply, node, opts, `Sandbox ${sb.id} runs`);
   });
   // Creates: a tenant's template starts where its root file system is (body parsed by now).

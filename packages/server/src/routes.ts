@@ -109,6 +109,12 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     reply.code(201).send(await svc.snapshot(req.principal.tenantId, req.params.id, req.body?.name !== undefined ? { name: req.body.name } : {})),
   );
   app.get('/v1/sandboxes/:id/snapshots', { schema: { tags: ['sessions'], params: S.IdParams, response: { 200: Type.Object({ snapshots: Type.Array(S.SnapshotSchema) }), ...err } } }, async (req) => ({ snapshots: await svc.snapshots(req.principal.tenantId, req.params.id) }));
+  app.delete('/v1/sandboxes/:id/snapshots/:snapshotId', { schema: { tags: ['sessions'], params: S.SnapshotParams, description: 'Deletes a snapshot of the sandbox (not the one a hibernated sandbox sleeps in: 409).' } }, async (req, reply) => {
+    const snaps = await svc.snapshots(req.principal.tenantId, req.params.id);
+    if (!snaps.some((s) => s.id === req.params.snapshotId)) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Sandbox ${req.params.id} has no snapshot ${JSON.stringify(req.params.snapshotId)}`);
+    await svc.removeSnapshot(req.principal.tenantId, req.params.snapshotId);
+    return reply.code(204).send();
+  });
   app.post('/v1/sandboxes/:id/rollback', { schema: { tags: ['sessions'], params: S.IdParams, body: S.RollbackBody, ...sbOut } }, async (req) => svc.rollback(req.principal.tenantId, req.params.id, req.body.snapshotId));
   app.post('/v1/sandboxes/:id/fork', { schema: { tags: ['sessions'], params: S.IdParams, body: Type.Optional(S.ForkBody) } }, async (req, reply) => {
     const results = await svc.fork(req.principal.tenantId, req.params.id, { count: req.body?.count ?? 1, ...(req.body?.snapshotId ? { snapshotId: req.body.snapshotId } : {}) });

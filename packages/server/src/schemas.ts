@@ -165,6 +165,7 @@ export const CreateSandboxBody = Type.Object(
 );
 
 export const IdParams = Type.Object({ id: Type.String({ maxLength: 64 }) });
+export const SnapshotParams = Type.Object({ id: Type.String({ maxLength: 64 }), snapshotId: Type.String({ maxLength: 64 }) });
 export const PortParams = Type.Object({ id: Type.String({ maxLength: 64 }), port: Type.Integer({ minimum: 0, maximum: 65535, description: '0: the opening of every port (a sandbox made through the E2B-compatible API)' }) });
 
 export const ExposeBody = Type.Object(

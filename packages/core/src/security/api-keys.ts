@@ -73,6 +73,12 @@ export class ApiKeys {
     return { tenantId: r.tenantId, keyId: r.id, admin: r.admin };
   }
 
+  /** Whether key `keyId` of tenant `tenantId` exists and is not revoked (console sessions re-check it). */
+  async isActive(tenantId: string, keyId: string): Promise<boolean> {
+    const k = (await this.store.listApiKeys(tenantId)).find((x) => x.id === keyId);
+    return !!k && !k.revokedAt;
+  }
+
   /** Keys of a tenant (or every key, for an admin of the default tenant). */
   async list(who: Principal): Promise<Omit<ApiKeyRecord, 'hash'>[]> {
     return (await this.store.listApiKeys(who.tenantId)).map(publicKey);

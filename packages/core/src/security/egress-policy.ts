@@ -282,6 +282,27 @@ export class SecretService {
   /** Records one egress request. */
   async audit(e: EgressLogEntry): Promise<void> {
     await this.opts.store.insertEgressLog(e);
+    for (const l of this.auditListeners) {
+      try {
+        l(e);
+      } catch {
+        // a listener's failure is its own (a closed event stream)
+      }
+    }
+  }
+
+  private readonly auditListeners = new Set<(e: EgressLogEntry) => void>();
+
+  /**
+   * Calls `listener` with each egress request this node records from now on (every tenant's:
+   * filter by `tenantId`). Returns the function that stops it.
+   *
+   * @example
+   * const stop = secrets.onAudit((e) => e.decision === 'denied' && console.log(e.host));
+   */
+  onAudit(listener: (e: EgressLogEntry) => void): () => void {
+    this.auditListeners.add(listener);
+    return () => this.auditListeners.delete(listener);
   }
 
   /** A sandbox's egress log, newest first. */

@@ -1,0 +1,116 @@
+/**
+ * The console's client of SPACE's public HTTP API: same-origin requests carrying the session
+ * cookie (set by sign-in; HttpOnly, so this code never sees it) and, on requests that change
+ * anything, the session's CSRF token. The API key is sent once, to sign in, and never kept.
+ */
+
+/** An API error: its stable code, message and hint, as the API answered. */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly hint?: string,
+  ) {
+    super(message);
+  }
+}
+
+/** The signed-in session (GET /v1/session). */
+export interface Session {
+  tenantId: string;
+  keyId: string;
+  admin: boolean;
+  csrfToken: string;
+  expiresAt: string;
+}
+
+let csrf = '';
+const signedOut = new Set<() => void>();
+
+/** Calls `fn` when a request finds the session ended (401): the app shows the sign-in page. */
+export function onSignedOut(fn: () => void): void {
+  signedOut.add(fn);
+}
+
+/** The headers of a request that changes state. */
+export function csrfHeaders(): Record<string, string> {
+  return { 'x-csrf-token': csrf };
+}
+
+/**
+ * One API request; resolves to its JSON answer (undefined for 204), rejects with {@link ApiError}.
+ *
+ * @example const { items } = await api<{ items: Sandbox[] }>('GET', '/v1/sandboxes');
+ */
+export async function api<T = unknown>(method: string, path: string, body?: unknown): Promise<T> {
+  const headers: Record<string, string> = method === 'GET' ? {} : csrfHeaders();
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  let r: Response;
+  try {
+    r = await fetch(path, { method, headers, credentials: 'same-origin', ...(body !== undefined ? { body: JSON.stringify(body) } : {}) });
+  } catch (err) {
+    throw new ApiError(0, 'NETWORK', `The daemon did not answer (${(err as Error).message}): is it running?`);
+  }
+  if (r.status === 204) return undefined as T;
+  const text = await r.text();
+  const json = text ? (JSON.parse(text) as unknown) : undefined;
+  if (!r.ok) {
+    const e = (json as { error?: { code?: string; message?: string; hint?: string } } | undefined)?.error ?? {};
+    if (r.status === 401 && path !== '/v1/session') for (const fn of signedOut) fn();
+    throw new ApiError(r.status, e.code ?? 'ERROR', e.message ?? `${r.status} ${r.statusText}`, e.hint);
+  }
+  return json as T;
+}
+
+/** Signs in with an API key (kept nowhere); the session's CSRF token is kept in memory. */
+export async function signIn(apiKey: string): Promise<Session> {
+  const s = await api<Session>('POST', '/v1/session', { apiKey });
+  csrf = s.csrfToken;
+  return s;
+}
+
+/** The current session, or undefined when signed out. */
+export async function currentSession(): Promise<Session | undefined> {
+  try {
+    const s = await api<Session>('GET', '/v1/session');
+    csrf = s.csrfToken;
+    return s;
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) return undefined;
+    throw err;
+  }
+}
+
+/** Signs out (clears the cookie). */
+export async function signOut(): Promise<void> {
+  await api('DELETE', '/v1/session');
+  csrf = '';
+}
+
+/**
+ * Uploads a file with progress (fetch cannot report upload progress; XMLHttpRequest can).
+ *
+ * @example await upload(id, '/tmp/a.txt', file, (f) => console.log(f));
+ */
+export function upload(sandboxId: string, path: string, file: Blob, progress: (fraction: number) => void): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const x = new XMLHttpRequest();
+    x.open('PUT', `/v1/sandboxes/${encodeURIComponent(sandboxId)}/files/content?path=${encodeURIComponent(path)}`);
+    x.setRequestHeader('content-type', 'application/octet-stream');
+    x.setRequestHeader('x-csrf-token', csrf);
+    x.upload.onprogress = (e) => e.lengthComputable && progress(e.loaded / e.total);
+    x.onload = () => {
+      if (x.status < 300) return resolve();
+      let e: { code?: string; message?: string } = {};
+      try {
+        e = (JSON.parse(x.responseText) as { error?: typeof e }).error ?? {};
+      } catch {
+        // not JSON
+      }
+      reject(new ApiError(x.status, e.code ?? 'ERROR', e.message ?? `upload failed: ${x.status}`));
+    };
+    x.onerror = () => reject(new ApiError(0, 'NETWORK', 'The upload did not reach the daemon'));
+    x.send(file);
+  });
+}

@@ -1,0 +1,278 @@
+/** The tenant's secrets, keys, templates and (admin keys) the cluster's nodes. */
+import type { JSX } from 'preact';
+import { useState } from 'preact/hooks';
+import type { NodeInfo, SecretInfo } from '@space/api';
+import { api, type Session } from '../api.js';
+import { Action, ago, bytes, ErrorBox, Link, useLoad } from '../ui.js';
+import { allSandboxes, ended } from './sandboxes.js';
+
+/** Secrets: names, hosts and the sandboxes they are attached to — never values (the API never answers them). */
+export function SecretsPage(): JSX.Element {
+  const [data, error] = useLoad(async () => ({ secrets: (await api<{ secrets: SecretInfo[] }>('GET', '/v1/secrets')).secrets, sandboxes: await allSandboxes() }), []);
+  return (
+    <section aria-labelledby="h-secrets">
+      <h1 id="h-secrets">Secrets</h1>
+      <p class="muted">Values are injected by the egress proxy at the point of use and never shown, here or inside a sandbox. Set them with <code>space secret set</code>.</p>
+      <ErrorBox error={error} />
+      <table>
+        <caption class="sr-only">Secrets</caption>
+        <thead>
+          <tr>
+            <th scope="col">Name</th>
+            <th scope="col">Hosts</th>
+            <th scope="col">Injected as</th>
+            <th scope="col">Attached to</th>
+            <th scope="col">Created</th>
+          </tr>
+        </thead>
+        <tbody>
+          {(data?.secrets ?? []).map((s) => (
+            <tr key={s.name}>
+              <td>{s.name}</td>
+              <td>{s.hosts.join(', ')}</td>
+              <td>{s.header ?? 'placeholder'}</td>
+              <td>
+                {(data?.sandboxes ?? [])
+                  .filter((sb) => !ended(sb) && (sb.secrets ?? []).some((a) => a.name === s.name))
+                  .map((sb) => (
+                    <span key={sb.id} class="label">
+                      <Link href={`/console/sandboxes/${sb.id}/egress`}>{sb.id}</Link>
+                    </span>
+                  ))}
+              </td>
+              <td>{ago(s.createdAt)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </section>
+  );
+}
+
+interface KeyRecord {
+  id: string;
+  name?: string;
+  prefix?: string;
+  admin?: boolean;
+  createdAt?: string;
+  revokedAt?: string;
+}
+interface EncryptionKey {
+  id: string;
+  state: string;
+  provider?: string;
+  ref?: string;
+  createdAt?: string;
+}
+
+/** API keys (create, revoke) and encryption keys (state; rotation). */
+export function KeysPage({ session }: { session: Session }): JSX.Element {
+  const [keys, error, reload] = useLoad(() => api<{ keys: KeyRecord[] }>('GET', '/v1/keys'), []);
+  const [ek, ekError] = useLoad(() => api<{ keys: EncryptionKey[] }>('GET', '/v1/encryption-keys'), []);
+  const [created, setCreated] = useState<string>();
+  const [actionError, setActionError] = useState<unknown>();
+  return (
+    <section aria-labelledby="h-keys">
+      <h1 id="h-keys">Keys</h1>
+      <h2>API keys</h2>
+      <ErrorBox error={actionError ?? error} />
+      {session.admin ? (
+        <form
+          class="row"
+          aria-label="New API key"
+          onSubmit={async (e) => {
+            e.preventDefault();
+            const name = ((e.currentTarget as HTMLFormElement).elements.namedItem('name') as HTMLInputElement).value;
+            try {
+              const r = await api<{ key: string }>('POST', '/v1/keys', { name });
+              setCreated(r.key);
+              reload();
+            } catch (err) {
+              setActionError(err);
+            }
+          }}
+        >
+          <label>
+            Name <input name="name" required maxLength={128} />
+          </label>
+          <button type="submit">Create key</button>
+        </form>
+      ) : null}
+      {created ? (
+        <p role="status" class="notice">
+          New key (shown once, copy it now): <code>{created}</code>
+        </p>
+      ) : null}
+      <table>
+        <caption class="sr-only">API keys</caption>
+        <thead>
+          <tr>
+            <th scope="col">Key</th>
+            <th scope="col">Name</th>
+            <th scope="col">Admin</th>
+            <th scope="col">Created</th>
+            <th scope="col">State</th>
+            <th scope="col">Actions</th>
+          </tr>
+        </thead>
+        <tbody>
+          {(keys?.keys ?? []).map((k) => (
+            <tr key={k.id}>
+              <td>
+                <code>{k.prefix ? `${k.prefix}…` : k.id}</code>
+              </td>
+              <td>{k.name}</td>
+              <td>{k.admin ? 'yes' : 'no'}</td>
+              <td>{ago(k.createdAt)}</td>
+              <td>{k.revokedAt ? `revoked ${ago(k.revokedAt)}` : k.id === session.keyId ? 'active (this session)' : 'active'}</td>
+              <td>{k.revokedAt ? null : <Action label="Revoke" danger confirm={`Revoke key ${k.prefix ?? k.id} (${k.name ?? ''})? Everything using it, this console's sessions included, stops working.`} run={async () => (await api('DELETE', `/v1/keys/${k.id}`), reload())} onError={setActionError} />}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      <h2>Encryption keys</h2>
+      <p class="muted">Everything stored for this tenant is encrypted under its active key (the node key when it has none). Rotate with <code>space key set</code>: every data key is re-wrapped online.</p>
+      <ErrorBox error={ekError} />
+      <table>
+        <caption class="sr-only">Encryption keys</caption>
+        <thead>
+          <tr>
+            <th scope="col">Key</th>
+            <th scope="col">State</th>
+            <th scope="col">Provider</th>
+            <th scope="col">Created</th>
+          </tr>
+        </thead>
+        <tbody>
+          {(ek?.keys ?? []).map((k) => (
+            <tr key={k.id}>
+              <td>
+                <code>{k.id}</code>
+              </td>
+              <td>{k.state}</td>
+              <td>
+                {k.provider ?? ''} {k.ref ?? ''}
+              </td>
+              <td>{ago(k.createdAt)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </section>
+  );
+}
+
+interface TemplateView {
+  name: string;
+  builtin: boolean;
+  state: string;
+  pool: { size: number; ready: number };
+  image?: { sizeBytes: number };
+  rootfsBytes?: number;
+  createdAt: string;
+}
+
+/** Templates and their warm pools (size editable). */
+export function TemplatesPage({ session }: { session: Session }): JSX.Element {
+  const [data, error, reload] = useLoad(() => api<{ templates: TemplateView[] }>('GET', '/v1/templates'), []);
+  const [actionError, setActionError] = useState<unknown>();
+  return (
+    <section aria-labelledby="h-templates">
+      <h1 id="h-templates">Templates</h1>
+      <p class="muted">Build new ones with <code>space template build</code> (its progress streams there).</p>
+      <ErrorBox error={actionError ?? error} />
+      <table>
+        <caption class="sr-only">Templates</caption>
+        <thead>
+          <tr>
+            <th scope="col">Name</th>
+            <th scope="col">State</th>
+            <th scope="col">Snapshot</th>
+            <th scope="col">Warm pool (ready / size)</th>
+          </tr>
+        </thead>
+        <tbody>
+          {(data?.templates ?? []).map((t) => (
+            <tr key={t.name}>
+              <td>
+                {t.name}
+                {t.builtin ? <span class="muted"> built-in</span> : null}
+              </td>
+              <td>{t.state}</td>
+              <td>{bytes(t.image?.sizeBytes)}</td>
+              <td>
+                <form
+                  class="row"
+                  aria-label={`Warm pool of ${t.name}`}
+                  onSubmit={async (e) => {
+                    e.preventDefault();
+                    const size = Number(((e.currentTarget as HTMLFormElement).elements.namedItem('size') as HTMLInputElement).value);
+                    try {
+                      await api('PUT', `/v1/templates/${encodeURIComponent(t.name)}/pool`, { size });
+                      reload();
+                    } catch (err) {
+                      setActionError(err);
+                    }
+                  }}
+                >
+                  <span>{t.pool.ready} /</span>
+                  <label>
+                    <span class="sr-only">Pool size of {t.name}</span>
+                    <input name="size" type="number" min={0} max={64} value={t.pool.size} disabled={t.builtin && !session.admin} />
+                  </label>
+                  <button type="submit" disabled={t.builtin && !session.admin}>
+                    Set
+                  </button>
+                </form>
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </section>
+  );
+}
+
+/** The cluster's nodes (admin keys). */
+export function NodesPage({ session }: { session: Session }): JSX.Element {
+  const [data, error] = useLoad(() => (session.admin ? api<{ nodes: NodeInfo[] }>('GET', '/v1/nodes') : Promise.resolve({ nodes: [] })), []);
+  if (!session.admin) return <p>Nodes are shown to admin keys.</p>;
+  return (
+    <section aria-labelledby="h-nodes">
+      <h1 id="h-nodes">Nodes</h1>
+      <ErrorBox error={error} />
+      <table>
+        <caption class="sr-only">Nodes</caption>
+        <thead>
+          <tr>
+            <th scope="col">Node</th>
+            <th scope="col">State</th>
+            <th scope="col">Sandboxes</th>
+            <th scope="col">CPUs / memory</th>
+            <th scope="col">Drivers</th>
+            <th scope="col">Heartbeat</th>
+          </tr>
+        </thead>
+        <tbody>
+          {(data?.nodes ?? []).map((n) => (
+            <tr key={n.name}>
+              <td>{n.name}</td>
+              <td>
+                {n.state}
+                {n.draining ? ' (draining)' : ''}
+              </td>
+              <td>
+                {n.sandboxes} / {n.maxSandboxes}
+              </td>
+              <td>
+                {n.cpus} / {n.memoryMb} MiB
+              </td>
+              <td>{n.drivers.join(', ')}</td>
+              <td>{ago(n.heartbeatAt)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </section>
+  );
+}
