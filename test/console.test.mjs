@@ -148,6 +148,11 @@ describe('the web console in a browser (headless Chromium)', () => {
     await page.locator(`tr[data-snapshot="${snaps[0].id}"]`).getByRole('button', { name: 'Roll back' }).click();
     await page.getByRole('dialog').getByRole('button', { name: 'Roll back' }).click();
     await eventually(async () => (await sb.files.read('/tmp/when').catch(() => '')) === 'first');
+    // Delete the second: one row and one point left.
+    await page.locator(`tr[data-snapshot="${snaps[1].id}"]`).getByRole('button', { name: 'Delete' }).click();
+    await page.getByRole('dialog').getByRole('button', { name: 'Delete' }).click();
+    await eventually(async () => (await page.locator('tr[data-snapshot]').count()) === 1 && (await page.locator('svg.timeline circle').count()) === 1);
+    assert.deepEqual((await sb.snapshots()).map((x) => x.id), [snaps[0].id]);
   });
 
   it('an egress rule set in the page; a request it denies appears in the audit log as it happens', STEP, async () => {
@@ -179,6 +184,16 @@ describe('the web console in a browser (headless Chromium)', () => {
     await page.getByRole('button', { name: 'Wake' }).click();
     await showing(badge, 'running');
     assert.equal(await (await Sandbox.connect(sbId, fx.conn)).files.read('/tmp/when'), 'first');
+    // Forks of many: two copies at once, both in the tree.
+    await page.getByLabel('copies').fill('2');
+    await page.getByRole('button', { name: 'Fork into 2' }).click();
+    await page.getByRole('status').filter({ hasText: '2 of 2 forks made' }).waitFor();
+    await page.getByRole('tree').waitFor();
+    const forks = (await Sandbox.list(fx.conn)).items.filter((x) => x.parentId === sbId);
+    for (const f of forks) fx.track(f.id);
+    assert.equal(forks.length, 3, 'the fork from the snapshot and these two');
+    for (const f of forks) await page.getByRole('tree').getByRole('link', { name: f.id }).waitFor();
+    await page.getByRole('tree').getByRole('link', { name: sbId }).click();
     await tab('Events');
     await page.getByText(/woken from snapshot/).waitFor();
     await shot('events');

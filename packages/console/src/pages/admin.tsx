@@ -2,7 +2,7 @@
 import type { JSX } from 'preact';
 import { useState } from 'preact/hooks';
 import type { NodeInfo, SecretInfo } from '@space/api';
-import { api, type Session } from '../api.js';
+import { api, stream, type Session } from '../api.js';
 import { Action, ago, bytes, ErrorBox, Link, useLoad } from '../ui.js';
 import { allSandboxes, ended } from './sandboxes.js';
 
@@ -68,7 +68,9 @@ interface EncryptionKey {
 /** API keys (create, revoke) and encryption keys (state; rotation). */
 export function KeysPage({ session }: { session: Session }): JSX.Element {
   const [keys, error, reload] = useLoad(() => api<{ keys: KeyRecord[] }>('GET', '/v1/keys'), []);
-  const [ek, ekError] = useLoad(() => api<{ keys: EncryptionKey[] }>('GET', '/v1/encryption-keys'), []);
+  const [ek, ekError, reloadEk] = useLoad(() => api<{ keys: EncryptionKey[] }>('GET', '/v1/encryption-keys'), []);
+  const [rotateError, setRotateError] = useState<unknown>();
+  const [rotating, setRotating] = useState(false);
   const [created, setCreated] = useState<string>();
   const [actionError, setActionError] = useState<unknown>();
   return (
@@ -131,8 +133,41 @@ export function KeysPage({ session }: { session: Session }): JSX.Element {
         </tbody>
       </table>
       <h2>Encryption keys</h2>
-      <p class="muted">Everything stored for this tenant is encrypted under its active key (the node key when it has none). Rotate with <code>space key set</code>: every data key is re-wrapped online.</p>
-      <ErrorBox error={ekError} />
+      <p class="muted">Everything stored for this tenant is encrypted under its active key (the node key when it has none). Setting a new key rotates: every data key is re-wrapped under it, online.</p>
+      <ErrorBox error={ekError ?? rotateError} />
+      <form
+        class="row"
+        aria-label="Set or rotate the encryption key"
+        onSubmit={async (e) => {
+          e.preventDefault();
+          const f = e.currentTarget as HTMLFormElement;
+          const v = (n: string) => (f.elements.namedItem(n) as HTMLInputElement).value.trim();
+          setRotateError(undefined);
+          setRotating(true);
+          try {
+            await api('POST', '/v1/encryption-keys', { provider: v('provider'), ref: v('ref') });
+            reloadEk();
+          } catch (err) {
+            setRotateError(err);
+          } finally {
+            setRotating(false);
+          }
+        }}
+      >
+        <label>
+          Provider{' '}
+          <select name="provider">
+            <option value="local">local (a key file)</option>
+            <option value="pkcs11">pkcs11 (a token)</option>
+          </select>
+        </label>
+        <label>
+          Key reference <input name="ref" required placeholder="tenant.key" />
+        </label>
+        <button type="submit" disabled={rotating}>
+          {rotating ? 'Re-wrapping every data key…' : 'Set / rotate key'}
+        </button>
+      </form>
       <table>
         <caption class="sr-only">Encryption keys</caption>
         <thead>
@@ -172,6 +207,52 @@ interface TemplateView {
   createdAt: string;
 }
 
+/** Builds a template from Debian packages, showing its progress as it streams. */
+function BuildForm({ onDone }: { onDone: () => void }): JSX.Element {
+  const [progress, setProgress] = useState<{ percent: number; step: string }>();
+  const [error, setError] = useState<unknown>();
+  return (
+    <form
+      class="row"
+      aria-label="Build a template"
+      onSubmit={async (e) => {
+        e.preventDefault();
+        const f = e.currentTarget as HTMLFormElement;
+        const v = (n: string) => (f.elements.namedItem(n) as HTMLInputElement).value.trim();
+        setError(undefined);
+        setProgress({ percent: 0, step: 'starting' });
+        try {
+          await stream('POST', '/v1/templates', { name: v('name'), packages: v('packages').split(/[\s,]+/).filter(Boolean) }, (l) => l.type === 'progress' && setProgress({ percent: Number(l.percent ?? 0), step: String(l.step ?? '') }));
+          setProgress({ percent: 100, step: 'ready' });
+          onDone();
+        } catch (err) {
+          setProgress(undefined);
+          setError(err);
+        }
+      }}
+    >
+      <label>
+        Name <input name="name" required pattern="[a-z0-9][a-z0-9._-]*" maxLength={63} />
+      </label>
+      <label>
+        Debian packages <input name="packages" required placeholder="python3 git" />
+      </label>
+      <button type="submit" disabled={!!progress && progress.percent < 100}>
+        Build template
+      </button>
+      {progress ? (
+        <>
+          <progress max={100} value={progress.percent} aria-label="Build progress" />
+          <span role="status">
+            {progress.percent}% {progress.step}
+          </span>
+        </>
+      ) : null}
+      <ErrorBox error={error} />
+    </form>
+  );
+}
+
 /** Templates and their warm pools (size editable). */
 export function TemplatesPage({ session }: { session: Session }): JSX.Element {
   const [data, error, reload] = useLoad(() => api<{ templates: TemplateView[] }>('GET', '/v1/templates'), []);
@@ -179,7 +260,7 @@ export function TemplatesPage({ session }: { session: Session }): JSX.Element {
   return (
     <section aria-labelledby="h-templates">
       <h1 id="h-templates">Templates</h1>
-      <p class="muted">Build new ones with <code>space template build</code> (its progress streams there).</p>
+      <BuildForm onDone={reload} />
       <ErrorBox error={actionError ?? error} />
       <table>
         <caption class="sr-only">Templates</caption>

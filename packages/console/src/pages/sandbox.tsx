@@ -96,6 +96,8 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }): JSX.Eleme
   const [events, , reloadEvents, setEvents] = useLoad(() => api<{ events: SandboxEvent[] }>('GET', `/v1/sandboxes/${id}/events`).then((r) => r.events), [id]);
   const [keys] = useLoad(() => api<{ keys: { id: string; state: string }[] }>('GET', '/v1/encryption-keys').catch(() => ({ keys: [] })), []);
   const [actionError, setActionError] = useState<unknown>();
+  const [copies, setCopies] = useState(1);
+  const [forking, setForking] = useState<string>();
   useEffect(
     () =>
       live((m) => {
@@ -164,7 +166,26 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }): JSX.Eleme
         <Action label="Hibernate" disabled={s !== 'running' && s !== 'paused'} run={act('hibernate')} onError={setActionError} />
         <Action label="Wake" disabled={s !== 'hibernated'} run={act('wake')} onError={setActionError} />
         <Action label="Snapshot" disabled={s !== 'running'} run={async () => (await api('POST', `/v1/sandboxes/${id}/snapshots`, {}), reloadSnapshots())} onError={setActionError} />
-        <Action label="Fork" disabled={s !== 'running' && s !== 'paused'} run={async () => navigate(`/console/sandboxes/${(await forkOf(id, { count: 1 }))[0]!.id}/forks`)} onError={setActionError} />
+        <label>
+          copies <input type="number" min={1} max={32} value={copies} onInput={(e) => setCopies(Number((e.currentTarget as HTMLInputElement).value) || 1)} class="narrow" />
+        </label>
+        <Action
+          label={copies > 1 ? `Fork into ${copies}` : 'Fork'}
+          disabled={s !== 'running' && s !== 'paused'}
+          run={async () => {
+            setForking(`forking into ${copies}…`);
+            try {
+              const made = await forkOf(id, { count: copies });
+              setForking(`${made.length} of ${copies} forks made`);
+              navigate(`/console/sandboxes/${made[0]!.id}/forks`);
+            } catch (err) {
+              setForking(undefined);
+              throw err;
+            }
+          }}
+          onError={setActionError}
+        />
+        {forking ? <span role="status">{forking}</span> : null}
         <Action label="Kill" danger disabled={s === 'dead' || s === 'killed'} confirm={`Kill ${id}? Its processes stop and its snapshots are deleted; this cannot be undone.`} run={async () => setSb(await api<Sandbox>('DELETE', `/v1/sandboxes/${id}`))} onError={setActionError} />
       </div>
       <ErrorBox error={actionError} />

@@ -79,6 +79,12 @@ export function SandboxesPage({ session }: { session: Session }): JSX.Element {
   const [query, setQuery] = useState('');
   const [state, setState] = useState('unended');
   const [actionError, setActionError] = useState<unknown>();
+  // Ages move on without asking the daemon: a re-render every 30 s.
+  const [, tick] = useState(0);
+  useEffect(() => {
+    const t = setInterval(() => tick((n) => n + 1), 30_000);
+    return () => clearInterval(t);
+  }, []);
 
   useEffect(
     () =>

@@ -32,6 +32,11 @@ export function SnapshotsView({ sb, snapshots, encryptionKey, reload }: { sb: Sa
           {sorted.map((s) => (
             <g key={s.id} class={`snap t-${s.trigger === 'manual' ? 'manual' : 'auto'}${picked === s.id ? ' picked' : ''}`} onClick={() => setPicked(s.id)}>
               <circle cx={x(s.createdAt)} cy={35} r={s.trigger === 'manual' ? 9 : 6} />
+              {sorted.length <= 12 ? (
+                <text x={x(s.createdAt)} y={18} class="tick" text-anchor="middle">
+                  {s.name ?? s.id.slice(-6)}
+                </text>
+              ) : null}
               <title>{`${s.name ?? s.id} (${s.trigger}) ${s.createdAt}`}</title>
             </g>
           ))}
@@ -44,7 +49,7 @@ export function SnapshotsView({ sb, snapshots, encryptionKey, reload }: { sb: Sa
         </svg>
       ) : null}
       <p class="muted legend">
-        <span class="key-manual">●</span> manual <span class="key-auto">●</span> rolling, hibernate or fork · encrypted under key {encryptionKey ?? 'the node key'}
+        <span class="key-manual">●</span> manual <span class="key-auto">●</span> rolling, hibernate or fork · encrypted under {encryptionKey ? `key ${encryptionKey}` : 'the node key'}
       </p>
       <div class="table-wrap">
         <table>
@@ -72,17 +77,19 @@ export function SnapshotsView({ sb, snapshots, encryptionKey, reload }: { sb: Sa
                 <td>{s.trigger}</td>
                 <td>{bytes(s.sizeBytes)}</td>
                 <td>{s.downtimeMs} ms</td>
-                <td class="row">
-                  <Action label="Roll back" confirm={`Roll ${sb.id} back to ${s.id}? Its memory, processes and files become what they were then; what happened since is lost.`} danger run={async () => (await api('POST', `/v1/sandboxes/${sb.id}/rollback`, { snapshotId: s.id }), reload())} onError={setError} />
-                  <Action
-                    label="Fork from here"
-                    run={async () => {
-                      const r = await forkOf(sb.id, { snapshotId: s.id });
-                      navigate(`/console/sandboxes/${r[0]!.id}/forks`);
-                    }}
-                    onError={setError}
-                  />
-                  <Action label="Delete" confirm={`Delete snapshot ${s.id}? It cannot be restored afterwards.`} danger run={async () => (await api("DELETE", `/v1/sandboxes/${sb.id}/snapshots/${s.id}`), reload())} onError={setError} />
+                <td>
+                  <div class="row">
+                    <Action label="Roll back" confirm={`Roll ${sb.id} back to ${s.id}? Its memory, processes and files become what they were then; what happened since is lost.`} danger run={async () => (await api('POST', `/v1/sandboxes/${sb.id}/rollback`, { snapshotId: s.id }), reload())} onError={setError} />
+                    <Action
+                      label="Fork from here"
+                      run={async () => {
+                        const r = await forkOf(sb.id, { snapshotId: s.id });
+                        navigate(`/console/sandboxes/${r[0]!.id}/forks`);
+                      }}
+                      onError={setError}
+                    />
+                    <Action label="Delete" confirm={`Delete snapshot ${s.id}? It cannot be restored afterwards.`} danger run={async () => (await api('DELETE', `/v1/sandboxes/${sb.id}/snapshots/${s.id}`), reload())} onError={setError} />
+                  </div>
                 </td>
               </tr>
             ))}
