@@ -24,6 +24,8 @@ import { startPostgres } from './postgres.mjs';
  * after 4 min and the file goes on, instead of the file being cut off at the runner's 30 min.
  */
 const STEP = { timeout: 240_000 };
+/** The same for set-up and clean-up (starting and stopping daemons, PostgreSQL). */
+const HOOK = { timeout: 300_000 };
 
 const pg = await startPostgres();
 const blobDir = mkdtempSync('/tmp/spt-blobs-');
@@ -32,7 +34,7 @@ const blobStore = `file://${blobDir}`;
 after(async () => {
   await pg.stop();
   rmSync(blobDir, { recursive: true, force: true });
-});
+}, HOOK);
 
 /** Node b's daemon: its own data directory and template cache (`minimal` is built there in a second). */
 const startNodeB = (dataDir, opts = {}) => startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: path.join(dataDir, 'templates'), logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database, blobStore, nodeName: 'b', egress: { range: egressRange(dataDir) }, ingress: { domain: INGRESS_DOMAIN }, ...opts });
@@ -81,7 +83,7 @@ describe('a cluster of two nodes on one database', () => {
     b = await startB(a);
     onA = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
     made.push(onA.id);
-  });
+  }, HOOK);
   after(async () => {
     for (const id of made) await Sandbox.kill(id, a.conn).catch(() => Sandbox.kill(id, b.conn)).catch(() => {});
     await b?.daemon.close();
@@ -91,7 +93,7 @@ describe('a cluster of two nodes on one database', () => {
     const leaks = [...(b ? leftovers(b.dataDir, made) : []), ...((await a?.close()) ?? [])];
     if (b && !process.env.SPACE_TEST_KEEP) rmSync(b.dataDir, { recursive: true, force: true });
     assert.deepEqual(leaks, []);
-  });
+  }, HOOK);
 
   it('both nodes are listed up; a sandbox records the node that runs it', STEP, async () => {
     const nodes = await Nodes.list(b.conn);
@@ -432,7 +434,7 @@ describe('a node lost: its sessions come back on another node from their snapsho
       await x.exited;
     }
     await closeY(y, [xDir, yDir, blobs], ids);
-  });
+  }, HOOK);
 
   it('SIGKILL of node x: node y restores the session that has a snapshot (losing what came after it) and ends the one without (node-lost)', STEP, async () => {
     x = await startSpaced(xDir, env);
@@ -511,7 +513,7 @@ describe('a cluster of three nodes', () => {
     a = await startTestDaemon({ database: db, blobStore: `file://${blobs}`, nodeName: 'a', maxSandboxes: 4 });
     await node('b', { maxSandboxes: 4 });
     await node('c', { maxSandboxes: 4 });
-  });
+  }, HOOK);
   after(async () => {
     for (const id of ids) await Sandbox.kill(id, a.conn).catch(() => {});
     for (const o of others) await o.daemon.close();
@@ -519,7 +521,7 @@ describe('a cluster of three nodes', () => {
     for (const o of others) rmSync(o.dataDir, { recursive: true, force: true });
     rmSync(blobs, { recursive: true, force: true });
     assert.deepEqual(leaks, []);
-  });
+  }, HOOK);
 
   it('12 creates asked of node a: 4 run on a, then each goes to the node with most room (4 on b, 4 on c); a 13th is CAPACITY_EXHAUSTED', STEP, async () => {
     for (let i = 0; i < 12; i++) {
@@ -617,7 +619,7 @@ describe('a node killed mid-operation', () => {
     x.child.kill('SIGTERM');
     await x.exited;
     await closeY(y, [xDir, yDir, blobs], ids);
-  });
+  }, HOOK);
 
   it('mid-snapshot (after the checkpoint, before it is stored): y restores the last complete snapshot; the half-taken one is never listed', STEP, async () => {
     const { sb, first } = await session('snapshot:after-checkpoint#2');

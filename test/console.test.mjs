@@ -61,6 +61,11 @@ describe('the web console in a browser (headless Chromium)', () => {
     eventually(async () => (await locator.textContent()) === text, { tries: 300 }).catch(async (err) => {
       throw new Error(`${err.message}: waited for "${text}"; the page shows: ${await page.locator('main').textContent()}`);
     });
+  /** Waits for `locator` to be visible; else fails saying what the page shows. */
+  const seen = (locator) =>
+    locator.waitFor().catch(async (err) => {
+      throw new Error(`${err.message.split('\n')[0]}; the page shows: ${await page.locator('main').textContent()}`);
+    });
   const confirm = async (label) => {
     await page.getByRole('button', { name: label, exact: true }).first().click();
     await page.getByRole('dialog').getByRole('button', { name: label, exact: true }).click();
@@ -105,7 +110,7 @@ describe('the web console in a browser (headless Chromium)', () => {
     await tab('Files');
     await page.getByLabel('Directory', { exact: true }).fill('/tmp');
     await page.getByRole('button', { name: 'Go' }).click();
-    await page.getByRole('table', { name: 'Files in /tmp' }).waitFor();
+    await seen(page.getByRole('table', { name: 'Files in /tmp' }));
     await page.getByLabel('Upload to this directory').setInputFiles({ name: 'notes.txt', mimeType: 'text/plain', buffer: Buffer.from('uploaded through the console\n') });
     await page.getByRole('status').filter({ hasText: '/tmp/notes.txt: uploaded' }).waitFor();
     await page.getByRole('link', { name: 'notes.txt' }).waitFor();
@@ -244,6 +249,27 @@ describe('the web console in a browser (headless Chromium)', () => {
     // A session cookie forged or tampered with is nobody's.
     const forged = await fetch(`${fx.url}/v1/sandboxes`, { headers: { cookie: cookie.replace(/.$/, (c) => (c === 'A' ? 'B' : 'A')) } });
     assert.equal(forged.status, 401);
+  });
+
+  it('the live stream carries only the tenant\'s own changes', STEP, async () => {
+    const other = await (await fetch(`${fx.url}/v1/keys`, { method: 'POST', headers: { authorization: `Bearer ${fx.key}`, 'content-type': 'application/json' }, body: JSON.stringify({ tenant: 'other-tenant', name: 'other' }) })).json();
+    const ac = new AbortController();
+    const r = await fetch(`${fx.url}/v1/events`, { headers: { authorization: `Bearer ${other.key}` }, signal: ac.signal });
+    assert.equal(r.headers.get('content-type'), 'text/event-stream; charset=utf-8');
+    let text = '';
+    const reading = (async () => {
+      for await (const chunk of r.body) text += Buffer.from(chunk).toString();
+    })().catch(() => {});
+    const mine = await Sandbox.create({ ...fx.conn, template: 'minimal', memoryMb: 256 });
+    fx.track(mine);
+    await mine.pause();
+    const theirs = await Sandbox.create({ apiUrl: fx.url, apiKey: other.key, template: 'minimal', memoryMb: 256 });
+    fx.track(theirs, { apiUrl: fx.url, apiKey: other.key });
+    await eventually(() => text.includes(theirs.id));
+    ac.abort();
+    await reading;
+    assert.ok(!text.includes(mine.id), 'another tenant\'s sandbox is not in the stream');
+    assert.match(text, /^event: sandbox$/m);
   });
 
   it('the other pages render (templates, secrets, keys, nodes) and pass axe; nothing overflows a narrow window', STEP, async () => {

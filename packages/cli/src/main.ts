@@ -206,7 +206,7 @@ daemonCommand('up', 'start the daemon in the background (or find it running), re
     // deployment's keys work on every node (it shares their database).
     const keyNote = existsSync(st.keyFile) ? st.keyFile : `${st.keyFile} — none written: this node joined a deployment that has API keys; put one of them there (e.g. another node's admin.key) for this context`;
     process.stdout.write(
-      `SPACE is running\n  url:      ${st.url}\n  data dir: ${dataDir}\n  API key:  ${keyNote}\n  pid:      ${st.pid}\n${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}` +
+      `SPACE is running\n  url:      ${st.url}\n  console:  ${st.url}/ (sign in with the API key)\n  data dir: ${dataDir}\n  API key:  ${keyNote}\n  pid:      ${st.pid}\n${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}` +
         `  context:  ${name}${current ? ' (current)' : ` (not current: use it with \`space --context ${name} …\` or \`space context use ${name}\`)`}\n` +
         ('error' in onPath ? `  command:  not installed (${onPath.error})\n` : `  command:  ${onPath.path}${onPath.installed ? ' (installed now)' : ''}\n`) +
         `${current ? 'The CLI is configured; try: space create\n' : ''}`,

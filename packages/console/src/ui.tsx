@@ -147,3 +147,41 @@ export function useLoad<T>(load: () => Promise<T>, deps: unknown[]): [T | undefi
   }, [...deps, n]);
   return [data, error, () => setN((x) => x + 1), setData];
 }
+
+/**
+ * A table of rows with a caption for screen readers and column headers; wide ones scroll
+ * sideways inside their box, never the page.
+ *
+ * @example <Table caption="Processes" columns={['PID', 'Command']}>{rows}</Table>
+ */
+export function Table(props: { caption: string; columns: string[]; class?: string; children: ComponentChildren }): JSX.Element {
+  return (
+    <div class="table-wrap">
+      <table class={props.class}>
+        <caption class="sr-only">{props.caption}</caption>
+        <thead>
+          <tr>
+            {props.columns.map((c) => (
+              <th scope="col" key={c}>
+                {c}
+              </th>
+            ))}
+          </tr>
+        </thead>
+        <tbody>{props.children}</tbody>
+      </table>
+    </div>
+  );
+}
+
+/**
+ * A submitted form's fields by name; stops the browser's own submission.
+ *
+ * @example onSubmit={(e) => { const f = fields(e); save(f.value('name'), f.checked('on')); }}
+ */
+export function fields(e: Event): { value(name: string): string; checked(name: string): boolean } {
+  e.preventDefault();
+  const form = e.currentTarget as HTMLFormElement;
+  const el = (n: string) => form.elements.namedItem(n) as HTMLInputElement;
+  return { value: (n) => el(n).value.trim(), checked: (n) => el(n).checked };
+}

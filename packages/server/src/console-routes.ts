@@ -7,11 +7,12 @@
 import { createHash } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
+import { gzipSync } from 'node:zlib';
 import type { EgressLogEntry } from '@space/api';
 import { consoleDir } from '@space/console';
 import { SpaceError, toSpaceError, type SandboxChange, type SandboxService, type SecretService } from '@space/core';
 import websocket from '@fastify/websocket';
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { Type } from 'typebox';
 import { ConsoleSessions, sessionCookie, sessionCookieOf } from './console-session.js';
 import { IdParams } from './schemas.js';
@@ -28,6 +29,8 @@ const TYPES: Record<string, string> = { '.js': 'text/javascript; charset=utf-8',
 
 interface Asset {
   body: Buffer;
+  /** The same, gzipped once at start (served to clients that accept it). */
+  gzip: Buffer;
   type: string;
   etag: string;
 }
@@ -38,7 +41,7 @@ function loadAssets(): { page: Asset; files: Map<string, Asset> } | undefined {
   if (!existsSync(index)) return undefined;
   const asset = (file: string): Asset => {
     const body = readFileSync(file);
-    return { body, type: TYPES[path.extname(file)] ?? 'application/octet-stream', etag: `"${createHash('sha256').update(body).digest('base64url').slice(0, 22)}"` };
+    return { body, gzip: gzipSync(body, { level: 9 }), type: TYPES[path.extname(file)] ?? 'application/octet-stream', etag: `"${createHash('sha256').update(body).digest('base64url').slice(0, 22)}"` };
   };
   const files = new Map<string, Asset>();
   const dir = path.join(consoleDir, 'assets');
@@ -57,9 +60,17 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
   const built = loadAssets();
 
   // ---- pages and assets
-  const page = async (_req: FastifyRequest, reply: import('fastify').FastifyReply) => {
+  /** Sends an asset, gzipped when the client accepts it. */
+  const send = (req: FastifyRequest, reply: FastifyReply, a: Asset) => {
+    const gz = /\bgzip\b/.test(String(req.headers['accept-encoding'] ?? ''));
+    return reply
+      .headers({ ...PAGE_HEADERS, etag: a.etag, 'cache-control': 'no-cache', vary: 'accept-encoding', ...(gz ? { 'content-encoding': 'gzip' } : {}) })
+      .type(a.type)
+      .send(gz ? a.gzip : a.body);
+  };
+  const page = async (req: FastifyRequest, reply: FastifyReply) => {
     if (!built) throw new SpaceError('CONSOLE_NOT_BUILT');
-    return reply.headers({ ...PAGE_HEADERS, 'cache-control': 'no-cache' }).type(built.page.type).send(built.page.body);
+    return send(req, reply, built.page);
   };
   app.get('/', { schema: { hide: true } }, page);
   // Browsers ask for it whatever the page says.
@@ -71,7 +82,7 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
     const a = built?.files.get(p);
     if (!a) throw new SpaceError('BAD_REQUEST', `No console asset ${p}`);
     if (req.headers['if-none-match'] === a.etag) return reply.code(304).send();
-    return reply.headers({ ...PAGE_HEADERS, etag: a.etag, 'cache-control': 'no-cache' }).type(a.type).send(a.body);
+    return send(req, reply, a);
   });
 
   // ---- sign-in

@@ -3,7 +3,7 @@ import type { JSX } from 'preact';
 import { useState } from 'preact/hooks';
 import type { NodeInfo, SecretInfo } from '@space/api';
 import { api, stream, type Session } from '../api.js';
-import { Action, ago, bytes, ErrorBox, Link, useLoad } from '../ui.js';
+import { Action, ago, bytes, ErrorBox, Link, useLoad, Table, fields } from '../ui.js';
 import { allSandboxes, ended } from './sandboxes.js';
 
 /** Secrets: names, hosts and the sandboxes they are attached to — never values (the API never answers them). */
@@ -14,37 +14,25 @@ export function SecretsPage(): JSX.Element {
       <h1 id="h-secrets">Secrets</h1>
       <p class="muted">Values are injected by the egress proxy at the point of use and never shown, here or inside a sandbox. Set them with <code>space secret set</code>.</p>
       <ErrorBox error={error} />
-      <table>
-        <caption class="sr-only">Secrets</caption>
-        <thead>
-          <tr>
-            <th scope="col">Name</th>
-            <th scope="col">Hosts</th>
-            <th scope="col">Injected as</th>
-            <th scope="col">Attached to</th>
-            <th scope="col">Created</th>
+      <Table caption="Secrets" columns={['Name', 'Hosts', 'Injected as', 'Attached to', 'Created']}>
+        {(data?.secrets ?? []).map((s) => (
+          <tr key={s.name}>
+            <td>{s.name}</td>
+            <td>{s.hosts.join(', ')}</td>
+            <td>{s.header ?? 'placeholder'}</td>
+            <td>
+              {(data?.sandboxes ?? [])
+                .filter((sb) => !ended(sb) && (sb.secrets ?? []).some((a) => a.name === s.name))
+                .map((sb) => (
+                  <span key={sb.id} class="label">
+                    <Link href={`/console/sandboxes/${sb.id}/egress`}>{sb.id}</Link>
+                  </span>
+                ))}
+            </td>
+            <td>{ago(s.createdAt)}</td>
           </tr>
-        </thead>
-        <tbody>
-          {(data?.secrets ?? []).map((s) => (
-            <tr key={s.name}>
-              <td>{s.name}</td>
-              <td>{s.hosts.join(', ')}</td>
-              <td>{s.header ?? 'placeholder'}</td>
-              <td>
-                {(data?.sandboxes ?? [])
-                  .filter((sb) => !ended(sb) && (sb.secrets ?? []).some((a) => a.name === s.name))
-                  .map((sb) => (
-                    <span key={sb.id} class="label">
-                      <Link href={`/console/sandboxes/${sb.id}/egress`}>{sb.id}</Link>
-                    </span>
-                  ))}
-              </td>
-              <td>{ago(s.createdAt)}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+        ))}
+      </Table>
     </section>
   );
 }
@@ -83,8 +71,7 @@ export function KeysPage({ session }: { session: Session }): JSX.Element {
           class="row"
           aria-label="New API key"
           onSubmit={async (e) => {
-            e.preventDefault();
-            const name = ((e.currentTarget as HTMLFormElement).elements.namedItem('name') as HTMLInputElement).value;
+            const name = fields(e).value('name');
             try {
               const r = await api<{ key: string }>('POST', '/v1/keys', { name });
               setCreated(r.key);
@@ -105,33 +92,20 @@ export function KeysPage({ session }: { session: Session }): JSX.Element {
           New key (shown once, copy it now): <code>{created}</code>
         </p>
       ) : null}
-      <table>
-        <caption class="sr-only">API keys</caption>
-        <thead>
-          <tr>
-            <th scope="col">Key</th>
-            <th scope="col">Name</th>
-            <th scope="col">Admin</th>
-            <th scope="col">Created</th>
-            <th scope="col">State</th>
-            <th scope="col">Actions</th>
+      <Table caption="API keys" columns={['Key', 'Name', 'Admin', 'Created', 'State', 'Actions']}>
+        {(keys?.keys ?? []).map((k) => (
+          <tr key={k.id}>
+            <td>
+              <code>{k.prefix ? `${k.prefix}…` : k.id}</code>
+            </td>
+            <td>{k.name}</td>
+            <td>{k.admin ? 'yes' : 'no'}</td>
+            <td>{ago(k.createdAt)}</td>
+            <td>{k.revokedAt ? `revoked ${ago(k.revokedAt)}` : k.id === session.keyId ? 'active (this session)' : 'active'}</td>
+            <td>{k.revokedAt ? null : <Action label="Revoke" danger confirm={`Revoke key ${k.prefix ?? k.id} (${k.name ?? ''})? Everything using it, this console's sessions included, stops working.`} run={async () => (await api('DELETE', `/v1/keys/${k.id}`), reload())} onError={setActionError} />}</td>
           </tr>
-        </thead>
-        <tbody>
-          {(keys?.keys ?? []).map((k) => (
-            <tr key={k.id}>
-              <td>
-                <code>{k.prefix ? `${k.prefix}…` : k.id}</code>
-              </td>
-              <td>{k.name}</td>
-              <td>{k.admin ? 'yes' : 'no'}</td>
-              <td>{ago(k.createdAt)}</td>
-              <td>{k.revokedAt ? `revoked ${ago(k.revokedAt)}` : k.id === session.keyId ? 'active (this session)' : 'active'}</td>
-              <td>{k.revokedAt ? null : <Action label="Revoke" danger confirm={`Revoke key ${k.prefix ?? k.id} (${k.name ?? ''})? Everything using it, this console's sessions included, stops working.`} run={async () => (await api('DELETE', `/v1/keys/${k.id}`), reload())} onError={setActionError} />}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+        ))}
+      </Table>
       <h2>Encryption keys</h2>
       <p class="muted">Everything stored for this tenant is encrypted under its active key (the node key when it has none). Setting a new key rotates: every data key is re-wrapped under it, online.</p>
       <ErrorBox error={ekError ?? rotateError} />
@@ -139,9 +113,7 @@ export function KeysPage({ session }: { session: Session }): JSX.Element {
         class="row"
         aria-label="Set or rotate the encryption key"
         onSubmit={async (e) => {
-          e.preventDefault();
-          const f = e.currentTarget as HTMLFormElement;
-          const v = (n: string) => (f.elements.namedItem(n) as HTMLInputElement).value.trim();
+          const v = fields(e).value;
           setRotateError(undefined);
           setRotating(true);
           try {
@@ -168,31 +140,20 @@ export function KeysPage({ session }: { session: Session }): JSX.Element {
           {rotating ? 'Re-wrapping every data key…' : 'Set / rotate key'}
         </button>
       </form>
-      <table>
-        <caption class="sr-only">Encryption keys</caption>
-        <thead>
-          <tr>
-            <th scope="col">Key</th>
-            <th scope="col">State</th>
-            <th scope="col">Provider</th>
-            <th scope="col">Created</th>
+      <Table caption="Encryption keys" columns={['Key', 'State', 'Provider', 'Created']}>
+        {(ek?.keys ?? []).map((k) => (
+          <tr key={k.id}>
+            <td>
+              <code>{k.id}</code>
+            </td>
+            <td>{k.state}</td>
+            <td>
+              {k.provider ?? ''} {k.ref ?? ''}
+            </td>
+            <td>{ago(k.createdAt)}</td>
           </tr>
-        </thead>
-        <tbody>
-          {(ek?.keys ?? []).map((k) => (
-            <tr key={k.id}>
-              <td>
-                <code>{k.id}</code>
-              </td>
-              <td>{k.state}</td>
-              <td>
-                {k.provider ?? ''} {k.ref ?? ''}
-              </td>
-              <td>{ago(k.createdAt)}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+        ))}
+      </Table>
     </section>
   );
 }
@@ -216,9 +177,7 @@ function BuildForm({ onDone }: { onDone: () => void }): JSX.Element {
       class="row"
       aria-label="Build a template"
       onSubmit={async (e) => {
-        e.preventDefault();
-        const f = e.currentTarget as HTMLFormElement;
-        const v = (n: string) => (f.elements.namedItem(n) as HTMLInputElement).value.trim();
+        const v = fields(e).value;
         setError(undefined);
         setProgress({ percent: 0, step: 'starting' });
         try {
@@ -262,54 +221,42 @@ export function TemplatesPage({ session }: { session: Session }): JSX.Element {
       <h1 id="h-templates">Templates</h1>
       <BuildForm onDone={reload} />
       <ErrorBox error={actionError ?? error} />
-      <table>
-        <caption class="sr-only">Templates</caption>
-        <thead>
-          <tr>
-            <th scope="col">Name</th>
-            <th scope="col">State</th>
-            <th scope="col">Snapshot</th>
-            <th scope="col">Warm pool (ready / size)</th>
+      <Table caption="Templates" columns={['Name', 'State', 'Snapshot', 'Warm pool (ready / size)']}>
+        {(data?.templates ?? []).map((t) => (
+          <tr key={t.name}>
+            <td>
+              {t.name}
+              {t.builtin ? <span class="muted"> built-in</span> : null}
+            </td>
+            <td>{t.state}</td>
+            <td>{bytes(t.image?.sizeBytes)}</td>
+            <td>
+              <form
+                class="row"
+                aria-label={`Warm pool of ${t.name}`}
+                onSubmit={async (e) => {
+                  const size = Number(fields(e).value('size'));
+                  try {
+                    await api('PUT', `/v1/templates/${encodeURIComponent(t.name)}/pool`, { size });
+                    reload();
+                  } catch (err) {
+                    setActionError(err);
+                  }
+                }}
+              >
+                <span>{t.pool.ready} /</span>
+                <label>
+                  <span class="sr-only">Pool size of {t.name}</span>
+                  <input name="size" type="number" min={0} max={64} defaultValue={t.pool.size} disabled={t.builtin && !session.admin} />
+                </label>
+                <button type="submit" disabled={t.builtin && !session.admin}>
+                  Set
+                </button>
+              </form>
+            </td>
           </tr>
-        </thead>
-        <tbody>
-          {(data?.templates ?? []).map((t) => (
-            <tr key={t.name}>
-              <td>
-                {t.name}
-                {t.builtin ? <span class="muted"> built-in</span> : null}
-              </td>
-              <td>{t.state}</td>
-              <td>{bytes(t.image?.sizeBytes)}</td>
-              <td>
-                <form
-                  class="row"
-                  aria-label={`Warm pool of ${t.name}`}
-                  onSubmit={async (e) => {
-                    e.preventDefault();
-                    const size = Number(((e.currentTarget as HTMLFormElement).elements.namedItem('size') as HTMLInputElement).value);
-                    try {
-                      await api('PUT', `/v1/templates/${encodeURIComponent(t.name)}/pool`, { size });
-                      reload();
-                    } catch (err) {
-                      setActionError(err);
-                    }
-                  }}
-                >
-                  <span>{t.pool.ready} /</span>
-                  <label>
-                    <span class="sr-only">Pool size of {t.name}</span>
-                    <input name="size" type="number" min={0} max={64} value={t.pool.size} disabled={t.builtin && !session.admin} />
-                  </label>
-                  <button type="submit" disabled={t.builtin && !session.admin}>
-                    Set
-                  </button>
-                </form>
-              </td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+        ))}
+      </Table>
     </section>
   );
 }
@@ -322,38 +269,25 @@ export function NodesPage({ session }: { session: Session }): JSX.Element {
     <section aria-labelledby="h-nodes">
       <h1 id="h-nodes">Nodes</h1>
       <ErrorBox error={error} />
-      <table>
-        <caption class="sr-only">Nodes</caption>
-        <thead>
-          <tr>
-            <th scope="col">Node</th>
-            <th scope="col">State</th>
-            <th scope="col">Sandboxes</th>
-            <th scope="col">CPUs / memory</th>
-            <th scope="col">Drivers</th>
-            <th scope="col">Heartbeat</th>
+      <Table caption="Nodes" columns={['Node', 'State', 'Sandboxes', 'CPUs / memory', 'Drivers', 'Heartbeat']}>
+        {(data?.nodes ?? []).map((n) => (
+          <tr key={n.name}>
+            <td>{n.name}</td>
+            <td>
+              {n.state}
+              {n.draining ? ' (draining)' : ''}
+            </td>
+            <td>
+              {n.sandboxes} / {n.maxSandboxes}
+            </td>
+            <td>
+              {n.cpus} / {n.memoryMb} MiB
+            </td>
+            <td>{n.drivers.join(', ')}</td>
+            <td>{ago(n.heartbeatAt)}</td>
           </tr>
-        </thead>
-        <tbody>
-          {(data?.nodes ?? []).map((n) => (
-            <tr key={n.name}>
-              <td>{n.name}</td>
-              <td>
-                {n.state}
-                {n.draining ? ' (draining)' : ''}
-              </td>
-              <td>
-                {n.sandboxes} / {n.maxSandboxes}
-              </td>
-              <td>
-                {n.cpus} / {n.memoryMb} MiB
-              </td>
-              <td>{n.drivers.join(', ')}</td>
-              <td>{ago(n.heartbeatAt)}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+        ))}
+      </Table>
     </section>
   );
 }

@@ -4,7 +4,7 @@ import { useEffect, useState } from 'preact/hooks';
 import type { EgressLogEntry, EgressPolicy, Sandbox } from '@space/api';
 import { api } from '../api.js';
 import { live } from '../live.js';
-import { bytes, ErrorBox, useLoad } from '../ui.js';
+import { bytes, ErrorBox, useLoad, Table, fields } from '../ui.js';
 
 const lines = (s: string) => s.split(/[\n,]/).map((x) => x.trim()).filter(Boolean);
 
@@ -19,9 +19,8 @@ function PolicyForm({ sb, onChange }: { sb: Sandbox; onChange: (sb: Sandbox) => 
       class="policy-form"
       aria-label="Egress policy"
       onSubmit={async (e) => {
-        e.preventDefault();
-        const f = e.currentTarget as HTMLFormElement;
-        const v = (n: string) => (f.elements.namedItem(n) as HTMLTextAreaElement).value;
+        const f = fields(e);
+        const v = f.value;
         setSaved(false);
         try {
           const next: EgressPolicy = {
@@ -29,7 +28,7 @@ function PolicyForm({ sb, onChange }: { sb: Sandbox; onChange: (sb: Sandbox) => 
             cidrs: lines(v('cidrs')),
             ports: lines(v('ports')).map(Number),
             passthrough: lines(v('passthrough')),
-            publicInternet: (f.elements.namedItem('publicInternet') as HTMLInputElement).checked,
+            publicInternet: f.checked('publicInternet'),
           };
           onChange(await api<Sandbox>('PUT', `/v1/sandboxes/${sb.id}/egress`, next));
           setSaveError(undefined);
@@ -43,23 +42,23 @@ function PolicyForm({ sb, onChange }: { sb: Sandbox; onChange: (sb: Sandbox) => 
       <div class="grid">
         <label>
           Domains (one per line; *.example.org for subdomains)
-          <textarea name="domains" rows={4} value={policy.domains.join('\n')} />
+          <textarea name="domains" rows={4} defaultValue={policy.domains.join('\n')} />
         </label>
         <label>
           Address ranges (CIDR)
-          <textarea name="cidrs" rows={4} value={policy.cidrs.join('\n')} />
+          <textarea name="cidrs" rows={4} defaultValue={policy.cidrs.join('\n')} />
         </label>
         <label>
           Ports
-          <textarea name="ports" rows={4} value={policy.ports.join('\n')} />
+          <textarea name="ports" rows={4} defaultValue={policy.ports.join('\n')} />
         </label>
         <label>
           Passthrough (host:port, raw TCP)
-          <textarea name="passthrough" rows={4} value={policy.passthrough.join('\n')} />
+          <textarea name="passthrough" rows={4} defaultValue={policy.passthrough.join('\n')} />
         </label>
       </div>
       <label>
-        <input type="checkbox" name="publicInternet" checked={!!policy.publicInternet} /> any public destination on these ports
+        <input type="checkbox" name="publicInternet" defaultChecked={!!policy.publicInternet} /> any public destination on these ports
       </label>
       <div class="row">
         <button type="submit">Save egress policy</button>
@@ -102,44 +101,28 @@ export function EgressView({ sb, onChange }: { sb: Sandbox; onChange: (sb: Sandb
         </label>
       </div>
       <ErrorBox error={error} />
-      <div class="table-wrap">
-        <table class="audit">
-          <caption class="sr-only">Egress requests, newest first</caption>
-          <thead>
-            <tr>
-              <th scope="col">When</th>
-              <th scope="col">Decision</th>
-              <th scope="col">Request</th>
-              <th scope="col">Status</th>
-              <th scope="col">Bytes out / in</th>
-              <th scope="col">Secrets</th>
-              <th scope="col">Reason</th>
-            </tr>
-          </thead>
-          <tbody>
-            {shown.map((e, i) => (
-              <tr key={`${e.at}-${i}`} class={e.decision}>
-                <td>
-                  <time dateTime={e.at}>{new Date(e.at).toLocaleTimeString()}</time>
-                </td>
-                <td>{e.decision}</td>
-                <td>
-                  <code>
-                    {e.method} {e.scheme}://{e.host}:{e.port}
-                    {e.path ?? ''}
-                  </code>
-                </td>
-                <td>{e.status ?? '—'}</td>
-                <td>
-                  {bytes(e.bytesOut)} / {bytes(e.bytesIn)}
-                </td>
-                <td>{e.secrets.join(', ')}</td>
-                <td>{e.reason ?? ''}</td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      </div>
+      <Table caption="Egress requests, newest first" columns={['When', 'Decision', 'Request', 'Status', 'Bytes out / in', 'Secrets', 'Reason']} class="audit">
+        {shown.map((e, i) => (
+          <tr key={`${e.at}-${i}`} class={e.decision}>
+            <td>
+              <time dateTime={e.at}>{new Date(e.at).toLocaleTimeString()}</time>
+            </td>
+            <td>{e.decision}</td>
+            <td>
+              <code>
+                {e.method} {e.scheme}://{e.host}:{e.port}
+                {e.path ?? ''}
+              </code>
+            </td>
+            <td>{e.status ?? '—'}</td>
+            <td>
+              {bytes(e.bytesOut)} / {bytes(e.bytesIn)}
+            </td>
+            <td>{e.secrets.join(', ')}</td>
+            <td>{e.reason ?? ''}</td>
+          </tr>
+        ))}
+      </Table>
     </div>
   );
 }

@@ -2,7 +2,7 @@
 import type { JSX } from 'preact';
 import { useState } from 'preact/hooks';
 import { api, upload } from '../api.js';
-import { bytes, ErrorBox, useLoad } from '../ui.js';
+import { bytes, ErrorBox, useLoad, Table, fields } from '../ui.js';
 
 interface Entry {
   name: string;
@@ -26,12 +26,11 @@ export function FilesView({ id }: { id: string }): JSX.Element {
         class="row"
         aria-label="Go to directory"
         onSubmit={(e) => {
-          e.preventDefault();
-          setDir(((e.currentTarget as HTMLFormElement).elements.namedItem('dir') as HTMLInputElement).value || '/');
+          setDir(fields(e).value('dir') || '/');
         }}
       >
         <label>
-          Directory <input name="dir" value={dir} key={dir} />
+          Directory <input name="dir" defaultValue={dir} key={dir} />
         </label>
         <button type="submit">Go</button>
         {parent ? (
@@ -67,35 +66,25 @@ export function FilesView({ id }: { id: string }): JSX.Element {
         <span role="status">{progress}</span>
       </form>
       <ErrorBox error={actionError ?? error} />
-      <table>
-        <caption class="sr-only">Files in {dir}</caption>
-        <thead>
-          <tr>
-            <th scope="col">Name</th>
-            <th scope="col">Size</th>
-            <th scope="col">Modified</th>
+      <Table caption={`Files in ${dir}`} columns={['Name', 'Size', 'Modified']}>
+        {entries.map((e) => (
+          <tr key={e.path}>
+            <td>
+              {e.type === 'dir' ? (
+                <button type="button" class="link" onClick={() => setDir(e.path)}>
+                  {e.name}/
+                </button>
+              ) : (
+                <a href={`/v1/sandboxes/${encodeURIComponent(id)}/files/content?path=${encodeURIComponent(e.path)}`} download={e.name}>
+                  {e.name}
+                </a>
+              )}
+            </td>
+            <td>{e.type === 'dir' ? '—' : bytes(e.size)}</td>
+            <td>{new Date(e.mtimeMs).toLocaleString()}</td>
           </tr>
-        </thead>
-        <tbody>
-          {entries.map((e) => (
-            <tr key={e.path}>
-              <td>
-                {e.type === 'dir' ? (
-                  <button type="button" class="link" onClick={() => setDir(e.path)}>
-                    {e.name}/
-                  </button>
-                ) : (
-                  <a href={`/v1/sandboxes/${encodeURIComponent(id)}/files/content?path=${encodeURIComponent(e.path)}`} download={e.name}>
-                    {e.name}
-                  </a>
-                )}
-              </td>
-              <td>{e.type === 'dir' ? '—' : bytes(e.size)}</td>
-              <td>{new Date(e.mtimeMs).toLocaleString()}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+        ))}
+      </Table>
     </div>
   );
 }

@@ -4,7 +4,7 @@ import { useEffect, useState } from 'preact/hooks';
 import type { ExposedPort, Sandbox, SandboxEvent, Snapshot } from '@space/api';
 import { api } from '../api.js';
 import { live } from '../live.js';
-import { Action, ago, ErrorBox, Link, navigate, StateBadge, useLoad } from '../ui.js';
+import { Action, ago, ErrorBox, Link, navigate, StateBadge, useLoad, Table } from '../ui.js';
 import { EgressView } from './egress.js';
 import { FilesView } from './files.js';
 import { ForksView } from './forks.js';
@@ -33,29 +33,19 @@ function Processes({ id }: { id: string }): JSX.Element {
         </button>
       </div>
       <ErrorBox error={actionError ?? error} />
-      <table>
-        <caption class="sr-only">Processes</caption>
-        <thead>
-          <tr>
-            <th scope="col">PID</th>
-            <th scope="col">Command</th>
-            <th scope="col">Actions</th>
+      <Table caption="Processes" columns={['PID', 'Command', 'Actions']}>
+        {(data?.processes ?? []).map((p) => (
+          <tr key={p.pid}>
+            <td>{p.pid}</td>
+            <td>
+              <code>{p.argv.join(' ')}</code>
+            </td>
+            <td>
+              <Action label="Kill" danger confirm={`Send SIGKILL to process ${p.pid} (${p.argv.join(' ').slice(0, 80)})?`} run={async () => (await api('POST', `/v1/sandboxes/${id}/commands/${p.pid}/signal`, { signal: 'SIGKILL' }), reload())} onError={setActionError} />
+            </td>
           </tr>
-        </thead>
-        <tbody>
-          {(data?.processes ?? []).map((p) => (
-            <tr key={p.pid}>
-              <td>{p.pid}</td>
-              <td>
-                <code>{p.argv.join(' ')}</code>
-              </td>
-              <td>
-                <Action label="Kill" danger confirm={`Send SIGKILL to process ${p.pid} (${p.argv.join(' ').slice(0, 80)})?`} run={async () => (await api('POST', `/v1/sandboxes/${id}/commands/${p.pid}/signal`, { signal: 'SIGKILL' }), reload())} onError={setActionError} />
-              </td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+        ))}
+      </Table>
     </div>
   );
 }

@@ -4,7 +4,7 @@ import { useEffect, useMemo, useState } from 'preact/hooks';
 import type { Sandbox, SandboxState } from '@space/api';
 import { api, type Session } from '../api.js';
 import { live } from '../live.js';
-import { ago, bytes, ErrorBox, Link, navigate, StateBadge, useLoad } from '../ui.js';
+import { ago, bytes, ErrorBox, Link, navigate, StateBadge, useLoad, Table, fields } from '../ui.js';
 
 interface Usage {
   rssBytes: number;
@@ -38,9 +38,7 @@ function CreateForm({ onError }: { onError: (e: unknown) => void }): JSX.Element
       class="row create"
       aria-label="New sandbox"
       onSubmit={async (e) => {
-        e.preventDefault();
-        const f = e.currentTarget as HTMLFormElement;
-        const v = (n: string) => (f.elements.namedItem(n) as HTMLInputElement).value;
+        const v = fields(e).value;
         setBusy(true);
         try {
           const sb = await api<Sandbox>('POST', '/v1/sandboxes', { template: v('template'), memoryMb: Number(v('memory')) });
@@ -63,7 +61,7 @@ function CreateForm({ onError }: { onError: (e: unknown) => void }): JSX.Element
         </select>
       </label>
       <label>
-        Memory (MiB) <input name="memory" type="number" min={64} step={64} value={512} required />
+        Memory (MiB) <input name="memory" type="number" min={64} step={64} defaultValue={512} required />
       </label>
       <button type="submit" disabled={busy}>
         {busy ? 'Creating…' : 'New sandbox'}
@@ -140,59 +138,41 @@ export function SandboxesPage({ session }: { session: Session }): JSX.Element {
           {list ? `${shown.length} of ${list.length}` : 'loading…'}
         </span>
       </div>
-      <div class="table-wrap">
-        <table>
-          <caption class="sr-only">Sandboxes of tenant {session.tenantId}</caption>
-          <thead>
-            <tr>
-              <th scope="col">Sandbox</th>
-              <th scope="col">State</th>
-              <th scope="col">Template</th>
-              <th scope="col">Driver</th>
-              <th scope="col">Node</th>
-              <th scope="col">Age</th>
-              <th scope="col">CPU / memory</th>
-              <th scope="col">Used</th>
-              <th scope="col">Labels</th>
+      <Table caption={`Sandboxes of tenant ${session.tenantId}`} columns={['Sandbox', 'State', 'Template', 'Driver', 'Node', 'Age', 'CPU / memory', 'Used', 'Labels']}>
+        {shown.map((s) => {
+          const u = usage[s.id];
+          return (
+            <tr key={s.id}>
+              <td>
+                <Link href={`/console/sandboxes/${s.id}`}>{s.id}</Link>
+              </td>
+              <td>
+                <StateBadge state={s.state} />
+                {s.endReason ? <span class="muted"> {s.endReason}</span> : null}
+              </td>
+              <td>{s.template}</td>
+              <td>{s.driver}</td>
+              <td>{s.node ?? '—'}</td>
+              <td>
+                <time dateTime={s.createdAt} title={s.createdAt}>
+                  {ago(s.createdAt)}
+                </time>
+              </td>
+              <td>
+                {s.cpu} CPU, {s.memoryMb} MiB{s.diskMb ? `, disk ${s.diskMb} MiB` : ''}
+              </td>
+              <td>{u ? `${bytes(u.cgroupBytes ?? u.rssBytes)}${u.cpuNs !== undefined ? `, ${(u.cpuNs / 1e9).toFixed(1)} s CPU` : ''}${u.diskUsedBytes !== undefined ? `, disk ${bytes(u.diskUsedBytes)}` : ''}` : '—'}</td>
+              <td>
+                {Object.entries(s.metadata ?? {}).map(([k, v]) => (
+                  <span class="label" key={k}>
+                    {k}={v}
+                  </span>
+                ))}
+              </td>
             </tr>
-          </thead>
-          <tbody>
-            {shown.map((s) => {
-              const u = usage[s.id];
-              return (
-                <tr key={s.id}>
-                  <td>
-                    <Link href={`/console/sandboxes/${s.id}`}>{s.id}</Link>
-                  </td>
-                  <td>
-                    <StateBadge state={s.state} />
-                    {s.endReason ? <span class="muted"> {s.endReason}</span> : null}
-                  </td>
-                  <td>{s.template}</td>
-                  <td>{s.driver}</td>
-                  <td>{s.node ?? '—'}</td>
-                  <td>
-                    <time dateTime={s.createdAt} title={s.createdAt}>
-                      {ago(s.createdAt)}
-                    </time>
-                  </td>
-                  <td>
-                    {s.cpu} CPU, {s.memoryMb} MiB{s.diskMb ? `, disk ${s.diskMb} MiB` : ''}
-                  </td>
-                  <td>{u ? `${bytes(u.cgroupBytes ?? u.rssBytes)}${u.cpuNs !== undefined ? `, ${(u.cpuNs / 1e9).toFixed(1)} s CPU` : ''}${u.diskUsedBytes !== undefined ? `, disk ${bytes(u.diskUsedBytes)}` : ''}` : '—'}</td>
-                  <td>
-                    {Object.entries(s.metadata ?? {}).map(([k, v]) => (
-                      <span class="label" key={k}>
-                        {k}={v}
-                      </span>
-                    ))}
-                  </td>
-                </tr>
-              );
-            })}
-          </tbody>
-        </table>
-      </div>
+          );
+        })}
+      </Table>
     </section>
   );
 }

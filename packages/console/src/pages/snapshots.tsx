@@ -3,7 +3,7 @@ import type { JSX } from 'preact';
 import { useState } from 'preact/hooks';
 import type { Sandbox, Snapshot } from '@space/api';
 import { api, ApiError } from '../api.js';
-import { Action, bytes, ErrorBox, navigate } from '../ui.js';
+import { Action, bytes, ErrorBox, navigate, Table, fields } from '../ui.js';
 
 /** Forks a sandbox (`count` copies, from `snapshotId` or from now); rejects with the first failure if none was made. */
 export async function forkOf(id: string, body: { count?: number; snapshotId?: string }): Promise<Sandbox[]> {
@@ -51,51 +51,36 @@ export function SnapshotsView({ sb, snapshots, encryptionKey, reload }: { sb: Sa
       <p class="muted legend">
         <span class="key-manual">●</span> manual <span class="key-auto">●</span> rolling, hibernate or fork · encrypted under {encryptionKey ? `key ${encryptionKey}` : 'the node key'}
       </p>
-      <div class="table-wrap">
-        <table>
-          <caption class="sr-only">Snapshots</caption>
-          <thead>
-            <tr>
-              <th scope="col">Snapshot</th>
-              <th scope="col">Taken</th>
-              <th scope="col">Trigger</th>
-              <th scope="col">Stored</th>
-              <th scope="col">Downtime</th>
-              <th scope="col">Actions</th>
-            </tr>
-          </thead>
-          <tbody>
-            {[...sorted].reverse().map((s) => (
-              <tr key={s.id} class={picked === s.id ? 'picked' : ''} data-snapshot={s.id}>
-                <td>
-                  <code>{s.id}</code>
-                  {s.name ? <span> “{s.name}”</span> : null}
-                </td>
-                <td>
-                  <time dateTime={s.createdAt}>{new Date(s.createdAt).toLocaleString()}</time>
-                </td>
-                <td>{s.trigger}</td>
-                <td>{bytes(s.sizeBytes)}</td>
-                <td>{s.downtimeMs} ms</td>
-                <td>
-                  <div class="row">
-                    <Action label="Roll back" confirm={`Roll ${sb.id} back to ${s.id}? Its memory, processes and files become what they were then; what happened since is lost.`} danger run={async () => (await api('POST', `/v1/sandboxes/${sb.id}/rollback`, { snapshotId: s.id }), reload())} onError={setError} />
-                    <Action
-                      label="Fork from here"
-                      run={async () => {
-                        const r = await forkOf(sb.id, { snapshotId: s.id });
-                        navigate(`/console/sandboxes/${r[0]!.id}/forks`);
-                      }}
-                      onError={setError}
-                    />
-                    <Action label="Delete" confirm={`Delete snapshot ${s.id}? It cannot be restored afterwards.`} danger run={async () => (await api('DELETE', `/v1/sandboxes/${sb.id}/snapshots/${s.id}`), reload())} onError={setError} />
-                  </div>
-                </td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      </div>
+      <Table caption="Snapshots" columns={['Snapshot', 'Taken', 'Trigger', 'Stored', 'Downtime', 'Actions']}>
+        {[...sorted].reverse().map((s) => (
+          <tr key={s.id} class={picked === s.id ? 'picked' : ''} data-snapshot={s.id}>
+            <td>
+              <code>{s.id}</code>
+              {s.name ? <span> “{s.name}”</span> : null}
+            </td>
+            <td>
+              <time dateTime={s.createdAt}>{new Date(s.createdAt).toLocaleString()}</time>
+            </td>
+            <td>{s.trigger}</td>
+            <td>{bytes(s.sizeBytes)}</td>
+            <td>{s.downtimeMs} ms</td>
+            <td>
+              <div class="row">
+                <Action label="Roll back" confirm={`Roll ${sb.id} back to ${s.id}? Its memory, processes and files become what they were then; what happened since is lost.`} danger run={async () => (await api('POST', `/v1/sandboxes/${sb.id}/rollback`, { snapshotId: s.id }), reload())} onError={setError} />
+                <Action
+                  label="Fork from here"
+                  run={async () => {
+                    const r = await forkOf(sb.id, { snapshotId: s.id });
+                    navigate(`/console/sandboxes/${r[0]!.id}/forks`);
+                  }}
+                  onError={setError}
+                />
+                <Action label="Delete" confirm={`Delete snapshot ${s.id}? It cannot be restored afterwards.`} danger run={async () => (await api('DELETE', `/v1/sandboxes/${sb.id}/snapshots/${s.id}`), reload())} onError={setError} />
+              </div>
+            </td>
+          </tr>
+        ))}
+      </Table>
       <PolicyForm sb={sb} onError={setError} reload={reload} />
     </div>
   );
@@ -108,11 +93,10 @@ function PolicyForm({ sb, onError, reload }: { sb: Sandbox; onError: (e: unknown
       class="row policy"
       aria-label="Rolling snapshots"
       onSubmit={async (e) => {
-        e.preventDefault();
-        const f = e.currentTarget as HTMLFormElement;
-        const on = (f.elements.namedItem('on') as HTMLInputElement).checked;
-        const every = Number((f.elements.namedItem('every') as HTMLInputElement).value);
-        const keep = Number((f.elements.namedItem('keep') as HTMLInputElement).value);
+        const f = fields(e);
+        const on = f.checked('on');
+        const every = Number(f.value('every'));
+        const keep = Number(f.value('keep'));
         try {
           await api('PUT', `/v1/sandboxes/${sb.id}/snapshot-policy`, on ? { intervalMs: Math.round(every * 1000), keep } : null);
           reload();
@@ -123,13 +107,13 @@ function PolicyForm({ sb, onError, reload }: { sb: Sandbox; onError: (e: unknown
     >
       <strong>Rolling snapshots</strong>
       <label>
-        <input name="on" type="checkbox" checked={!!p} /> on
+        <input name="on" type="checkbox" defaultChecked={!!p} /> on
       </label>
       <label>
-        every (s) <input name="every" type="number" min={1} value={p ? p.intervalMs / 1000 : 300} />
+        every (s) <input name="every" type="number" min={1} defaultValue={p ? p.intervalMs / 1000 : 300} />
       </label>
       <label>
-        keep <input name="keep" type="number" min={1} max={1000} value={p?.keep ?? 10} />
+        keep <input name="keep" type="number" min={1} max={1000} defaultValue={p?.keep ?? 10} />
       </label>
       <button type="submit">Save policy</button>
     </form>
