@@ -94,7 +94,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   const sessions = new ConsoleSessions(deps.sessionSecret, deps.keys);
   app.addHook('onRequest', async (req) => {
     const p = req.url.split('?')[0]!;
-    if (PUBLIC.has(p) || (p === '/v1/session' && req.method !== 'GET') || (isConsolePath(p) && req.method === 'GET')) return;
+    if (PUBLIC.has(p) || (p === '/v1/session' && req.method === 'POST') || (isConsolePath(p) && req.method === 'GET')) return;
     const key = bearer(req);
     const cookie = key === undefined ? sessionCookieOf(req.headers.cookie) : undefined;
     if (cookie === undefined) {

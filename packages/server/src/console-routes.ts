@@ -126,13 +126,19 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
     };
     const onChange = (c: SandboxChange) => {
       if (c.kind === 'sandbox') {
+        if (tenantOf.size > 10_000) tenantOf.clear();
         tenantOf.set(c.sandbox.id, c.sandbox.tenantId);
         if (c.sandbox.tenantId === tenant) send('sandbox', c.sandbox);
         return;
       }
       const known = tenantOf.get(c.event.sandboxId);
       if (known !== undefined) return void (known === tenant && send('event', c.event));
-      void svc.find(tenant, c.event.sandboxId).then(() => send('event', c.event), () => {});
+      // A sandbox not seen yet: looked up once (another tenant's is remembered as not ours).
+      if (tenantOf.size > 10_000) tenantOf.clear();
+      void svc.find(tenant, c.event.sandboxId).then(
+        () => (tenantOf.set(c.event.sandboxId, tenant), send('event', c.event)),
+        () => tenantOf.set(c.event.sandboxId, ''),
+      );
     };
     const onAudit = (e: EgressLogEntry) => e.tenantId === tenant && send('egress', e);
     const stops = [svc.onChange(onChange), deps.secrets?.onAudit(onAudit)];
@@ -151,7 +157,7 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
       tags: ['commands'],
       params: IdParams,
       querystring: Type.Object({ cols: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 80 })), rows: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 24 })) }),
-      description: 'A terminal (the login shell in a PTY) over a WebSocket: binary frames carry its output and your keystrokes; text frames carry JSON: `{"type":"resize","cols":…,"rows":…}` from you, `{"type":"start","pid":…}` and `{"type":"exit","exitCode":…}` from the daemon. Closing the socket hangs the shell up.',
+      description: 'A terminal (the login shell in a PTY) over a WebSocket: binary frames carry its output and your keystrokes; text frames carry JSON: `{"type":"resize","cols":…,"rows":…}` from you, `{"type":"start","pid":…}` and `{"type":"exit","exitCode":…}` from the daemon. Closing the socket detaches from the shell; it runs on (listed by GET …/commands) until it exits or is killed.',
     },
   }, async (socket, req) => {
     const q = req.query as { cols?: number; rows?: number };
