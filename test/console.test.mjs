@@ -106,8 +106,12 @@ describe('the web console in a browser (headless Chromium)', () => {
     assert.match(await page.locator('.term-box').textContent(), /hi from the console/);
     await shot('terminal');
     await axe('terminal');
+    const running = async () => (await (await fetch(`${fx.url}/v1/sandboxes/${sbId}/commands`, { headers: { authorization: `Bearer ${fx.key}` } })).json()).processes.filter((p) => p.running);
+    assert.equal((await running()).length, 1, 'the terminal\'s shell');
 
+    // Leaving the terminal closes its socket, which hangs the shell up: nothing stays running.
     await tab('Files');
+    await eventually(async () => (await running()).length === 0);
     await page.getByLabel('Directory', { exact: true }).fill('/tmp');
     await page.getByRole('button', { name: 'Go' }).click();
     await seen(page.getByRole('table', { name: 'Files in /tmp' }));

@@ -157,7 +157,7 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
       tags: ['commands'],
       params: IdParams,
       querystring: Type.Object({ cols: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 80 })), rows: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 24 })) }),
-      description: 'A terminal (the login shell in a PTY) over a WebSocket: binary frames carry its output and your keystrokes; text frames carry JSON: `{"type":"resize","cols":…,"rows":…}` from you, `{"type":"start","pid":…}` and `{"type":"exit","exitCode":…}` from the daemon. Closing the socket detaches from the shell; it runs on (listed by GET …/commands) until it exits or is killed.',
+      description: 'A terminal (the login shell in a PTY) over a WebSocket: binary frames carry its output and your keystrokes; text frames carry JSON: `{"type":"resize","cols":…,"rows":…}` from you, `{"type":"start","pid":…}` and `{"type":"exit","exitCode":…}` from the daemon. Closing the socket hangs the shell up (SIGHUP).',
     },
   }, async (socket, req) => {
     const q = req.query as { cols?: number; rows?: number };
@@ -187,12 +187,19 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
         // not JSON: ignored
       }
     });
-    socket.on('close', () => call.cancel('terminal closed'));
+    // A closed socket hangs the shell up, as closing a terminal window does (SIGHUP), so that no
+    // login shell stays behind in the sandbox for each page that opened one.
+    let exited = false;
+    socket.on('close', () => {
+      if (!exited) void unary({ op: 'signal', signal: 'SIGHUP' });
+      call.cancel('terminal closed');
+    });
     try {
       for await (const c of call.output()) {
         socket.send(c.data);
       }
       const end = await call.done;
+      exited = true;
       socket.send(JSON.stringify({ type: 'exit', exitCode: end.exitCode ?? null }));
       socket.close(1000, 'exited');
     } catch (err) {

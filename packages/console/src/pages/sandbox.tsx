@@ -23,7 +23,7 @@ const TABS: [string, string][] = [
 ];
 
 function Processes({ id }: { id: string }): JSX.Element {
-  const [data, error, reload] = useLoad(() => api<{ processes: { pid: number; argv: string[]; tag?: string }[] }>('GET', `/v1/sandboxes/${id}/commands`), [id]);
+  const [data, error, reload] = useLoad(() => api<{ processes: { pid: number; argv: string[]; tag?: string; running: boolean; exitCode: number | null }[] }>('GET', `/v1/sandboxes/${id}/commands`), [id]);
   const [actionError, setActionError] = useState<unknown>();
   return (
     <div>
@@ -33,15 +33,16 @@ function Processes({ id }: { id: string }): JSX.Element {
         </button>
       </div>
       <ErrorBox error={actionError ?? error} />
-      <Table caption="Processes" columns={['PID', 'Command', 'Actions']}>
+      <Table caption="Processes" columns={['PID', 'Command', 'State', 'Actions']}>
         {(data?.processes ?? []).map((p) => (
           <tr key={p.pid}>
             <td>{p.pid}</td>
             <td>
               <code>{p.argv.join(' ')}</code>
             </td>
+            <td>{p.running ? 'running' : `exited (${p.exitCode ?? 'signal'})`}</td>
             <td>
-              <Action label="Kill" danger confirm={`Send SIGKILL to process ${p.pid} (${p.argv.join(' ').slice(0, 80)})?`} run={async () => (await api('POST', `/v1/sandboxes/${id}/commands/${p.pid}/signal`, { signal: 'SIGKILL' }), reload())} onError={setActionError} />
+              <Action label="Kill" danger disabled={!p.running} confirm={`Send SIGKILL to process ${p.pid} (${p.argv.join(' ').slice(0, 80)})?`} run={async () => (await api('POST', `/v1/sandboxes/${id}/commands/${p.pid}/signal`, { signal: 'SIGKILL' }), reload())} onError={setActionError} />
             </td>
           </tr>
         ))}
