@@ -26,6 +26,17 @@ export interface Session {
 }
 
 let csrf = '';
+
+/** The API's error body (`{ error: { code, message, hint } }`) of a failed answer as an {@link ApiError}; `fallback` when it has none. */
+function failure(status: number, body: string, fallback: string): ApiError {
+  let e: { code?: string; message?: string; hint?: string } = {};
+  try {
+    e = (JSON.parse(body) as { error?: typeof e }).error ?? {};
+  } catch {
+    // not JSON
+  }
+  return new ApiError(status, e.code ?? 'ERROR', e.message ?? fallback, e.hint);
+}
 const signedOut = new Set<() => void>();
 
 /** Calls `fn` when a request finds the session ended (401): the app shows the sign-in page. */
@@ -54,13 +65,11 @@ export async function api<T = unknown>(method: string, path: string, body?: unkn
   }
   if (r.status === 204) return undefined as T;
   const text = await r.text();
-  const json = text ? (JSON.parse(text) as unknown) : undefined;
   if (!r.ok) {
-    const e = (json as { error?: { code?: string; message?: string; hint?: string } } | undefined)?.error ?? {};
     if (r.status === 401 && path !== '/v1/session') for (const fn of signedOut) fn();
-    throw new ApiError(r.status, e.code ?? 'ERROR', e.message ?? `${r.status} ${r.statusText}`, e.hint);
+    throw failure(r.status, text, `${r.status} ${r.statusText}`);
   }
-  return json as T;
+  return (text ? JSON.parse(text) : undefined) as T;
 }
 
 /** Signs in with an API key (kept nowhere); the session's CSRF token is kept in memory. */
@@ -102,13 +111,7 @@ export function upload(sandboxId: string, path: string, file: Blob, progress: (f
     x.upload.onprogress = (e) => e.lengthComputable && progress(e.loaded / e.total);
     x.onload = () => {
       if (x.status < 300) return resolve();
-      let e: { code?: string; message?: string } = {};
-      try {
-        e = (JSON.parse(x.responseText) as { error?: typeof e }).error ?? {};
-      } catch {
-        // not JSON
-      }
-      reject(new ApiError(x.status, e.code ?? 'ERROR', e.message ?? `upload failed: ${x.status}`));
+      reject(failure(x.status, x.responseText, `upload failed: ${x.status}`));
     };
     x.onerror = () => reject(new ApiError(0, 'NETWORK', 'The upload did not reach the daemon'));
     x.send(file);
@@ -124,9 +127,8 @@ export function upload(sandboxId: string, path: string, file: Blob, progress: (f
 export async function stream<T = unknown>(method: string, path: string, body: unknown, onLine: (line: { type: string; [k: string]: unknown }) => void): Promise<T> {
   const r = await fetch(path, { method, credentials: 'same-origin', headers: { ...csrfHeaders(), 'content-type': 'application/json', accept: 'application/x-ndjson' }, body: JSON.stringify(body) });
   if (!r.ok || !r.body) {
-    const e = ((await r.json().catch(() => ({}))) as { error?: { code?: string; message?: string; hint?: string } }).error ?? {};
     if (r.status === 401) for (const fn of signedOut) fn();
-    throw new ApiError(r.status, e.code ?? 'ERROR', e.message ?? `${r.status} ${r.statusText}`, e.hint);
+    throw failure(r.status, await r.text().catch(() => ''), `${r.status} ${r.statusText}`);
   }
   const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = '';
