@@ -18,6 +18,7 @@ import { api, cliRunner, egressRange, eventually, leftovers, rejectionCode, star
 import { makeOciImage } from './oci-image.mjs';
 const E2B = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { startPostgres } from './postgres.mjs';
+import WebSocket from 'ws';
 
 /**
  * Each test's bound (the slowest takes ~40 s here): a test that hangs fails with its own name
@@ -157,6 +158,52 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal(lines.join(''), 'one\ntwo\n');
     assert.deepEqual(await answeredBy(b.conn, `/v1/sandboxes/${onA.id}/usage`), { node: 'a', status: 200 });
     assert.deepEqual(await answeredBy(b.conn, '/v1/sandboxes'), { node: 'b', status: 200 }, 'a listing is answered by the node asked');
+  });
+
+  it('node b relays the terminal WebSocket of a sandbox on node a, and its live event stream carries node a\'s changes', STEP, async () => {
+    // The terminal: a shell on node a, typed into through node b.
+    const ws = new WebSocket(`${b.conn.apiUrl.replace(/^http/, 'ws')}/v1/sandboxes/${onA.id}/terminal`, { headers: { authorization: `Bearer ${b.conn.apiKey}` } });
+    let out = '';
+    ws.on('message', (data, binary) => binary && (out += data.toString()));
+    await new Promise((resolve, reject) => {
+      ws.once('open', resolve);
+      ws.once('error', reject);
+    });
+    // The shell asks where the cursor is before its first prompt (as in a terminal window): answered.
+    await eventually(() => out.includes('\x1b[6n'));
+    ws.send(Buffer.from('\x1b[1;1R'));
+    ws.send(Buffer.from('echo "through-b $((6*7)) on $(hostname)"\r'));
+    await eventually(() => out.includes(`through-b 42 on ${onA.id}`)).catch((e) => assert.fail(`${e.message}; the terminal showed ${JSON.stringify(out)}`));
+    ws.close();
+    await new Promise((resolve) => ws.once('close', resolve));
+    // A sandbox that does not exist, through the same path: the ordinary 404, no upgrade.
+    const unknown = new WebSocket(`${b.conn.apiUrl.replace(/^http/, 'ws')}/v1/sandboxes/sb-nope/terminal`, { headers: { authorization: `Bearer ${b.conn.apiKey}` } });
+    const refused = await new Promise((resolve) => unknown.once('unexpected-response', (_req, res) => resolve(res.statusCode)));
+    assert.equal(refused, 404);
+
+    // The live stream asked of node b: node a writes the record (the policy runs there).
+    const ctl = new AbortController();
+    const res = await fetch(`${b.conn.apiUrl}/v1/events`, { headers: { authorization: `Bearer ${b.conn.apiKey}` }, signal: ctl.signal });
+    let text = '';
+    const reading = (async () => {
+      for await (const chunk of res.body) text += Buffer.from(chunk).toString();
+    })().catch(() => {});
+    // Node b follows node a's stream from when it was asked; until then a change is not carried.
+    const policy = (intervalMs) => api({ url: b.conn.apiUrl, key: b.conn.apiKey }, 'PUT', `/v1/sandboxes/${onA.id}/snapshot-policy`, { json: { intervalMs, keep: 2 } });
+    let interval = 60_000;
+    await eventually(async () => (await policy((interval += 1000)), text.includes('"intervalMs":')), { tries: 100, everyMs: 300 }).catch((e) => assert.fail(`${e.message}; the stream carried ${JSON.stringify(text.slice(-2000))}`));
+    // Following: the next change arrives, once.
+    await policy((interval = 3_600_000));
+    await eventually(() => text.includes(`"intervalMs":${interval}`));
+    const blocks = text.split('\n\n').filter((blk) => blk.includes(`"intervalMs":${interval}`));
+    assert.equal(blocks.length, 1, 'each change once');
+    const [kind, data] = blocks[0].split('\n');
+    assert.equal(kind, 'event: sandbox');
+    const record = JSON.parse(data.slice('data: '.length));
+    assert.deepEqual([record.id, record.node, record.snapshotPolicy?.intervalMs], [onA.id, 'a', interval]);
+    await api({ url: b.conn.apiUrl, key: b.conn.apiKey }, 'PUT', `/v1/sandboxes/${onA.id}/snapshot-policy`, { json: null });
+    ctl.abort();
+    await reading;
   });
 
   it('the ingress on node b serves a port of a sandbox on node a (its token checked there); without the token 401', STEP, async () => {

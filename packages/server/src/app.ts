@@ -120,7 +120,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   }
 
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
-  await registerConsole(app, { service: deps.service, sessions, ...(deps.secrets ? { secrets: deps.secrets } : {}) });
+  await registerConsole(app, { service: deps.service, sessions, ...(deps.secrets ? { secrets: deps.secrets } : {}), ...(deps.cluster ? { cluster: deps.cluster } : {}) });
   await registerRoutes(app, deps);
   registerVolumeRoutes(app, deps.service, deps.maxUploadBytes);
   return app;

@@ -15,6 +15,8 @@ import websocket from '@fastify/websocket';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { Type } from 'typebox';
 import { ConsoleSessions, sessionCookie, sessionCookieOf } from './console-session.js';
+import { FORWARDED_BY, type ForwardTarget } from './forward.js';
+import { followPeerEvents } from './peer-events.js';
 import { IdParams } from './schemas.js';
 
 /** Security headers of every console page: nothing but the daemon's own scripts runs. */
@@ -54,8 +56,17 @@ export function isConsolePath(p: string): boolean {
   return p === '/' || p === '/console' || p.startsWith('/console/');
 }
 
+/** What the console's routes need. */
+export interface ConsoleDeps {
+  service: SandboxService;
+  secrets?: SecretService;
+  sessions: ConsoleSessions;
+  /** In a cluster: this node and the others, whose live changes the event stream relays too. */
+  cluster?: { self: string; nodes(): Promise<ForwardTarget[]> };
+}
+
 /** Registers the console's pages, sign-in and its live streams. */
-export async function registerConsole(app: FastifyInstance, deps: { service: SandboxService; secrets?: SecretService; sessions: ConsoleSessions }): Promise<void> {
+export async function registerConsole(app: FastifyInstance, deps: ConsoleDeps): Promise<void> {
   const { service: svc, sessions } = deps;
   const built = loadAssets();
 
@@ -110,7 +121,7 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
   app.get('/v1/events', {
     schema: {
       tags: ['sessions'],
-      description: 'A stream (text/event-stream) of the tenant\'s changes on this node as they happen: `sandbox` (a record as written), `event` (a sandbox event), `egress` (a request through the egress proxy). A comment every 15 s keeps it open. Other nodes\' changes are not in it.',
+      description: 'A stream (text/event-stream) of the tenant\'s changes as they happen, on every node of the cluster: `sandbox` (a record as written), `event` (a sandbox event), `egress` (a request through the egress proxy). A comment every 15 s keeps it open.',
     },
   }, async (req, reply) => {
     const tenant = req.principal.tenantId;
@@ -119,11 +130,12 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
     raw.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-store', 'x-accel-buffering': 'no', connection: 'keep-alive' });
     raw.write('retry: 2000\n\n');
     const tenantOf = new Map<string, string>();
-    const send = (type: string, data: unknown) => {
+    const write = (block: string) => {
       // A client that reads nothing is let go instead of buffering without end.
       if (raw.writableLength > 1 << 20) return void raw.destroy();
-      raw.write(`event: ${type}\ndata: ${JSON.stringify(data)}\n\n`);
+      raw.write(block);
     };
+    const send = (type: string, data: unknown) => write(`event: ${type}\ndata: ${JSON.stringify(data)}\n\n`);
     const onChange = (c: SandboxChange) => {
       if (c.kind === 'sandbox') {
         if (tenantOf.size > 10_000) tenantOf.clear();
@@ -142,6 +154,11 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
     };
     const onAudit = (e: EgressLogEntry) => e.tenantId === tenant && send('egress', e);
     const stops = [svc.onChange(onChange), deps.secrets?.onAudit(onAudit)];
+    // The other nodes' changes, asked of them as this client (a relayed request follows no further).
+    if (deps.cluster && !req.headers[FORWARDED_BY]) {
+      const credentials = Object.fromEntries((['authorization', 'cookie'] as const).flatMap((h) => (req.headers[h] ? [[h, req.headers[h]]] : [])));
+      stops.push(followPeerEvents({ self: deps.cluster.self, nodes: deps.cluster.nodes, credentials, write }));
+    }
     const ping = setInterval(() => raw.write(': ping\n\n'), 15_000);
     raw.on('close', () => {
       clearInterval(ping);
@@ -157,14 +174,18 @@ export async function registerConsole(app: FastifyInstance, deps: { service: San
       tags: ['commands'],
       params: IdParams,
       querystring: Type.Object({ cols: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 80 })), rows: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 24 })) }),
-      description: 'A terminal (the login shell in a PTY) over a WebSocket: binary frames carry its output and your keystrokes; text frames carry JSON: `{"type":"resize","cols":…,"rows":…}` from you, `{"type":"start","pid":…}` and `{"type":"exit","exitCode":…}` from the daemon. Closing the socket hangs the shell up (SIGHUP).',
+      description: 'A terminal (the login shell in a PTY) over a WebSocket: binary frames carry its output and your keystrokes; text frames carry JSON: `{"type":"resize","cols":…,"rows":…}` from you, `{"type":"start","pid":…}` and `{"type":"exit","exitCode":…}` from the daemon. Closing the socket hangs the shell up (SIGHUP). An unknown sandbox, or a page of another origin with the console\'s cookie, is refused before the upgrade (404, 403).',
+    },
+    // Before the upgrade, so that a refusal is an ordinary HTTP answer with its code.
+    preValidation: async (req) => {
+      // A page of another origin must not drive a terminal with the browser's cookie.
+      const origin = req.headers.origin;
+      if (origin && sessionCookieOf(req.headers.cookie) !== undefined && (URL.canParse(origin) ? new URL(origin).host : undefined) !== req.headers.host) throw new SpaceError('FORBIDDEN', `A page of ${origin} cannot open a terminal with this console's session`);
+      await svc.find(req.principal.tenantId, (req.params as { id: string }).id);
     },
   }, async (socket, req) => {
     const q = req.query as { cols?: number; rows?: number };
     const { id } = req.params as { id: string };
-    // A page of another origin must not drive a terminal with the browser's cookie.
-    const origin = req.headers.origin;
-    if (origin && sessionCookieOf(req.headers.cookie) !== undefined && new URL(origin).host !== req.headers.host) return void socket.close(1008, 'cross-origin');
     let call: Awaited<ReturnType<SandboxService['call']>>;
     let pid: number;
     try {

@@ -2,14 +2,17 @@
  * One API on every node: a request for a sandbox another node of the cluster runs is forwarded
  * to that node's API, as it came (method, path, headers, body streamed both ways with
  * backpressure), and its answer relayed as it comes — command output, file downloads and
- * uploads included. Forwarding rather than redirecting keeps every client (SDK, CLI, curl)
- * unchanged: they talk to any node. docs/cluster.md says why and what is not forwarded yet.
+ * uploads included; WebSocket upgrades (the terminal) are relayed on the client's socket.
+ * Forwarding rather than redirecting keeps every client (SDK, CLI, curl) unchanged: they talk
+ * to any node. docs/cluster.md says why.
  */
 import http from 'node:http';
 import https from 'node:https';
+import type { Socket } from 'node:net';
 import type { NodeInfo } from '@space/api';
 import { SpaceError, type Sandbox } from '@space/core';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { createProxyServer } from 'http-proxy-3';
 import { pickNode } from './node.js';
 
 /** Set on a forwarded request (the forwarding node's name): a node never forwards it again. */
@@ -81,9 +84,8 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
       if ((req.method === 'GET' && route === '/v1/sandboxes/:id') || sb.state === 'hibernated') return;
       throw nodeUnavailable(sb, node);
     }
-    // WebSocket upgrades (the terminal) are not relayed between nodes: say where it runs.
-    if (req.headers.upgrade) throw new SpaceError('SANDBOX_ON_OTHER_NODE', `Sandbox ${sb.id} runs on node ${node.name} (${node.url}): open its terminal there; WebSockets are not forwarded between nodes (commands, files and PTYs over the HTTP API are)`, { details: { sandboxId: sb.id, node: sb.node } });
-    await forward(req, reply, node, opts, `Sandbox ${sb.id} runs`);
+    if (req.headers.upgrade) relayUpgrade(req, reply, node, opts, `Sandbox ${sb.id} runs`);
+    else await forward(req, reply, node, opts, `Sandbox ${sb.id} runs`);
   });
   // Creates: a tenant's template starts where its root file system is (body parsed by now).
   app.addHook('preHandler', async (req, reply) => {
@@ -122,6 +124,35 @@ export async function placeElsewhere(req: FastifyRequest, reply: FastifyReply, n
  */
 export function relayToNode(req: FastifyRequest, reply: FastifyReply, target: ForwardTarget, opts: Pick<ForwardOptions, 'self' | 'connectTimeoutMs'>): Promise<void> {
   return forward(req, reply, target, opts, `The drain of node ${target.name} runs`);
+}
+
+/**
+ * WebSocket upgrades (the terminal) relayed to the other node: its handshake and then both
+ * directions as they come. The Host header stays the client's, so the owner's Origin check
+ * compares the page's origin with the address the browser used.
+ */
+const upgrades = createProxyServer({ ws: true, xfwd: true, agent: agents.http });
+
+/** The bytes a client sent after its upgrade request, kept by @fastify/websocket (empty for a client that waits for 101, as RFC 6455 asks). */
+function upgradeHead(raw: http.IncomingMessage): Buffer {
+  const key = Object.getOwnPropertySymbols(raw).find((s) => s.description === 'ws-head');
+  const head = key ? (raw as unknown as Record<symbol, unknown>)[key] : undefined;
+  return Buffer.isBuffer(head) ? head : Buffer.alloc(0);
+}
+
+/**
+ * Relays a WebSocket upgrade to `node` on the client's socket (the reply is hijacked); a node
+ * that does not answer gets the client a `NODE_UNAVAILABLE` answer instead of the handshake.
+ */
+function relayUpgrade(req: FastifyRequest, reply: FastifyReply, node: ForwardTarget, opts: Pick<ForwardOptions, 'self' | 'errorBody'>, what: string): void {
+  reply.hijack();
+  const socket = req.raw.socket as Socket;
+  upgrades.ws(req.raw, socket, upgradeHead(req.raw), { target: node.url, headers: { [FORWARDED_BY]: opts.self }, ...(node.url.startsWith('https:') ? { agent: agents.https } : {}) }, (err: Error) => {
+    if (!socket.writable) return void socket.destroy();
+    const e = new SpaceError('NODE_UNAVAILABLE', `${what} on node ${node.name}, which did not answer at ${node.url}: ${err.message}`, { cause: err, details: { node: node.name } });
+    const body = JSON.stringify(opts.errorBody ? opts.errorBody(e) : e.toJSON());
+    socket.end(`HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? ''}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n${ANSWERED_BY}: ${opts.self}\r\nconnection: close\r\n\r\n${body}`);
+  });
 }
 
 /** The record of the sandbox's node, if that node ever registered. */
