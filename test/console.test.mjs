@@ -8,7 +8,7 @@
 // violation on any page, and nothing overflows a narrow window. Screenshots of each page go to
 // SPACE_ARTIFACTS (default test-artifacts/console/), which docs/console.md shows.
 import assert from 'node:assert/strict';
-import { mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -16,6 +16,8 @@ import { chromium } from 'playwright-core';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { egressRange, eventually, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
+import { makeOciImage } from './oci-image.mjs';
+import WebSocket from 'ws';
 
 const CHROMIUM = process.env.SPACE_CHROMIUM ?? '/usr/bin/chromium';
 const ARTIFACTS = process.env.SPACE_ARTIFACTS ?? path.resolve('test-artifacts/console');
@@ -253,6 +255,16 @@ describe('the web console in a browser (headless Chromium)', () => {
     // A session cookie forged or tampered with is nobody's.
     const forged = await fetch(`${fx.url}/v1/sandboxes`, { headers: { cookie: cookie.replace(/.$/, (c) => (c === 'A' ? 'B' : 'A')) } });
     assert.equal(forged.status, 401);
+    // The terminal's WebSocket: another site's page with the cookie is refused before the upgrade, and so is an unknown sandbox.
+    const upgrade = (id, headers) =>
+      new Promise((resolve, reject) => {
+        const ws = new WebSocket(`${fx.url.replace(/^http/, 'ws')}/v1/sandboxes/${id}/terminal`, { headers });
+        ws.once('unexpected-response', (_req, res) => resolve(res.statusCode));
+        ws.once('open', () => (ws.close(), resolve(101)));
+        ws.once('error', reject);
+      });
+    assert.equal(await upgrade(sbId, { cookie, origin: 'http://evil.example' }), 403);
+    assert.equal(await upgrade('sb-unknown', { cookie, origin: fx.url }), 404);
   });
 
   it('the live stream carries only the tenant\'s own changes', STEP, async () => {
@@ -291,6 +303,74 @@ describe('the web console in a browser (headless Chromium)', () => {
     await page.setViewportSize({ width: 1280, height: 800 });
   });
 
+  it('volumes: created, snapshotted and deleted from their page', STEP, async () => {
+    await page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: 'Volumes' }).click();
+    await page.getByRole('heading', { name: 'Volumes', level: 1 }).waitFor();
+    const form = page.getByRole('form', { name: 'New volume' });
+    await form.getByLabel('Name').fill('notes');
+    await form.getByLabel('Size (MiB)').fill('64');
+    await form.getByRole('button', { name: 'Create volume' }).click();
+    const row = page.getByRole('table', { name: 'Volumes' }).getByRole('row').filter({ hasText: 'notes' });
+    await seen(row);
+    assert.match(await row.textContent(), /64 MiB/);
+    await row.getByRole('button', { name: 'Snapshots' }).click();
+    await page.getByRole('button', { name: 'Snapshot notes' }).click();
+    await seen(page.getByRole('table', { name: 'Snapshots of notes' }).getByRole('row').nth(1));
+    const api = async (p) => (await fetch(`${fx.url}${p}`, { headers: { authorization: `Bearer ${fx.key}` } })).json();
+    assert.equal((await api('/v1/volumes/notes/snapshots')).snapshots.length, 1);
+    await shot('volumes');
+    await axe('volumes');
+    await row.getByRole('button', { name: 'Delete', exact: true }).click();
+    await page.getByRole('dialog').getByRole('button', { name: 'Delete', exact: true }).click();
+    await row.waitFor({ state: 'detached' });
+    assert.deepEqual((await api('/v1/volumes')).volumes, []);
+  });
+
+  it('a port exposed from the Ports tab opens through its signed link, and closes', STEP, async () => {
+    const sb = await fx.create({ template: 'minimal' });
+    await sb.commands.run('mkdir -p /tmp/www && echo "served from $(hostname)" > /tmp/www/index.html');
+    await sb.commands.start('busybox httpd -f -p 8000 -h /tmp/www', { stdin: false });
+    await page.goto(`${fx.url}/console/sandboxes/${sb.id}/ports`);
+    const form = page.getByRole('form', { name: 'Expose a port' });
+    await form.getByLabel('Port').fill('8000');
+    await form.getByLabel('For').selectOption({ label: '1 hour' });
+    await form.getByRole('button', { name: 'Expose' }).click();
+    await seen(page.getByRole('status').filter({ hasText: 'access token' }));
+    const link = page.getByRole('table', { name: 'Exposed ports' }).getByRole('link');
+    const href = await link.getAttribute('href');
+    assert.match(href, new RegExp(`^http://8000-${sb.id}\\.`), href);
+    const [opened] = await Promise.all([context.waitForEvent('page'), link.click()]);
+    await eventually(async () => (await opened.reload()) && (await opened.textContent('body')).includes(`served from ${sb.id}`), { tries: 50 });
+    await opened.close();
+    await shot('ports');
+    await axe('ports');
+    await confirm('Close');
+    await seen(page.getByText('No port is exposed.'));
+    const r = await fetch(`${fx.url}/v1/sandboxes/${sb.id}/ports`, { headers: { authorization: `Bearer ${fx.key}` } });
+    assert.deepEqual((await r.json()).ports, []);
+    await sb.kill();
+  });
+
+  it('a template built from an image file uploaded in the page, its progress shown', STEP, async () => {
+    const dir = mkdtempSync('/tmp/space-console-image-');
+    try {
+      const image = await makeOciImage(dir, { marker: 'console' });
+      await page.goto(`${fx.url}/console/templates`);
+      const form = page.getByRole('form', { name: 'Build a template' });
+      await form.getByLabel('Name').fill('from-upload');
+      await form.getByLabel('or an image').setInputFiles(image);
+      await form.getByRole('button', { name: 'Build template' }).click();
+      await seen(form.getByRole('status').filter({ hasText: '100% ready' }));
+      await seen(page.getByRole('table', { name: 'Templates' }).getByRole('row').filter({ hasText: 'from-upload' }));
+      const sb = await fx.create({ template: 'from-upload' });
+      assert.equal((await sb.commands.run('cat /opt/app/hello.txt')).stdout, 'hello from the image console\n');
+      await sb.kill();
+    } finally {
+      await fetch(`${fx.url}/v1/templates/from-upload`, { method: 'DELETE', headers: { authorization: `Bearer ${fx.key}` } });
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('the daemon restarting: the page reconnects its live view and shows what changed after', STEP, async () => {
     await page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: 'Sandboxes' }).click();
     await page.getByRole('heading', { name: 'Sandboxes' }).waitFor();
@@ -325,7 +405,7 @@ describe('the web console in a browser (headless Chromium)', () => {
     // Signing out clears the cookie.
     await page.getByRole('button', { name: 'Sign out' }).click();
     await page.getByLabel('API key').waitFor();
-    assert.deepEqual(await context.cookies(), []);
+    assert.deepEqual(await context.cookies(fx.url), [], 'no cookie left for the console');
     await other.close();
   });
 });

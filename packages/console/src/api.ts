@@ -98,24 +98,35 @@ export async function signOut(): Promise<void> {
 }
 
 /**
- * Uploads a file with progress (fetch cannot report upload progress; XMLHttpRequest can).
+ * Sends a file as a request's body with progress (fetch cannot report upload progress;
+ * XMLHttpRequest can), resolving to the parsed answer.
  *
- * @example await upload(id, '/tmp/a.txt', file, (f) => console.log(f));
+ * @example await sendFile('PUT', `/v1/sandboxes/${id}/files/content?path=%2Ftmp%2Fa.txt`, file, (f) => console.log(f));
  */
-export function upload(sandboxId: string, path: string, file: Blob, progress: (fraction: number) => void): Promise<void> {
+export function sendFile<T = unknown>(method: 'PUT' | 'POST', url: string, file: Blob, progress: (fraction: number) => void): Promise<T> {
   return new Promise((resolve, reject) => {
     const x = new XMLHttpRequest();
-    x.open('PUT', `/v1/sandboxes/${encodeURIComponent(sandboxId)}/files/content?path=${encodeURIComponent(path)}`);
+    x.open(method, url);
     x.setRequestHeader('content-type', 'application/octet-stream');
     x.setRequestHeader('x-csrf-token', csrf);
     x.upload.onprogress = (e) => e.lengthComputable && progress(e.loaded / e.total);
     x.onload = () => {
-      if (x.status < 300) return resolve();
+      if (x.status < 300) return resolve((x.responseText ? JSON.parse(x.responseText) : undefined) as T);
+      if (x.status === 401) for (const fn of signedOut) fn();
       reject(failure(x.status, x.responseText, `upload failed: ${x.status}`));
     };
     x.onerror = () => reject(new ApiError(0, 'NETWORK', 'The upload did not reach the daemon'));
     x.send(file);
   });
+}
+
+/**
+ * Uploads a file into a sandbox with progress.
+ *
+ * @example await upload(id, '/tmp/a.txt', file, (f) => console.log(f));
+ */
+export async function upload(sandboxId: string, path: string, file: Blob, progress: (fraction: number) => void): Promise<void> {
+  await sendFile('PUT', `/v1/sandboxes/${encodeURIComponent(sandboxId)}/files/content?path=${encodeURIComponent(path)}`, file, progress);
 }
 
 /**

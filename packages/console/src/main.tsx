@@ -9,6 +9,7 @@ import { closeLive, live } from './live.js';
 import { Link, navigate, usePath } from './ui.js';
 import { SandboxesPage } from './pages/sandboxes.js';
 import { SandboxPage } from './pages/sandbox.js';
+import { VolumesPage } from './pages/volumes.js';
 import { SecretsPage, KeysPage, TemplatesPage, NodesPage } from './pages/admin.js';
 
 function SignIn({ onIn }: { onIn: (s: Session) => void }): JSX.Element {
@@ -54,6 +55,7 @@ function SignIn({ onIn }: { onIn: (s: Session) => void }): JSX.Element {
 const NAV: [string, string, boolean?][] = [
   ['/console/sandboxes', 'Sandboxes'],
   ['/console/templates', 'Templates'],
+  ['/console/volumes', 'Volumes'],
   ['/console/secrets', 'Secrets'],
   ['/console/keys', 'Keys'],
   ['/console/nodes', 'Nodes', true],
@@ -70,6 +72,7 @@ function Shell({ session, onOut }: { session: Session; onOut: () => void }): JSX
   let page: JSX.Element;
   if (parts[1] === 'sandboxes' && parts[2]) page = <SandboxPage id={decodeURIComponent(parts[2])} tab={parts[3] ?? 'terminal'} />;
   else if (parts[1] === 'templates') page = <TemplatesPage session={session} />;
+  else if (parts[1] === 'volumes') page = <VolumesPage />;
   else if (parts[1] === 'secrets') page = <SecretsPage />;
   else if (parts[1] === 'keys') page = <KeysPage session={session} />;
   else if (parts[1] === 'nodes') page = <NodesPage session={session} />;

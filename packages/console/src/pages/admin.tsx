@@ -2,7 +2,7 @@
 import type { JSX } from 'preact';
 import { useState } from 'preact/hooks';
 import type { NodeInfo, SecretInfo } from '@space/api';
-import { api, stream, type Session } from '../api.js';
+import { api, ApiError, sendFile, stream, type Session } from '../api.js';
 import { Action, ago, bytes, ErrorBox, Link, useLoad, Table, fields } from '../ui.js';
 import { allSandboxes, ended } from './sandboxes.js';
 
@@ -168,7 +168,11 @@ interface TemplateView {
   createdAt: string;
 }
 
-/** Builds a template from Debian packages, showing its progress as it streams. */
+/**
+ * Builds a template from Debian packages or from an image file (an OCI layout, `docker save` or
+ * root file system tarball: uploaded first, with its progress), showing the build's progress as
+ * it streams.
+ */
 function BuildForm({ onDone }: { onDone: () => void }): JSX.Element {
   const [progress, setProgress] = useState<{ percent: number; step: string }>();
   const [error, setError] = useState<unknown>();
@@ -178,10 +182,14 @@ function BuildForm({ onDone }: { onDone: () => void }): JSX.Element {
       aria-label="Build a template"
       onSubmit={async (e) => {
         const v = fields(e).value;
+        const image = ((e.currentTarget as HTMLFormElement).elements.namedItem('image') as HTMLInputElement).files?.[0];
+        const packages = v('packages').split(/[\s,]+/).filter(Boolean);
         setError(undefined);
-        setProgress({ percent: 0, step: 'starting' });
+        if (!image && !packages.length) return setError(new ApiError(400, 'BAD_REQUEST', 'Give Debian packages or an image file to build from'));
+        setProgress({ percent: 0, step: image ? 'uploading the image' : 'starting' });
         try {
-          await stream('POST', '/v1/templates', { name: v('name'), packages: v('packages').split(/[\s,]+/).filter(Boolean) }, (l) => l.type === 'progress' && setProgress({ percent: Number(l.percent ?? 0), step: String(l.step ?? '') }));
+          const source = image ? { uploadId: (await sendFile<{ uploadId: string }>('POST', '/v1/template-uploads', image, (f) => setProgress({ percent: 0, step: `uploading the image ${Math.round(f * 100)}%` }))).uploadId } : { packages };
+          await stream('POST', '/v1/templates', { name: v('name'), ...source }, (l) => l.type === 'progress' && setProgress({ percent: Number(l.percent ?? 0), step: String(l.step ?? '') }));
           setProgress({ percent: 100, step: 'ready' });
           onDone();
         } catch (err) {
@@ -194,7 +202,10 @@ function BuildForm({ onDone }: { onDone: () => void }): JSX.Element {
         Name <input name="name" required pattern="[a-z0-9][a-z0-9._-]*" maxLength={63} />
       </label>
       <label>
-        Debian packages <input name="packages" required placeholder="python3 git" />
+        Debian packages <input name="packages" placeholder="python3 git" />
+      </label>
+      <label>
+        or an image <input name="image" type="file" accept=".tar,.tar.gz,.tgz,application/x-tar,application/gzip" />
       </label>
       <button type="submit" disabled={!!progress && progress.percent < 100}>
         Build template

@@ -1,12 +1,13 @@
 /** One sandbox: its actions and tabs (terminal, processes, files, snapshots, forks, egress, ports, events). */
 import type { JSX } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
-import type { ExposedPort, Sandbox, SandboxEvent, Snapshot } from '@space/api';
+import type { Sandbox, SandboxEvent, Snapshot } from '@space/api';
 import { api } from '../api.js';
 import { live } from '../live.js';
 import { Action, ago, ErrorBox, Link, navigate, StateBadge, useLoad, Table } from '../ui.js';
 import { EgressView } from './egress.js';
 import { FilesView } from './files.js';
+import { PortsView } from './ports.js';
 import { ForksView } from './forks.js';
 import { forkOf, SnapshotsView } from './snapshots.js';
 import { TerminalView } from './terminal.js';
@@ -63,23 +64,6 @@ function Events({ id, events }: { id: string; events: SandboxEvent[] }): JSX.Ele
   );
 }
 
-function Ports({ id }: { id: string }): JSX.Element {
-  const [data, error] = useLoad(() => api<{ ports: ExposedPort[] }>('GET', `/v1/sandboxes/${id}/ports`), [id]);
-  if (error) return <ErrorBox error={error} />;
-  if (data && !data.ports.length) return <p class="muted">No port is exposed (space expose {id} PORT).</p>;
-  return (
-    <ul>
-      {(data?.ports ?? []).map((p) => (
-        <li key={p.port}>
-          Port {p.port}
-          {p.public ? ' (public)' : ''}: {/^https?:\/\//.test(p.signedUrl ?? p.url) ? <a href={p.signedUrl ?? p.url} rel="noopener noreferrer" target="_blank">{p.url}</a> : <code>{p.url}</code>}
-          {p.expiresAt ? <span class="muted"> until {p.expiresAt}</span> : null}
-        </li>
-      ))}
-    </ul>
-  );
-}
-
 /** The sandbox page. */
 export function SandboxPage({ id, tab }: { id: string; tab: string }): JSX.Element {
   const [sb, error, reload, setSb] = useLoad(() => api<Sandbox>('GET', `/v1/sandboxes/${id}`), [id]);
@@ -124,7 +108,7 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }): JSX.Eleme
       body = <EgressView sb={sb} onChange={setSb} />;
       break;
     case 'ports':
-      body = <Ports id={id} />;
+      body = <PortsView id={id} running={s === 'running'} />;
       break;
     case 'events':
       body = <Events id={id} events={events ?? []} />;

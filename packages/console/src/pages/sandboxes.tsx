@@ -1,7 +1,7 @@
 /** The sandboxes of the tenant: state, template, driver, node, age, usage, labels; filter, search, live. */
 import type { JSX } from 'preact';
 import { useEffect, useMemo, useState } from 'preact/hooks';
-import type { Sandbox, SandboxState } from '@space/api';
+import { parseVolumeMount, type Sandbox, type SandboxState } from '@space/api';
 import { api, type Session } from '../api.js';
 import { live } from '../live.js';
 import { ago, bytes, ErrorBox, Link, navigate, StateBadge, useLoad, Table, fields } from '../ui.js';
@@ -41,7 +41,8 @@ function CreateForm({ onError }: { onError: (e: unknown) => void }): JSX.Element
         const v = fields(e).value;
         setBusy(true);
         try {
-          const sb = await api<Sandbox>('POST', '/v1/sandboxes', { template: v('template'), memoryMb: Number(v('memory')) });
+          const volumes = v('volumes').split(/[\s,]+/).filter(Boolean).map(parseVolumeMount);
+          const sb = await api<Sandbox>('POST', '/v1/sandboxes', { template: v('template'), memoryMb: Number(v('memory')), ...(volumes.length ? { volumes } : {}) });
           navigate(`/console/sandboxes/${sb.id}`);
         } catch (err) {
           onError(err);
@@ -62,6 +63,9 @@ function CreateForm({ onError }: { onError: (e: unknown) => void }): JSX.Element
       </label>
       <label>
         Memory (MiB) <input name="memory" type="number" min={64} step={64} defaultValue={512} required />
+      </label>
+      <label>
+        Volumes <input name="volumes" placeholder="data:/data, refs:/refs:ro" />
       </label>
       <button type="submit" disabled={busy}>
         {busy ? 'Creating…' : 'New sandbox'}
