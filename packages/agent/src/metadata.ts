@@ -7,9 +7,18 @@
  * first use and kept: requests go down its stdin, one reply line each comes back in order. It
  * is part of the sandbox's process tree, so it is in snapshots too; if it dies, the next
  * request starts another.
+ *
+ * Where the file system has no extended attributes — a sandbox disk, whose files gVisor's gofer
+ * serves without them in this runsc — the metadata is kept beside the file instead
+ * (a {@link SIDECAR} directory at the root of the file's file system): a hard link to the file (it follows every rename, inside the sandbox or
+ * through the API, and goes into snapshots and forks with the disk) and a JSON file of its
+ * pairs. A file whose only name left is the hard link was deleted: its entry is removed at the
+ * next write of metadata.
  */
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { randomUUID } from 'node:crypto';
+import { existsSync, promises as fs } from 'node:fs';
+import path from 'node:path';
 import { AGENT_RUNTIME_DIR } from '@space/protocol';
 import { AgentError } from './processes.js';
 
@@ -96,7 +105,7 @@ export function checkMetadata(md: unknown): Metadata {
 /** The metadata of each path (an empty object where there is none, or the path is gone). */
 export async function readMetadata(paths: string[]): Promise<Metadata[]> {
   if (!hasHelper) return paths.map(() => ({}));
-  return Promise.all(
+  const found = await Promise.all(
     paths.map(async (p) => {
       try {
         return JSON.parse(await request(['g', p])) as Metadata;
@@ -104,6 +113,18 @@ export async function readMetadata(paths: string[]): Promise<Metadata[]> {
         if (err instanceof SyntaxError) return {};
         throw err;
       }
+    }),
+  );
+  // Files without extended attributes may have theirs beside them.
+  if (!found.some((md) => Object.keys(md).length === 0)) return found;
+  const indexes = new Map<string, Promise<Map<string, string>>>();
+  return Promise.all(
+    found.map(async (md, i) => {
+      if (Object.keys(md).length) return md;
+      const dir = await sidecarOf(paths[i]!).catch(() => undefined);
+      if (!dir || !existsSync(dir)) return md;
+      if (!indexes.has(dir)) indexes.set(dir, sidecarIndex(dir));
+      return (await sidecarEntry(dir, await indexes.get(dir)!, paths[i]!))?.md ?? {};
     }),
   );
 }
@@ -114,5 +135,61 @@ export async function writeMetadata(p: string, md: Metadata): Promise<void> {
   if (pairs.length === 0) return;
   if (!hasHelper) throw new AgentError('BAD_REQUEST', 'This sandbox\'s runtime has no file metadata support (it predates it): write the file without metadata');
   const reply = await request(['s', p, String(pairs.length), ...pairs.flat()]);
-  if (reply !== 'ok') throw new AgentError('INTERNAL', `setting file metadata on ${p}: ${reply.replace(/^error: /, '')}`);
+  if (reply === 'ok') return;
+  if (!/not supported/i.test(reply)) throw new AgentError('INTERNAL', `setting file metadata on ${p}: ${reply.replace(/^error: /, '')}`);
+  await writeSidecar(p, md);
+}
+
+/**
+ * Where the metadata of `p` is kept when its file system has no extended attributes: a
+ * directory `.space-metadata` (root's only) at the root of the file system `p` is on — a hard
+ * link can only be made within one (`/tmp` is one of its own in a sandbox).
+ */
+async function sidecarOf(p: string): Promise<string> {
+  const { dev } = await fs.lstat(p);
+  let dir = await fs.realpath(path.dirname(p));
+  while (dir !== '/' && (await fs.lstat(path.dirname(dir))).dev === dev) dir = path.dirname(dir);
+  return path.join(dir, SIDECAR);
+}
+
+/** The sidecar directory's name: `<id>.link` (a hard link to the file) and `<id>.json` (its pairs). */
+export const SIDECAR = '.space-metadata';
+
+/** A sidecar directory's entries by the inode their link shares with the file (`dev:ino`, as this kernel numbers them now); `collect` removes those of deleted files. */
+async function sidecarIndex(dir: string, collect = false): Promise<Map<string, string>> {
+  const index = new Map<string, string>();
+  const names = await fs.readdir(dir).catch(() => [] as string[]);
+  await Promise.all(
+    names.filter((n) => n.endsWith('.link')).map(async (n) => {
+      const id = n.slice(0, -'.link'.length);
+      const st = await fs.lstat(path.join(dir, n)).catch(() => undefined);
+      if (!st) return;
+      // The file's every other name is gone: so is the file, and its metadata with it.
+      if (st.nlink <= 1 && collect) return void (await Promise.all([fs.rm(path.join(dir, n), { force: true }), fs.rm(path.join(dir, `${id}.json`), { force: true })]));
+      index.set(`${st.dev}:${st.ino}`, id);
+    }),
+  );
+  return index;
+}
+
+/** The sidecar entry of `p` (a regular file), if it has one. */
+async function sidecarEntry(dir: string, index: Map<string, string>, p: string): Promise<{ id: string; md: Metadata } | undefined> {
+  const st = await fs.lstat(p).catch(() => undefined);
+  const id = st?.isFile() ? index.get(`${st.dev}:${st.ino}`) : undefined;
+  if (!id) return undefined;
+  const md = await fs.readFile(path.join(dir, `${id}.json`), 'utf8').then((t) => JSON.parse(t) as Metadata, () => ({}));
+  return { id, md };
+}
+
+/** Sets `md`'s keys on `p` in its file system's sidecar directory. */
+async function writeSidecar(p: string, md: Metadata): Promise<void> {
+  if (!(await fs.lstat(p)).isFile()) throw new AgentError('BAD_REQUEST', `File metadata cannot be kept for ${p}: its file system has no extended attributes, and it is not a regular file`);
+  const dir = await sidecarOf(p);
+  await fs.mkdir(dir, { recursive: true, mode: 0o700 });
+  const entry = await sidecarEntry(dir, await sidecarIndex(dir, true), p);
+  const id = entry?.id ?? randomUUID();
+  if (!entry) await fs.link(p, path.join(dir, `${id}.link`));
+  const tmp = path.join(dir, `${id}.json.${process.pid}.tmp`);
+  await fs.writeFile(tmp, JSON.stringify({ ...entry?.md, ...md }), { mode: 0o600 });
+  await fs.rename(tmp, path.join(dir, `${id}.json`));
 }
