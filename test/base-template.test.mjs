@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
-import { TEMPLATES_DIR, cliRunner, leftovers } from './helpers.mjs';
+import { TEMPLATES_DIR, cliRunner, leftovers, removeDataDir } from './helpers.mjs';
 
 const home = mkdtempSync('/tmp/spb-home-');
 const dataDir = mkdtempSync('/tmp/spb-');
@@ -19,7 +19,7 @@ describe('base template', () => {
     if (id) await space('kill', id);
     await space('down', '--data-dir', dataDir);
     assert.deepEqual(leftovers(dataDir, id ? [id] : []), []);
-    rmSync(dataDir, { recursive: true, force: true });
+    assert.deepEqual(removeDataDir(dataDir), []);
     rmSync(home, { recursive: true, force: true });
   });
 

@@ -76,6 +76,16 @@ export function closeDiskPool(dataDir) {
 }
 
 /**
+ * Removes a stopped daemon's data directory (its disk pool unmounted first, as the daemon leaves
+ * it mounted), returning the sandbox disks still in the pool (leaks).
+ */
+export function removeDataDir(dataDir) {
+  const leaks = closeDiskPool(dataDir);
+  if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
+  return leaks;
+}
+
+/**
  * Unmounts the volumes of a stopped daemon still open (leaks: a volume is closed when the last
  * sandbox holding it ends), returning them.
  */
@@ -95,6 +105,7 @@ export function makeNodeKey(dataDir) {
 /** Host resources still held for these sandbox ids (runsc containers, QEMU processes, netns, cgroups, mounts). */
 export function leftovers(dataDir, ids) {
   const out = [];
+  const pool = path.join(dataDir, 'disks', 'mnt');
   try {
     const list = JSON.parse(execFileSync('runsc', ['--root', path.join(dataDir, 'runsc'), 'list', '--format', 'json'], { encoding: 'utf8' }) || '[]') ?? [];
     for (const c of list) out.push(`runsc container ${c.id}`);
@@ -110,8 +121,10 @@ export function leftovers(dataDir, ids) {
       if (existsSync(dir)) for (const d of readdirSync(dir)) if (d === id || d.startsWith(`${id}-`)) out.push(`cgroup ${ctl}/space/${d}`);
     }
     if (mounts.includes(id)) out.push(`mount of ${id}`);
+    // (The disk pool itself stays mounted while its daemon runs and after: closeDiskPool.)
+    if (existsSync(path.join(pool, 'disks', id))) out.push(`disk of ${id}`);
   }
-  if (mounts.includes(dataDir)) out.push(`mount under ${dataDir}`);
+  if (mounts.split('\n').some((l) => l.split(' ')[4]?.startsWith(dataDir) && l.split(' ')[4] !== pool)) out.push(`mount under ${dataDir}`);
   // microVM sandboxes: a QEMU process per sandbox, named space-vm-<id>, and its RAM file.
   for (const f of existsSync('/dev/shm') ? readdirSync('/dev/shm') : []) for (const id of ids) if (f.startsWith(`space-${id}-`)) out.push(`RAM file /dev/shm/${f}`);
   for (const f of existsSync('/run/space-vmm') ? readdirSync('/run/space-vmm') : []) for (const id of ids) if (f.endsWith(`-${id}`)) out.push(`VMM directory /run/space-vmm/${f}`);

@@ -183,7 +183,8 @@ describe('microvm driver on a cluster node: the lease keeper', () => {
 describe('one daemon, two drivers: each sandbox chooses at creation', () => {
   let fx;
   before(async () => {
-    fx = await startTestDaemon({ driver: 'gvisor', drivers: ['gvisor', 'microvm'], microvm: { cacheDir: CACHE } });
+    // Files in memory on both drivers (the volume refusals below are those of a daemon without disks).
+    fx = await startTestDaemon({ driver: 'gvisor', drivers: ['gvisor', 'microvm'], microvm: { cacheDir: CACHE }, disks: { mode: 'off' } });
   });
   after(async () => assert.deepEqual(await fx.close(), []));
 

@@ -187,8 +187,12 @@ async function openVolumes(mode: 'auto' | 'on' | 'off', dataDir: string, store: 
 
 /** Sandbox disks of the daemon (flags `--disks`, `--disk-pool`, `--disk-default`, `--disk-max`). */
 export interface DiskOptions {
-  /** `on`: every gVisor sandbox gets a disk in a btrfs pool; `off`: files in memory. @default "off" (or SPACE_DISKS) */
-  mode?: 'on' | 'off';
+  /**
+   * `on`: every gVisor sandbox gets a disk in a btrfs pool; `off`: files in memory; `auto`: on
+   * for a node of its own when the host has btrfs and loop devices, decided once per data
+   * directory (see {@link resolveDisksMode}). @default "auto" (or SPACE_DISKS)
+   */
+  mode?: 'auto' | 'on' | 'off';
   /** Directory of the pool. @default `${dataDir}/disks` (or SPACE_DISK_POOL) */
   dir?: string;
   /** Disk size when a create gives none, MiB. @default 5120 (or SPACE_DISK_DEFAULT, e.g. "5G") */
@@ -198,15 +202,55 @@ export interface DiskOptions {
 }
 
 /** Checks the disks setting (flag `--disks`, `SPACE_DISKS`). */
-export function parseDisksMode(s: string): 'on' | 'off' {
-  if (s !== 'on' && s !== 'off') throw new SpaceError('CONFIG_INVALID', `Unknown --disks ${JSON.stringify(s)}: use on (sandbox files on bounded disks in a btrfs pool) or off (in memory)`);
+export function parseDisksMode(s: string): 'auto' | 'on' | 'off' {
+  if (s !== 'auto' && s !== 'on' && s !== 'off') throw new SpaceError('CONFIG_INVALID', `Unknown --disks ${JSON.stringify(s)}: use auto (on when this host can and the node is on its own), on (sandbox files on bounded disks in a btrfs pool) or off (in memory)`);
   return s;
 }
 
+/** The store setting that remembers what `--disks auto` came to for this data directory. */
+const DISKS_DECIDED = 'disks-auto';
+
+/**
+ * What `--disks auto` comes to, and why (said in the log at start):
+ * - **off** for nodes sharing a database: their sessions move between nodes, and a disk does
+ *   not move yet (docs/disks.md);
+ * - what it came to before, for a data directory that decided already (its sandboxes and
+ *   template images were made with or without disks, and restore only so);
+ * - **off** for a data directory made before disks were the default (it holds live sandboxes
+ *   or template images, all without a disk);
+ * - else **on** when the host has what a disk pool needs (btrfs-progs, loop devices), **off**
+ *   (saying what is missing) when not.
+ *
+ * @example const { mode, why } = await resolveDisksMode('auto', { shared: false, store, imagesDir });
+ */
+export async function resolveDisksMode(mode: 'auto' | 'on' | 'off', ctx: { shared: boolean; store: MetadataStore; imagesDir: string }): Promise<{ mode: 'on' | 'off'; why: string }> {
+  if (mode !== 'auto') return { mode, why: `--disks ${mode}` };
+  if (ctx.shared) return { mode: 'off', why: 'nodes sharing a database move sessions, and a sandbox disk does not move yet: start with --disks on to keep sessions on their nodes' };
+  const decided = await ctx.store.getMeta(DISKS_DECIDED);
+  if (decided === 'on' || decided === 'off') return { mode: decided, why: `this data directory was set up with disks ${decided}` };
+  let decision: { mode: 'on' | 'off'; why: string };
+  const live = await ctx.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated']);
+  const images = existsSync(ctx.imagesDir) && (await fs.readdir(ctx.imagesDir)).length > 0;
+  if (live.length || images) decision = { mode: 'off', why: `this data directory holds ${live.length ? `${live.length} sandbox(es)` : 'template images'} made without disks: start with --disks on to change that (they would not restore)` };
+  else {
+    const missing = [...(onPath('mkfs.btrfs') && onPath('btrfs') ? [] : ['btrfs-progs (apt-get install btrfs-progs)']), ...(existsSync('/dev/loop-control') ? [] : ['loop devices (/dev/loop-control)'])];
+    decision = missing.length ? { mode: 'off', why: `this host lacks ${missing.join(' and ')}` } : { mode: 'on', why: 'a new data directory on a host with btrfs and loop devices' };
+  }
+  const kept = await ctx.store.putMetaIfAbsent(DISKS_DECIDED, decision.mode);
+  return kept === decision.mode ? decision : { mode: kept as 'on' | 'off', why: `this data directory was set up with disks ${kept}` };
+}
+
+/** Whether a program is on the PATH. */
+function onPath(cmd: string): boolean {
+  return (process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin').split(':').some((d) => d && existsSync(path.join(d, cmd)));
+}
+
 /** The disks settings: options first, then SPACE_DISK* variables; undefined when off. */
-function diskSettings(opts: DiskOptions | undefined): { dir?: string; defaultMb?: number; maxMb?: number } | undefined {
+async function diskSettings(opts: DiskOptions | undefined, ctx: { shared: boolean; store: MetadataStore; imagesDir: string; logger: Logger }): Promise<{ dir?: string; defaultMb?: number; maxMb?: number } | undefined> {
   const env = process.env;
-  if ((opts?.mode ?? parseDisksMode(env.SPACE_DISKS ?? 'off')) === 'off') return undefined;
+  const { mode, why } = await resolveDisksMode(opts?.mode ?? parseDisksMode(env.SPACE_DISKS ?? 'auto'), ctx);
+  ctx.logger.info({ disks: mode }, `sandbox disks ${mode}: ${why}`);
+  if (mode === 'off') return undefined;
   const dir = opts?.dir ?? env.SPACE_DISK_POOL;
   const defaultMb = opts?.defaultMb ?? (env.SPACE_DISK_DEFAULT ? parseSizeMb(env.SPACE_DISK_DEFAULT, 'SPACE_DISK_DEFAULT') : undefined);
   const maxMb = opts?.maxMb ?? (env.SPACE_DISK_MAX ? parseSizeMb(env.SPACE_DISK_MAX, 'SPACE_DISK_MAX') : undefined);
@@ -418,7 +462,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const kernelDeb = opts.microvm?.kernelDeb ?? process.env.SPACE_MICROVM_KERNEL_DEB;
   const cacheDir = opts.microvm?.cacheDir ?? process.env.SPACE_MICROVM_CACHE_DIR;
   const network = egress ? { network: egress.network } : {};
-  const disks = diskSettings(opts.disks);
+  const disks = await diskSettings(opts.disks, { shared, store, imagesDir: templateImagesDir(dataDir), logger });
   const make = (name: 'gvisor' | 'microvm'): SandboxDriver =>
     name === 'microvm'
       ? new MicrovmDriver({ dataDir, ...network, ...(accel ? { accel } : {}), ...(kernelDeb ? { kernelDeb } : {}), ...(cacheDir ? { cacheDir } : {}) })

@@ -8,7 +8,7 @@
  *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
  *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
- *        [--disks on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--volumes auto|on|off]
+ *        [--disks auto|on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--volumes auto|on|off]
  *        [--database postgres://USER@HOST:PORT/DB] [--blob-store file:///PATH|s3://BUCKET?endpoint=URL] [--work-dir DIR]
  *        [--node-name NAME] [--node-lost-after SECONDS] [--advertise-url http://HOST:PORT]
  */
