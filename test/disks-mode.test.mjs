@@ -1,4 +1,4 @@
-// What `--disks auto` (the default) comes to (fast lane, no runtime): on for a new data directory
+// What `--disks auto` comes to (fast lane, no runtime): on for a new data directory
 // of a node on its own when the host has btrfs and loop devices — this machine's set-up installs
 // btrfs-progs; off for nodes sharing a database (a disk does not move between nodes yet) and
 // for a data directory made before (its sandboxes and images have no disk); decided once and

@@ -110,7 +110,7 @@ function daemonCommand(name: string, description: string): Command {
     .option('--microvm-accel <mode>', 'microvm acceleration: auto, kvm or tcg')
     .option('--e2b-internet <allow|deny>', "what E2B's allowInternetAccess: true gives E2B-created sandboxes: allow (public destinations through the egress proxy) or deny")
     .option('--e2b-public-traffic <allow|deny>', "whether E2B-created sandboxes' ports may be reached without their traffic token (E2B's allowPublicTraffic): allow (E2B's default) or deny")
-    .option('--disks <auto|on|off>', 'auto (the default): on for a node of its own on a host with btrfs, decided once per data directory; on: sandbox files on bounded disks in a btrfs pool (not in memory); off: in memory')
+    .option('--disks <auto|on|off>', 'on: sandbox files on bounded disks in a btrfs pool (not in memory); off: in memory (the default: a live disk is plaintext on the node); auto: on for a node of its own on a host with btrfs, decided once per data directory')
     .option('--disk-pool <dir>', 'directory of the disk pool (default: DATA_DIR/disks)')
     .option('--disk-default <size>', 'disk size of a sandbox whose create gives none, e.g. 5G')
     .option('--disk-max <size>', 'largest disk a create may ask for, e.g. 64G')

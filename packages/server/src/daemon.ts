@@ -190,7 +190,8 @@ export interface DiskOptions {
   /**
    * `on`: every gVisor sandbox gets a disk in a btrfs pool; `off`: files in memory; `auto`: on
    * for a node of its own when the host has btrfs and loop devices, decided once per data
-   * directory (see {@link resolveDisksMode}). @default "auto" (or SPACE_DISKS)
+   * directory (see {@link resolveDisksMode}). Off unless asked: a live disk is plaintext on the
+   * node (docs/disks.md). @default "off" (or SPACE_DISKS)
    */
   mode?: 'auto' | 'on' | 'off';
   /** Directory of the pool. @default `${dataDir}/disks` (or SPACE_DISK_POOL) */
@@ -248,7 +249,7 @@ function onPath(cmd: string): boolean {
 /** The disks settings: options first, then SPACE_DISK* variables; undefined when off. */
 async function diskSettings(opts: DiskOptions | undefined, ctx: { shared: boolean; store: MetadataStore; imagesDir: string; logger: Logger }): Promise<{ dir?: string; defaultMb?: number; maxMb?: number } | undefined> {
   const env = process.env;
-  const { mode, why } = await resolveDisksMode(opts?.mode ?? parseDisksMode(env.SPACE_DISKS ?? 'auto'), ctx);
+  const { mode, why } = await resolveDisksMode(opts?.mode ?? parseDisksMode(env.SPACE_DISKS ?? 'off'), ctx);
   ctx.logger.info({ disks: mode }, `sandbox disks ${mode}: ${why}`);
   if (mode === 'off') return undefined;
   const dir = opts?.dir ?? env.SPACE_DISK_POOL;
