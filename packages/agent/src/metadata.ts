@@ -117,11 +117,15 @@ export async function readMetadata(paths: string[]): Promise<Metadata[]> {
   );
   // Files without extended attributes may have theirs beside them.
   if (!found.some((md) => Object.keys(md).length === 0)) return found;
+  // Entries of one listing share their directory: its sidecar is looked for once.
+  const sidecars = new Map<string, Promise<string | undefined>>();
   const indexes = new Map<string, Promise<Map<string, string>>>();
   return Promise.all(
     found.map(async (md, i) => {
       if (Object.keys(md).length) return md;
-      const dir = await sidecarOf(paths[i]!).catch(() => undefined);
+      const parent = path.dirname(paths[i]!);
+      if (!sidecars.has(parent)) sidecars.set(parent, sidecarOf(parent).catch(() => undefined));
+      const dir = await sidecars.get(parent);
       if (!dir || !existsSync(dir)) return md;
       if (!indexes.has(dir)) indexes.set(dir, sidecarIndex(dir));
       return (await sidecarEntry(dir, await indexes.get(dir)!, paths[i]!))?.md ?? {};
@@ -141,13 +145,14 @@ export async function writeMetadata(p: string, md: Metadata): Promise<void> {
 }
 
 /**
- * Where the metadata of `p` is kept when its file system has no extended attributes: a
- * directory `.space-metadata` (root's only) at the root of the file system `p` is on — a hard
- * link can only be made within one (`/tmp` is one of its own in a sandbox).
+ * Where the metadata of the files in directory `parent` is kept when their file system has no
+ * extended attributes: a directory `.space-metadata` (root's only) at the root of the file
+ * system `parent` is on — a hard link can only be made within one (`/tmp` is one of its own in
+ * a sandbox).
  */
-async function sidecarOf(p: string): Promise<string> {
-  const { dev } = await fs.lstat(p);
-  let dir = await fs.realpath(path.dirname(p));
+async function sidecarOf(parent: string): Promise<string> {
+  let dir = await fs.realpath(parent);
+  const { dev } = await fs.lstat(dir);
   while (dir !== '/' && (await fs.lstat(path.dirname(dir))).dev === dev) dir = path.dirname(dir);
   return path.join(dir, SIDECAR);
 }
@@ -184,7 +189,7 @@ async function sidecarEntry(dir: string, index: Map<string, string>, p: string):
 /** Sets `md`'s keys on `p` in its file system's sidecar directory. */
 async function writeSidecar(p: string, md: Metadata): Promise<void> {
   if (!(await fs.lstat(p)).isFile()) throw new AgentError('BAD_REQUEST', `File metadata cannot be kept for ${p}: its file system has no extended attributes, and it is not a regular file`);
-  const dir = await sidecarOf(p);
+  const dir = await sidecarOf(path.dirname(p));
   await fs.mkdir(dir, { recursive: true, mode: 0o700 });
   const entry = await sidecarEntry(dir, await sidecarIndex(dir, true), p);
   const id = entry?.id ?? randomUUID();
