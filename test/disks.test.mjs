@@ -172,4 +172,18 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     assert.equal(parseSizeMb('1.5g'), 1536);
     for (const bad of ['10GG', '0', '-1G', '4K', '', 'G']) assert.throws(() => parseSizeMb(bad, '--disk'), (e) => e.code === 'INVALID_LIMITS' && /--disk/.test(e.message), bad);
   });
+
+  it('file metadata on a disk (no extended attributes there): kept beside the file through mv; a directory a user planted for it is refused', async () => {
+    const sb = await fx.create({ template: 'minimal' });
+    await sb.files.write('/home/user/a.txt', 'x', { metadata: { k: 'v' } });
+    await sb.commands.run('mv /home/user/a.txt /home/user/b.txt');
+    assert.deepEqual((await sb.files.stat('/home/user/b.txt', { metadata: true })).metadata, { k: 'v' });
+    // /tmp is a file system of its own, and anyone may make things in it: a link planted there
+    // as the sidecar would have the agent (root) write into /etc.
+    await sb.commands.run('ln -s /etc /tmp/.space-metadata');
+    await assert.rejects(sb.files.write('/tmp/c.txt', 'x', { metadata: { k: 'v' } }), (e) => e.code === 'BAD_REQUEST' && /not the agent's own directory/.test(e.message));
+    assert.equal(await sb.files.exists('/tmp/c.txt'), false, 'a refused write writes nothing');
+    assert.equal((await sb.commands.run('ls /etc | grep -c json')).stdout.trim(), '0', 'nothing written into /etc');
+    await sb.kill();
+  });
 });

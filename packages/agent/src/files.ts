@@ -28,6 +28,8 @@ const ERRNO: Record<string, ErrorCode> = {
 
 /** Turns a node fs error into an {@link AgentError} with a SPACE code. */
 export function fsError(err: unknown, p: string): AgentError {
+  // The agent's own refusals (file metadata, …) keep their code and message.
+  if (err instanceof AgentError) return err;
   const e = err as NodeJS.ErrnoException;
   const code = (e.code && ERRNO[e.code]) || 'INTERNAL';
   return new AgentError(code, `${e.code ?? 'error'}: ${p}`);

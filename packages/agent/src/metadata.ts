@@ -191,6 +191,10 @@ async function writeSidecar(p: string, md: Metadata): Promise<void> {
   if (!(await fs.lstat(p)).isFile()) throw new AgentError('BAD_REQUEST', `File metadata cannot be kept for ${p}: its file system has no extended attributes, and it is not a regular file`);
   const dir = await sidecarOf(path.dirname(p));
   await fs.mkdir(dir, { recursive: true, mode: 0o700 });
+  // A sandbox user may have made one first in a shared directory (/tmp): a symbolic link or a
+  // directory of theirs would have the agent write where they chose.
+  const own = await fs.lstat(dir);
+  if (!own.isDirectory() || own.uid !== process.getuid?.() || (own.mode & 0o077) !== 0) throw new AgentError('BAD_REQUEST', `File metadata cannot be kept on this file system: ${dir} is not the agent's own directory (someone else made it): remove it, or write without metadata`);
   const entry = await sidecarEntry(dir, await sidecarIndex(dir, true), p);
   const id = entry?.id ?? randomUUID();
   if (!entry) await fs.link(p, path.join(dir, `${id}.link`));
