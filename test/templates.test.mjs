@@ -6,25 +6,30 @@ import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSy
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
-import { TEMPLATES_DIR, api, eventually, startTestDaemon } from './helpers.mjs';
+import { api, eventually, startTestDaemon } from './helpers.mjs';
 import { templateImagesDir } from '../packages/server/dist/index.js';
 import { makeDockerSave, makeOciImage } from './oci-image.mjs';
 
-/** The template cache entries (rootfs directories) that exist now. */
-const cacheEntries = () => new Set(existsSync(TEMPLATES_DIR) ? readdirSync(TEMPLATES_DIR).filter((d) => d.startsWith('t-')) : []);
+// This suite counts root file systems in its template cache, so it has a cache of its own: the
+// shared one (SPACE_TEMPLATES_DIR) gains and loses entries of the suites running beside it.
+const templatesDir = mkdtempSync('/tmp/spt-tpl-');
+
+/** The template cache entries (rootfs directories, finished or not) that exist now. */
+const cacheEntries = () => new Set(readdirSync(templatesDir).filter((d) => d.startsWith('t-')));
 
 describe('templates', () => {
   let fx;
   let work;
   const marker = `m${Date.now().toString(36)}${process.pid}`;
   before(async () => {
-    fx = await startTestDaemon();
+    fx = await startTestDaemon({ templatesDir });
     work = mkdtempSync('/tmp/spt-img-');
   });
   after(async () => {
     for (const t of await Templates.list(fx.conn).catch(() => [])) if (!t.builtin) await Templates.remove(t.name, fx.conn).catch(() => {});
     assert.deepEqual(await fx.close(), []);
     rmSync(work, { recursive: true, force: true });
+    rmSync(templatesDir, { recursive: true, force: true });
   });
 
   it('builds from an OCI layout tarball with a start command; creates restore it, each with its own identity', async () => {
