@@ -37,7 +37,7 @@ function sandboxResources() {
     return existsSync(d) ? readdirSync(d, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => `cgroup ${c}/space/${e.name}`) : [];
   });
   // Disk pools (--disks on) of test daemons: each unmounts its own when it closes.
-  const pools = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m?.endsWith('/disks/mnt')).map((m) => `disk pool mounted at ${m}`);
+  const pools = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m?.endsWith('/disks/mnt') || m?.endsWith('/disks/vault')).map((m) => `disk pool mounted at ${m}`);
   // Open volumes: a volume is closed (unmounted) when no sandbox holds it.
   const volumes = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => /\/volumes\/vol-[a-z0-9]+\/mnt$/.test(m ?? '')).map((m) => `volume open at ${m}`);
   // Throwaway PostgreSQL servers of the tests (test/postgres.mjs): each test stops its own.

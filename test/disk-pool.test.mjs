@@ -1,18 +1,42 @@
 // The node's pool of sandbox disks (issue 23's first part) on a real btrfs in a loop-mounted
 // sparse image: a disk is its template's files without a copy, a limit that stops a writer with
 // EDQUOT, point-in-time copies and forks that share unchanged blocks, and a pool that survives
-// being unmounted (as after a reboot).
+// being unmounted (as after a reboot). The pool is kept in its vault (an ext4 image encrypted
+// with fscrypt) as the daemon keeps it: what reaches the host's disk is ciphertext.
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { DiskPool } from '../packages/driver-gvisor/dist/index.js';
 
 const MiB = 1024 * 1024;
 
+/** Whether `file` holds `text` anywhere: read in 16 MiB steps (a sparse image's holes read as zeros, fast). */
+function holds(file, text) {
+  const needle = Buffer.from(text);
+  const fd = openSync(file, 'r');
+  try {
+    const buf = Buffer.alloc(16 * MiB);
+    let carry = Buffer.alloc(0);
+    for (let pos = 0; ; ) {
+      const n = readSync(fd, buf, 0, buf.length, pos);
+      if (n === 0) return false;
+      const hay = Buffer.concat([carry, buf.subarray(0, n)]);
+      if (hay.includes(needle)) return true;
+      carry = hay.subarray(Math.max(0, hay.length - needle.length));
+      pos += n;
+    }
+  } finally {
+    closeSync(fd);
+  }
+}
+
 describe('disk pool (btrfs)', () => {
   let dir, pool, template;
+  const key = randomBytes(32);
+  const open = (k = key) => DiskPool.open({ dir: path.join(dir, 'pool'), sizeBytes: 2048 * MiB, key: k });
   const allocated = () => statSync(pool.imagePath).blocks * 512;
   // btrfs allocates lazily: make its numbers current before reading them.
   const settle = () => execFileSync('btrfs', ['filesystem', 'sync', pool.mountPoint]);
@@ -28,7 +52,7 @@ describe('disk pool (btrfs)', () => {
     mkdirSync(path.join(template, 'etc'), { recursive: true });
     writeFileSync(path.join(template, 'etc', 'os-release'), 'NAME=test\n');
     writeFileSync(path.join(template, 'big.bin'), Buffer.alloc(20 * MiB, 7));
-    pool = await DiskPool.open({ dir: path.join(dir, 'pool'), sizeBytes: 2048 * MiB });
+    pool = await open();
     await pool.importTemplate('tpl', template);
   });
   after(async () => {
@@ -93,9 +117,44 @@ describe('disk pool (btrfs)', () => {
 
   it('the pool survives being unmounted: opened again, its disks and templates are there', async () => {
     await pool.close();
-    pool = await DiskPool.open({ dir: path.join(dir, 'pool'), sizeBytes: 2048 * MiB });
+    pool = await open();
     assert.deepEqual((await pool.list()).disks, ['sba']);
     assert.ok(pool.templatePath('tpl'));
     assert.equal((await pool.usage('sba')).limitBytes, 64 * MiB, 'limits are kept');
+  });
+
+  it('at rest the pool is ciphertext: a disk\'s file and its name are nowhere in the vault\'s image; the wrong key opens nothing', async () => {
+    assert.equal(pool.encrypted, true);
+    const vaultImage = path.join(dir, 'pool', 'vault.img');
+    assert.equal(pool.imagePath, path.join(dir, 'pool', 'vault', 'files', 'pool.img'));
+    assert.equal(DiskPool.scratchDir(path.join(dir, 'pool')), path.join(dir, 'pool', 'vault', 'files', 'work'));
+    const marker = `vault-marker-${randomBytes(8).toString('hex')}`;
+    const root = path.join(pool.mountPoint, 'disks', 'sba');
+    writeFileSync(path.join(root, `${marker}-name`), `${marker}\n`.repeat(10_000));
+    mkdirSync(path.join(pool.imagePath, '..', 'work'), { recursive: true });
+    writeFileSync(path.join(pool.imagePath, '..', 'work', 'stream'), `${marker}\n`.repeat(10_000));
+    settle();
+    // The scan can see it: through the unlocked vault the pool's image holds the file as written.
+    assert.equal(holds(pool.imagePath, marker), true, 'the pool image, read through the open vault, holds the marker');
+    await pool.close();
+    assert.ok(statSync(vaultImage).blocks * 512 > 1 * MiB, 'the vault holds the pool');
+    assert.equal(holds(vaultImage, marker), false, 'no plaintext of contents or names in the vault\'s image');
+    assert.equal(holds(vaultImage, 'NAME=test'), false, 'nor of the template');
+    assert.equal(existsSync(path.join(dir, 'pool', 'pool.img')), false, 'no plaintext pool beside it');
+    await assert.rejects(open(randomBytes(32)), (e) => e.code === 'KEY_INVALID');
+    pool = await open();
+    assert.equal(readFileSync(path.join(root, `${marker}-name`), 'utf8').slice(0, marker.length), marker);
+  });
+
+  it('a pool made before vaults (plaintext pool.img) is opened as it is, and says so', async () => {
+    const old = path.join(dir, 'old');
+    const p = await DiskPool.open({ dir: old, sizeBytes: 512 * MiB });
+    assert.equal(p.encrypted, false);
+    await p.close();
+    assert.equal(DiskPool.scratchDir(old), undefined);
+    const again = await DiskPool.open({ dir: old, sizeBytes: 512 * MiB, key });
+    assert.equal(again.encrypted, false);
+    assert.equal(again.imagePath, path.join(old, 'pool.img'));
+    await again.close();
   });
 });

@@ -69,9 +69,22 @@ export async function startTestDaemon(opts = {}) {
  */
 export function closeDiskPool(dataDir) {
   const mnt = path.join(dataDir, 'disks', 'mnt');
-  if (!readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === mnt)) return [];
-  const disks = readdirSync(path.join(mnt, 'disks')).map((d) => `disk ${d}`);
-  execFileSync('umount', [mnt]);
+  const vault = path.join(dataDir, 'disks', 'vault');
+  const mounted = (m) => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === m);
+  let disks = [];
+  if (mounted(mnt)) {
+    disks = readdirSync(path.join(mnt, 'disks')).map((d) => `disk ${d}`);
+    execFileSync('umount', [mnt]);
+  }
+  // The vault the pool's image is kept in: its loop device lets go a moment after the pool's unmount.
+  for (let i = 0; mounted(vault); i++) {
+    try {
+      execFileSync('umount', [vault], { stdio: 'pipe' });
+    } catch (err) {
+      if (i >= 100) throw err;
+      execFileSync('sleep', ['0.05']);
+    }
+  }
   return disks;
 }
 

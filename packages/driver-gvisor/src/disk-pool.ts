@@ -10,12 +10,19 @@
  *
  * Layout under the mount point: `templates/<name>`, `disks/<id>`, `copies/<id>`.
  * Everything is done with the `btrfs` command (btrfs-progs), the tool made for it.
+ *
+ * At rest, encrypted: given a key, the pool's image lives in a vault — a sparse ext4 image whose
+ * `files` directory is encrypted with fscrypt ({@link EncryptedImage}) — so the disks' files, and
+ * the work files the daemon keeps there ({@link DiskPool.scratchDir}), reach the host's disk as
+ * ciphertext. Why a file system in a file in a file system: this kernel has no dm-crypt, and
+ * fscrypt is ext4's, which cannot share blocks (docs/architecture.md, "Disks at rest").
  */
 import { execFile } from 'node:child_process';
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { SpaceError, mountPoints } from '@space/core';
+import { EncryptedImage } from '@space/volume-ext4';
 
 const run = promisify(execFile);
 
@@ -27,6 +34,11 @@ export interface DiskPoolOptions {
   sizeBytes: number;
   /** Each btrfs command must finish within this. @default 60000 */
   timeoutMs?: number;
+  /**
+   * 256-bit key of the vault the pool's image is kept in (encrypted at rest). Without one, or
+   * for a pool made before vaults (`<dir>/pool.img`), the image is plaintext on the host.
+   */
+  key?: Buffer;
 }
 
 /** What a disk holds, as btrfs counts it. */
@@ -64,7 +76,24 @@ export class DiskPool {
     readonly mountPoint: string,
     private readonly image: string,
     private readonly timeoutMs: number,
+    private readonly vault?: EncryptedImage,
   ) {}
+
+  /** Whether the pool's bytes are encrypted at rest (it is kept in a vault). */
+  get encrypted(): boolean {
+    return !!this.vault;
+  }
+
+  /**
+   * A directory for work files (checkpoint images, disk streams) encrypted at rest with the pool,
+   * when it is in a vault: `<dir>/vault/files/work`. Known before the pool opens (a daemon sets
+   * its work directory from it); undefined for a pool without one.
+   *
+   * @example DiskPool.scratchDir('/var/lib/space/disks') // '/var/lib/space/disks/vault/files/work'
+   */
+  static scratchDir(dir: string): string | undefined {
+    return existsSync(path.join(dir, 'pool.img')) ? undefined : path.join(dir, 'vault', 'files', 'work');
+  }
 
   /**
    * Opens the pool in `opts.dir`: makes its image and file system the first time, mounts it if
@@ -73,11 +102,16 @@ export class DiskPool {
    */
   static async open(opts: DiskPoolOptions): Promise<DiskPool> {
     const timeoutMs = opts.timeoutMs ?? 60_000;
-    const image = path.join(opts.dir, 'pool.img');
+    const plain = path.join(opts.dir, 'pool.img');
+    // A pool made before vaults stays where it is (plaintext; docs/disks.md says how to move on).
+    const vault = opts.key && !existsSync(plain) ? new EncryptedImage({ image: path.join(opts.dir, 'vault.img'), mnt: path.join(opts.dir, 'vault'), confPath: path.join(opts.dir, 'fscrypt.conf'), timeoutMs }) : undefined;
+    const image = vault ? path.join(vault.files, 'pool.img') : plain;
     const mnt = path.join(opts.dir, 'mnt');
-    const pool = new DiskPool(mnt, image, timeoutMs);
+    const pool = new DiskPool(mnt, image, timeoutMs, vault);
     await fs.mkdir(mnt, { recursive: true });
     try {
+      // As large as the pool again, for the work files (sparse: the host holds what is written).
+      if (vault) await vault.open(opts.key!, 2 * opts.sizeBytes);
       if (!existsSync(image)) {
         // Made under another name and renamed: a crash never leaves a half-made image behind.
         const part = `${image}.part`;
@@ -99,8 +133,8 @@ export class DiskPool {
       // What a crash left half-removed.
       for (const t of await fs.readdir(path.join(mnt, 'trash'))) pool.purge(path.join(mnt, 'trash', t));
     } catch (err) {
-      if (err instanceof SpaceError && err.code === 'CONFIG_INVALID') throw err;
-      throw new SpaceError('CONFIG_INVALID', `Cannot set up the disk pool in ${opts.dir}: ${(err as Error).message}. Sandbox disks need btrfs-progs, loop devices and btrfs in the kernel (./space up installs btrfs-progs)`, { cause: err });
+      if (err instanceof SpaceError && (err.code === 'CONFIG_INVALID' || err.code === 'KEY_INVALID')) throw err;
+      throw new SpaceError('CONFIG_INVALID', `Cannot set up the disk pool in ${opts.dir}: ${(err as Error).message}. Sandbox disks need btrfs-progs, loop devices and btrfs in the kernel, and to keep them encrypted fscrypt and ext4 with encryption (./space up installs btrfs-progs and fscrypt)`, { cause: err });
     }
     return pool;
   }
@@ -302,10 +336,11 @@ export class DiskPool {
     return this.recounting;
   }
 
-  /** Unmounts the pool (its disks must be out of use). */
+  /** Unmounts the pool, and its vault (its disks and work files must be out of use). */
   async close(): Promise<void> {
     await this.recounting;
     if (isMountPoint(this.mountPoint)) await this.cmd('umount', [this.mountPoint]);
+    await this.vault?.close();
   }
 
   /** The pool's image file (sparse: it takes only what its file system uses). */

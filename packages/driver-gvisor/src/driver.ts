@@ -53,6 +53,12 @@ export interface GvisorDiskOptions {
   dir?: string;
   /** Size of the pool's sparse image, bytes. @default the size of the file system holding it */
   poolBytes?: number;
+  /**
+   * 256-bit key that keeps the pool encrypted at rest (its image in a vault, see
+   * {@link DiskPool}); the daemon gives a secret of its own, wrapped by the node key. Without
+   * one the pool is plaintext on the host.
+   */
+  key?: Buffer;
   /** Disk size when a create gives none, MiB. @default 5120 */
   defaultMb?: number;
   /** Largest disk, MiB. @default 65536 */
@@ -149,7 +155,7 @@ export class GvisorDriver implements SandboxDriver {
       const dir = this.opts.disks.dir ?? path.join(this.opts.dataDir, 'disks');
       await fs.mkdir(dir, { recursive: true, mode: 0o700 });
       const fsStat = await fs.statfs(dir);
-      this.pool = await DiskPool.open({ dir, sizeBytes: this.opts.disks.poolBytes ?? fsStat.blocks * fsStat.bsize });
+      this.pool = await DiskPool.open({ dir, sizeBytes: this.opts.disks.poolBytes ?? fsStat.blocks * fsStat.bsize, ...(this.opts.disks.key ? { key: this.opts.disks.key } : {}) });
     }
     this.runtimeDir = await ensureRuntime(path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, [AGENT_HELPER, AGENT_COMPAT_LIB]);
   }

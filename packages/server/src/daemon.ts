@@ -11,7 +11,7 @@ import pino from 'pino';
 import { Ext4Volumes } from '@space/volume-ext4';
 import { ApiKeys, Volumes, type Logger, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
 import { parseSizeMb, type DrainEvent, type DrainResult } from '@space/api';
-import { GvisorDriver } from '@space/driver-gvisor';
+import { DiskPool, GvisorDriver } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
@@ -247,7 +247,7 @@ function onPath(cmd: string): boolean {
 }
 
 /** The disks settings: options first, then SPACE_DISK* variables; undefined when off. */
-async function diskSettings(opts: DiskOptions | undefined, ctx: { shared: boolean; store: MetadataStore; imagesDir: string; logger: Logger }): Promise<{ dir?: string; defaultMb?: number; maxMb?: number } | undefined> {
+async function diskSettings(opts: DiskOptions | undefined, ctx: { shared: boolean; store: MetadataStore; imagesDir: string; logger: Logger }): Promise<{ dir?: string; defaultMb?: number; maxMb?: number; key?: Buffer } | undefined> {
   const env = process.env;
   const { mode, why } = await resolveDisksMode(opts?.mode ?? parseDisksMode(env.SPACE_DISKS ?? 'off'), ctx);
   ctx.logger.info({ disks: mode }, `sandbox disks ${mode}: ${why}`);
@@ -464,6 +464,9 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const cacheDir = opts.microvm?.cacheDir ?? process.env.SPACE_MICROVM_CACHE_DIR;
   const network = egress ? { network: egress.network } : {};
   const disks = await diskSettings(opts.disks, { shared, store, imagesDir: templateImagesDir(dataDir), logger });
+  // The pool is kept encrypted at rest under a secret of the deployment's, wrapped by the node key.
+  const diskPoolDir = disks ? (disks.dir ?? path.join(dataDir, 'disks')) : undefined;
+  if (disks) disks.key = await encryptionKeys.daemonSecret('disk-pool');
   const make = (name: 'gvisor' | 'microvm'): SandboxDriver =>
     name === 'microvm'
       ? new MicrovmDriver({ dataDir, ...network, ...(accel ? { accel } : {}), ...(kernelDeb ? { kernelDeb } : {}), ...(cacheDir ? { cacheDir } : {}) })
@@ -476,9 +479,9 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   // Template images used to be kept in plaintext on disk: they are captured again (and stored encrypted).
   await fs.rm(path.join(dataDir, 'template-images'), { recursive: true, force: true });
   const imagesDir = templateImagesDir(dataDir);
-  // With disks, a snapshot's disk stream (GiBs) passes through the work directory: on disk,
-  // beside the pool whose copies are plaintext on the node anyway (docs/disks.md).
-  const workDir = opts.workDir ?? process.env.SPACE_WORK_DIR ?? (disks ? path.join(dataDir, 'work') : defaultWorkDir(dataDir));
+  // With disks, a snapshot's disk stream (GiBs) passes through the work directory: on disk, in
+  // the pool's vault (encrypted at rest with it); `<data>/work` beside a pool made before vaults.
+  const workDir = opts.workDir ?? process.env.SPACE_WORK_DIR ?? (diskPoolDir ? (DiskPool.scratchDir(diskPoolDir) ?? path.join(dataDir, 'work')) : defaultWorkDir(dataDir));
   const volumes = shared
     ? // A volume's bytes are on one node's disk; nodes sharing a database do not offer them yet.
       new Volumes({ store, keys: encryptionKeys, logger, unavailable: 'volumes are kept on one node\'s disk and not offered yet by daemons sharing a PostgreSQL database (docs/cluster.md)' })

@@ -17,6 +17,9 @@
 import { existsSync, promises as fs, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { KeyedSerial, SpaceError, mountPoints, run, type VolumeHost, type VolumeHostReport } from '@space/core';
+import { ensureFscryptConf, fscrypt, mkfsEncryptableArgs } from './fscrypt.js';
+
+export * from './fscrypt.js';
 
 /** Options of {@link Ext4Volumes}. */
 export interface Ext4VolumesOptions {
@@ -33,15 +36,6 @@ export interface Ext4VolumesOptions {
 }
 
 const ID = /^[a-z0-9][a-z0-9-]{0,63}$/;
-
-/** fscrypt's settings, kept beside the volumes instead of in /etc (FSCRYPT_CONF). */
-const FSCRYPT_CONF = {
-  source: 'raw_key',
-  hash_costs: { time: '1', memory: '1024', parallelism: '1' },
-  options: { padding: '32', contents: 'AES_256_XTS', filenames: 'AES_256_CTS', policy_version: '2' },
-  use_fs_keyring_for_v1_policies: false,
-  allow_cross_user_metadata: false,
-};
 
 /**
  * Writes a file's dirty pages out. Before a sparse copy: what the loop device wrote may still
@@ -83,19 +77,13 @@ export class Ext4Volumes implements VolumeHost {
     }
   }
 
-  /**
-   * Runs fscrypt. fscrypt reads a raw key only from a regular file of 32 bytes (not a pipe), so
-   * the key is written to a file in RAM (`/dev/shm`), readable by root alone, for the call's duration.
-   */
+  /** Runs fscrypt on volume `id`'s file system (see {@link fscrypt}); a missing tool is `VOLUMES_UNAVAILABLE`. */
   private async fscrypt(id: string, args: string[], key?: Buffer): Promise<string> {
-    const env = { FSCRYPT_CONF: this.confPath, FSCRYPT_ROOT_MNT: this.mnt(id) };
-    if (!key) return this.run('fscrypt', [...args, '--quiet'], env);
-    const dir = await fs.mkdtemp(path.join(existsSync('/dev/shm') ? '/dev/shm' : '/run', 'space-volume-'));
     try {
-      await fs.writeFile(path.join(dir, 'key'), key, { mode: 0o600 });
-      return await this.run('fscrypt', [...args, `--key=${path.join(dir, 'key')}`, '--quiet'], env);
-    } finally {
-      await fs.rm(dir, { recursive: true, force: true });
+      return await fscrypt(args, { confPath: this.confPath, rootMnt: this.mnt(id), timeoutMs: this.timeoutMs, ...(key ? { key } : {}) });
+    } catch (err) {
+      if ((err as { cause?: NodeJS.ErrnoException }).cause?.code === 'ENOENT') throw new SpaceError('VOLUMES_UNAVAILABLE', 'fscrypt is not installed: volumes need it (apt-get install fscrypt)', { cause: err });
+      throw new SpaceError('INTERNAL', (err as Error).message, { cause: err });
     }
   }
 
@@ -138,7 +126,7 @@ export class Ext4Volumes implements VolumeHost {
 
   private async ensureConf(): Promise<void> {
     await fs.mkdir(this.opts.dir, { recursive: true, mode: 0o700 });
-    if (!existsSync(this.confPath)) await fs.writeFile(this.confPath, JSON.stringify(FSCRYPT_CONF, null, 2), { mode: 0o600 });
+    await ensureFscryptConf(this.confPath);
   }
 
   private async mount(id: string): Promise<void> {
@@ -199,9 +187,7 @@ export class Ext4Volumes implements VolumeHost {
       try {
         await (await fs.open(this.image(id), 'w', 0o600)).close();
         await this.reserve(id, sizeMb);
-        // No reserved blocks (the whole size is the user's); `encrypt` lets fscrypt work on it;
-        // `nodiscard`: mkfs would punch the reservation's holes back into the file.
-        await this.run('mkfs.ext4', ['-q', '-F', '-m', '0', '-O', 'encrypt', '-E', 'lazy_itable_init=1,lazy_journal_init=1,nodiscard', '-L', id.slice(0, 16), this.image(id)]);
+        await this.run('mkfs.ext4', mkfsEncryptableArgs(this.image(id), id));
         await this.mount(id);
         await this.fscrypt(id, ['setup', this.mnt(id)]);
         await fs.mkdir(this.files(id), { mode: 0o755 });
