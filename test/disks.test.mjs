@@ -4,22 +4,14 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { parseSizeMb } from '../packages/api/dist/index.js';
 import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
-import { cliRunner, eventually, startTestDaemon } from './helpers.mjs';
+import { cliRunner, contentsAtRest, eventually, filesAtRest, startTestDaemon } from './helpers.mjs';
 
 const MiB = 1048576;
-
-/** Every file under `dir`. */
-function files(dir) {
-  return readdirSync(dir).flatMap((n) => {
-    const p = path.join(dir, n);
-    return statSync(p).isDirectory() ? files(p) : [p];
-  });
-}
 
 /** Bytes the pool's file system uses (data and metadata), after btrfs has written everything out. */
 function poolUsedBytes(mnt) {
@@ -90,8 +82,13 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     await sb.files.write('/tmp/kept.txt', marker.repeat(1000));
     const s1 = await sb.snapshot();
     await sb.files.write('/tmp/kept.txt', 'changed');
-    // The store holds the copy's files, and none of them in readable form.
-    for (const f of files(path.join(fx.dataDir, 'blobs'))) assert.equal(readFileSync(f).indexOf(marker), -1, `the file is readable in ${f}`);
+    // Nothing at rest holds them in readable form: not the store (it holds the copy's files), nor
+    // the node's disk (the pool, its copies and the work directory are in the encrypted vault).
+    assert.ok(filesAtRest(path.join(fx.dataDir, 'blobs')).length > 0, 'the snapshot is stored');
+    for (const [f, buf] of contentsAtRest(fx.dataDir)) assert.equal(buf.indexOf(marker), -1, `the file is readable in ${f}`);
+    // The scan can fail: the pool's image, read through the open vault, holds the file.
+    execFileSync('btrfs', ['filesystem', 'sync', mnt]);
+    assert.ok([...contentsAtRest(path.join(fx.dataDir, 'disks', 'vault', 'files'))].some(([, buf]) => buf.indexOf(marker) !== -1), 'the pool image holds the file in plaintext behind the vault');
     // The node loses its copy (a new pool, another node): the stored stream is received again.
     execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s1.id)]);
     await sb.rollback(s1.id);

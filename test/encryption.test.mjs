@@ -8,36 +8,15 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { defaultWorkDir, startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
-import { TEMPLATES_DIR, api, eventually, startSpaced, startTestDaemon, stopSpaced } from './helpers.mjs';
+import { TEMPLATES_DIR, api, contentsAtRest, eventually, filesAtRest, startSpaced, startTestDaemon, stopSpaced } from './helpers.mjs';
 import { inflateStatefile, unpackSnapshot } from './statefile.mjs';
 import { makeOciImage } from './oci-image.mjs';
 import { StatefileCodec } from '../packages/driver-gvisor/dist/index.js';
 
 const codec = new StatefileCodec();
 
-/** Every regular file under `dir` (skipping the node runtime copy: the host's own node binary). */
-function files(dir, out = []) {
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = path.join(dir, e.name);
-    if (e.isDirectory() && !(dir.endsWith(path.sep + path.basename(dir)) && e.name === 'runtime')) files(p, out);
-    else if (e.isFile()) out.push(p);
-  }
-  return out;
-}
-
-/** Every file under `dir` with its bytes (files the runtime removed meanwhile are skipped). */
-function* contents(dir) {
-  for (const f of files(dir)) {
-    let buf;
-    try {
-      buf = readFileSync(f);
-    } catch (err) {
-      if (err.code === 'ENOENT') continue; // a lock or temporary file of the runtime, gone since
-      throw err;
-    }
-    yield [f, buf];
-  }
-}
+const files = (dir) => filesAtRest(dir);
+const contents = contentsAtRest;
 
 /**
  * Where in `hay` any 16-byte block of `needle` (at a 16-byte offset) appears, at any offset:

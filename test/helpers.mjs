@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { execFile, execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
@@ -60,6 +60,79 @@ export async function startTestDaemon(opts = {}) {
     },
   };
   return fx;
+}
+
+/**
+ * Every regular file under `dir` as it is at rest: not through mounted file systems (with disks
+ * on, the pool and its vault are mounted under `disks/`, and open volumes under `volumes/`:
+ * live views, like a sandbox's memory; their image files are what is on the node's disk), and
+ * skipping the agent's runtime copy (the host's own node binary). Files gone meanwhile are skipped.
+ */
+export function filesAtRest(dir, out = [], mounts = new Set(readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]))) {
+  let entries;
+  try {
+    entries = readdirSync(dir, { withFileTypes: true });
+  } catch (err) {
+    if (err.code === 'ENOENT') return out;
+    throw err;
+  }
+  for (const e of entries) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory() && !mounts.has(p) && !(dir.endsWith(path.sep + path.basename(dir)) && e.name === 'runtime')) filesAtRest(p, out, mounts);
+    else if (e.isFile()) out.push(p);
+  }
+  return out;
+}
+
+const SCAN_CHUNK = 64 * 1024 * 1024;
+
+/** The byte ranges of `file` that hold data (its extents, from `filefrag`): a sparse image's holes are skipped. */
+function dataRanges(file) {
+  const out = execFileSync('filefrag', ['-e', '-b4096', file], { encoding: 'utf8' });
+  const ranges = [];
+  for (const m of out.matchAll(/^\s*\d+:\s*(\d+)\.\.\s*(\d+):/gm)) {
+    const [start, end] = [Number(m[1]) * 4096, (Number(m[2]) + 1) * 4096];
+    const last = ranges.at(-1);
+    if (last && last[1] === start) last[1] = end;
+    else ranges.push([start, end]);
+  }
+  return ranges;
+}
+
+/**
+ * Every file of {@link filesAtRest} with its bytes: whole, or for a file larger than 64 MiB (a
+ * sparse disk or vault image, up to the host disk's size) the data of its extents in 64 MiB
+ * pieces overlapping by 4 KiB. Yields `[file, bytes]`.
+ *
+ * @example for (const [f, buf] of contentsAtRest(dataDir)) assert.equal(buf.indexOf(marker), -1, f);
+ */
+export function* contentsAtRest(dir) {
+  for (const f of filesAtRest(dir)) {
+    let fd;
+    try {
+      fd = openSync(f, 'r');
+    } catch (err) {
+      if (err.code === 'ENOENT') continue; // a lock or temporary file of the runtime, gone since
+      throw err;
+    }
+    try {
+      const size = fstatSync(fd).size;
+      if (size <= SCAN_CHUNK) {
+        yield [f, readFileSync(fd)];
+        continue;
+      }
+      // Written out first: pages not yet allocated (delayed allocation) are in no extent.
+      fsyncSync(fd);
+      for (const [start, end] of dataRanges(f)) {
+        for (let pos = start; pos < end; pos += SCAN_CHUNK - 4096) {
+          const buf = Buffer.allocUnsafe(Math.min(SCAN_CHUNK, end - pos));
+          yield [f, buf.subarray(0, readSync(fd, buf, 0, buf.length, pos))];
+        }
+      }
+    } finally {
+      closeSync(fd);
+    }
+  }
 }
 
 /**

@@ -6,21 +6,11 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Sandbox, Volumes } from '../packages/sdk/dist/index.js';
-import { cliRunner, crashableSpaced, eventually, rejectionCode, startTestDaemon } from './helpers.mjs';
-
-/** Every file under `dir`. */
-function files(dir) {
-  return readdirSync(dir).flatMap((n) => {
-    const p = path.join(dir, n);
-    const s = statSync(p, { throwIfNoEntry: false });
-    return !s ? [] : s.isDirectory() ? files(p) : [p];
-  });
-}
-
+import { cliRunner, contentsAtRest, crashableSpaced, eventually, rejectionCode, startTestDaemon } from './helpers.mjs';
 
 /** Whether the volume's image is a clean ext4 (it must be closed). */
 function fsckClean(dataDir, volumeId) {
@@ -165,15 +155,10 @@ describe('volumes (gVisor)', () => {
     await sb.snapshot();
     await Volumes.snapshot('secret', fx.conn);
     await sb.kill();
-    const hits = [];
-    // The disk pool's image is a sparse file the size of the host's disk: the files in it (the
-    // sandboxes' disks, plaintext by design: docs/disks.md) are scanned where it is mounted.
-    const poolImage = path.join(fx.dataDir, 'disks', 'pool.img');
-    for (const f of files(fx.dataDir).filter((f) => f !== poolImage)) {
-      const buf = readFileSync(f);
-      if (buf.includes(marker) || buf.includes(fileName)) hits.push(f);
-    }
-    assert.deepEqual(hits, [], 'neither the contents nor the name of the file are stored in plaintext');
+    const hits = new Set();
+    // At rest: the disk pool's vault image, the volume's image and its snapshot copies included.
+    for (const [f, buf] of contentsAtRest(fx.dataDir)) if (buf.includes(marker) || buf.includes(fileName)) hits.add(f);
+    assert.deepEqual([...hits], [], 'neither the contents nor the name of the file are stored in plaintext');
     // The volume still reads back (the key works), through its own API.
     assert.match(await Volumes.read('secret', `/${fileName}`, fx.conn), new RegExp(`^${marker}\n`));
     await Volumes.remove('secret', fx.conn);
