@@ -8,7 +8,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { defaultWorkDir, startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
-import { TEMPLATES_DIR, api, contentsAtRest, eventually, filesAtRest, startSpaced, startTestDaemon, stopSpaced } from './helpers.mjs';
+import { TEMPLATES_DIR, api, contentsAtRest, eventually, filesAtRest, removeDataDir, startSpaced, startTestDaemon, stopSpaced } from './helpers.mjs';
 import { inflateStatefile, unpackSnapshot } from './statefile.mjs';
 import { makeOciImage } from './oci-image.mjs';
 import { StatefileCodec } from '../packages/driver-gvisor/dist/index.js';
@@ -215,7 +215,7 @@ describe('encryption at rest, bring your own key', () => {
     }
     const dataDir = mkdtempSync('/tmp/spt-nokey-');
     await assert.rejects(startDaemon({ dataDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: 'silent' }), (e) => e.code === 'KEY_INVALID' && /node\.key/.test(e.message));
-    rmSync(dataDir, { recursive: true, force: true });
+    removeDataDir(dataDir);
   });
 });
 
@@ -254,7 +254,7 @@ describe('template images at rest', () => {
       assert.deepEqual(readdirSync(path.join(dataDir, 'blobs', 'templates', 'default')), [], 'the stored image is deleted with its template');
     } finally {
       await stopSpaced(d);
-      rmSync(dataDir, { recursive: true, force: true });
+      removeDataDir(dataDir);
       rmSync(work, { recursive: true, force: true });
     }
   });
@@ -288,7 +288,7 @@ describe('chunk collection survives a daemon crash', () => {
       await again.kill();
     } finally {
       await stopSpaced(d);
-      rmSync(dataDir, { recursive: true, force: true });
+      removeDataDir(dataDir);
     }
   });
 });
@@ -322,7 +322,7 @@ describe('checkpoint images never touch the node\'s disk', () => {
       await again.kill();
     } finally {
       await stopSpaced(d);
-      rmSync(dataDir, { recursive: true, force: true });
+      removeDataDir(dataDir);
     }
   });
 });
@@ -354,7 +354,7 @@ describe('key rotation survives a daemon crash', () => {
       await again.kill();
     } finally {
       await stopSpaced(d);
-      rmSync(dataDir, { recursive: true, force: true });
+      removeDataDir(dataDir);
     }
   });
 });

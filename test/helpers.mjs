@@ -210,7 +210,9 @@ export function leftovers(dataDir, ids) {
     // (The disk pool itself stays mounted while its daemon runs and after: closeDiskPool.)
     if (existsSync(path.join(pool, 'disks', id))) out.push(`disk of ${id}`);
   }
-  if (mounts.split('\n').some((l) => l.split(' ')[4]?.startsWith(dataDir) && l.split(' ')[4] !== pool)) out.push(`mount under ${dataDir}`);
+  // The disk pool and its vault stay mounted after the daemon (closeDiskPool unmounts them).
+  const poolMounts = new Set([pool, path.join(dataDir, 'disks', 'vault')]);
+  if (mounts.split('\n').some((l) => l.split(' ')[4]?.startsWith(dataDir) && !poolMounts.has(l.split(' ')[4]))) out.push(`mount under ${dataDir}`);
   // microVM sandboxes: a QEMU process per sandbox, named space-vm-<id>, and its RAM file.
   for (const f of existsSync('/dev/shm') ? readdirSync('/dev/shm') : []) for (const id of ids) if (f.startsWith(`space-${id}-`)) out.push(`RAM file /dev/shm/${f}`);
   for (const f of existsSync('/run/space-vmm') ? readdirSync('/run/space-vmm') : []) for (const id of ids) if (f.endsWith(`-${id}`)) out.push(`VMM directory /run/space-vmm/${f}`);

@@ -2,11 +2,11 @@
 // nothing is lost — running sandboxes are re-adopted, ones that died meanwhile are marked dead.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync } from 'node:fs';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { eventually, leftovers, startSpaced } from './helpers.mjs';
+import { eventually, leftovers, removeDataDir, startSpaced } from './helpers.mjs';
 
 describe('daemon restart', () => {
   const dataDir = mkdtempSync('/tmp/spr-');
@@ -19,7 +19,7 @@ describe('daemon restart', () => {
       await current.exited;
     }
     assert.deepEqual(leftovers(dataDir, ids), []);
-    rmSync(dataDir, { recursive: true, force: true });
+    removeDataDir(dataDir);
   });
 
   it('SIGKILL while sandboxes run loses nothing: running ones are re-adopted with their processes, dead ones are marked', async () => {

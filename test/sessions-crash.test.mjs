@@ -2,10 +2,10 @@
 // and the loss recorded. Hibernated sandboxes wake after a daemon restart. (A daemon killed
 // in the middle of an operation: crash-lifecycle.test.mjs.)
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import { after, describe, it } from 'node:test';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { leftovers, startSpaced } from './helpers.mjs';
+import { leftovers, removeDataDir, startSpaced } from './helpers.mjs';
 
 describe('sessions across daemon crashes', () => {
   const dataDir = mkdtempSync('/tmp/spx-');
@@ -18,7 +18,7 @@ describe('sessions across daemon crashes', () => {
       await d.exited;
     }
     assert.deepEqual(leftovers(dataDir, ids), []);
-    rmSync(dataDir, { recursive: true, force: true });
+    removeDataDir(dataDir);
   });
 
   async function restartWith(env = {}) {

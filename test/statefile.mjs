@@ -1,6 +1,7 @@
 // Reads what a stored SPACE snapshot holds, decrypted and decompressed, so tests can scan a
 // sandbox's memory and files for bytes that must not be there.
 import { readFileSync, readdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { copyFile } from 'node:fs/promises';
 import path from 'node:path';
 import zlib from 'node:zlib';
 import { DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, readSnapshot } from '../packages/core/dist/index.js';
@@ -59,7 +60,10 @@ export async function unpackSnapshot(dataDir, snapshotId, dir) {
     const keys = new KeyService({ store, providers: [new LocalKeyProvider(path.join(dataDir, 'keys'))], nodeKey: { provider: 'local', ref: 'node.key' }, logger: silent });
     const blobs = new DedupBlobStore(new EncryptedBlobStore(new LocalBlobStore(path.join(dataDir, 'blobs')), keys, store), keys);
     const codec = new StatefileCodec();
-    return await readSnapshot(snap.id, await blobs.get(snap.blobKey), dir, 2 ** 34, (name) => (name === codec.name ? codec : undefined));
+    // A snapshot of a sandbox with a disk (--disks on) holds its disk as the mark and the btrfs
+    // send stream of its files: kept as stored (receiving it needs the daemon's pool).
+    const disk = { name: 'gvisor-disk-btrfs-send-v1', decode: (src, dest) => copyFile(src, dest), encode: async () => false };
+    return await readSnapshot(snap.id, await blobs.get(snap.blobKey), dir, 2 ** 34, (name) => (name === codec.name ? codec : name === disk.name ? disk : undefined));
   } finally {
     await store.close();
   }
