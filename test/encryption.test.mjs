@@ -15,9 +15,6 @@ import { StatefileCodec } from '../packages/driver-gvisor/dist/index.js';
 
 const codec = new StatefileCodec();
 
-const files = (dir) => filesAtRest(dir);
-const contents = contentsAtRest;
-
 /**
  * Where in `hay` any 16-byte block of `needle` (at a 16-byte offset) appears, at any offset:
  * any leak of 31 or more consecutive bytes of the needle contains such a block.
@@ -48,9 +45,9 @@ describe('encryption at rest, bring your own key', () => {
     const memMarker = `SPACEMARKER${randomBytes(12).toString('hex')}`;
     await sb.commands.run(`sh -c 'M=${memMarker}; while true; do sleep 1; done' >/dev/null 2>&1 &`);
     await sb.snapshot();
-    const all = files(fx.dataDir).filter((f) => !f.includes(`${path.sep}runtime${path.sep}`));
+    const all = filesAtRest(fx.dataDir).filter((f) => !f.includes(`${path.sep}runtime${path.sep}`));
     assert.ok(all.some((f) => f.includes(`${path.sep}blobs${path.sep}`)), 'the snapshot is stored');
-    for (const [f, buf] of contents(fx.dataDir)) {
+    for (const [f, buf] of contentsAtRest(fx.dataDir)) {
       if (f.includes(`${path.sep}runtime${path.sep}`)) continue;
       assert.equal(buf.indexOf(memMarker), -1, `the memory marker is readable in ${f}`);
       assert.equal(findBlocks(buf, marker), -1, `a block of the random file is readable in ${f}`);
@@ -240,7 +237,7 @@ describe('template images at rest', () => {
       const ram = templateImagesDir(dataDir);
       const img = readdirSync(ram).filter((e) => e.startsWith('t-') && !e.includes('.tmp')).map((e) => path.join(ram, e, 'checkpoint.img'))[0];
       assert.ok(img && inflateStatefile(readFileSync(img)).includes(secret), `the working copy in ${ram} holds the secret`);
-      for (const [f, buf] of contents(dataDir)) {
+      for (const [f, buf] of contentsAtRest(dataDir)) {
         assert.equal(buf.indexOf(secret), -1, `the template's secret is readable in ${f}`);
       }
       assert.equal(readdirSync(path.join(dataDir, 'blobs', 'templates', 'default')).length, 1, 'one stored (encrypted) template image');
@@ -309,7 +306,7 @@ describe('checkpoint images never touch the node\'s disk', () => {
       assert.equal(images.length, 1, `one image in ${work}`);
       // The scan below can fail: the image the crash left holds the process's memory.
       assert.ok(inflateStatefile(readFileSync(path.join(work, images[0], 'checkpoint.img'))).includes(memMarker), 'the image in RAM holds the memory marker');
-      for (const [f, buf] of contents(dataDir)) {
+      for (const [f, buf] of contentsAtRest(dataDir)) {
         assert.notEqual(path.basename(f), 'checkpoint.img', `a checkpoint image on disk: ${f}`);
         if (buf.subarray(0, 8).toString('latin1') === 'gVisorSF') assert.ok(!inflateStatefile(buf).includes(memMarker), `the memory marker is readable in ${f}`);
         assert.equal(buf.indexOf(memMarker), -1, `the memory marker is readable in ${f}`);

@@ -100,39 +100,46 @@ function dataRanges(file) {
 }
 
 /**
- * Every file of {@link filesAtRest} with its bytes: whole, or for a file larger than 64 MiB (a
- * sparse disk or vault image, up to the host disk's size) the data of its extents in 64 MiB
- * pieces overlapping by 4 KiB. Yields `[file, bytes]`.
+ * The bytes of `file`: whole, or for a file larger than 64 MiB (a sparse disk or vault image, up
+ * to the host disk's size) the data of its extents in 64 MiB pieces overlapping by 4 KiB. A file
+ * gone meanwhile yields nothing.
+ *
+ * @example const holds = [...fileChunks(image)].some((b) => b.includes(marker));
+ */
+export function* fileChunks(file) {
+  let fd;
+  try {
+    fd = openSync(file, 'r');
+  } catch (err) {
+    if (err.code === 'ENOENT') return; // a lock or temporary file of the runtime, gone since
+    throw err;
+  }
+  try {
+    const size = fstatSync(fd).size;
+    if (size <= SCAN_CHUNK) {
+      yield readFileSync(fd);
+      return;
+    }
+    // Written out first: pages not yet allocated (delayed allocation) are in no extent.
+    fsyncSync(fd);
+    for (const [start, end] of dataRanges(file)) {
+      for (let pos = start; pos < end; pos += SCAN_CHUNK - 4096) {
+        const buf = Buffer.allocUnsafe(Math.min(SCAN_CHUNK, end - pos));
+        yield buf.subarray(0, readSync(fd, buf, 0, buf.length, pos));
+      }
+    }
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * Every file of {@link filesAtRest} with its bytes ({@link fileChunks}): yields `[file, bytes]`.
  *
  * @example for (const [f, buf] of contentsAtRest(dataDir)) assert.equal(buf.indexOf(marker), -1, f);
  */
 export function* contentsAtRest(dir) {
-  for (const f of filesAtRest(dir)) {
-    let fd;
-    try {
-      fd = openSync(f, 'r');
-    } catch (err) {
-      if (err.code === 'ENOENT') continue; // a lock or temporary file of the runtime, gone since
-      throw err;
-    }
-    try {
-      const size = fstatSync(fd).size;
-      if (size <= SCAN_CHUNK) {
-        yield [f, readFileSync(fd)];
-        continue;
-      }
-      // Written out first: pages not yet allocated (delayed allocation) are in no extent.
-      fsyncSync(fd);
-      for (const [start, end] of dataRanges(f)) {
-        for (let pos = start; pos < end; pos += SCAN_CHUNK - 4096) {
-          const buf = Buffer.allocUnsafe(Math.min(SCAN_CHUNK, end - pos));
-          yield [f, buf.subarray(0, readSync(fd, buf, 0, buf.length, pos))];
-        }
-      }
-    } finally {
-      closeSync(fd);
-    }
-  }
+  for (const f of filesAtRest(dir)) for (const buf of fileChunks(f)) yield [f, buf];
 }
 
 /**

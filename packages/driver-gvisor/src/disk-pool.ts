@@ -92,7 +92,13 @@ export class DiskPool {
    * @example DiskPool.scratchDir('/var/lib/space/disks') // '/var/lib/space/disks/vault/files/work'
    */
   static scratchDir(dir: string): string | undefined {
-    return existsSync(path.join(dir, 'pool.img')) ? undefined : path.join(dir, 'vault', 'files', 'work');
+    return DiskPool.plaintext(dir) ? undefined : path.join(dir, 'vault', 'files', 'work');
+  }
+
+  /** The image of a pool made before vaults, if `dir` holds one: it stays where it is, plaintext. */
+  private static plaintext(dir: string): string | undefined {
+    const image = path.join(dir, 'pool.img');
+    return existsSync(image) ? image : undefined;
   }
 
   /**
@@ -102,10 +108,10 @@ export class DiskPool {
    */
   static async open(opts: DiskPoolOptions): Promise<DiskPool> {
     const timeoutMs = opts.timeoutMs ?? 60_000;
-    const plain = path.join(opts.dir, 'pool.img');
     // A pool made before vaults stays where it is (plaintext; docs/disks.md says how to move on).
-    const vault = opts.key && !existsSync(plain) ? new EncryptedImage({ image: path.join(opts.dir, 'vault.img'), mnt: path.join(opts.dir, 'vault'), confPath: path.join(opts.dir, 'fscrypt.conf'), timeoutMs }) : undefined;
-    const image = vault ? path.join(vault.files, 'pool.img') : plain;
+    const plain = DiskPool.plaintext(opts.dir);
+    const vault = opts.key && !plain ? new EncryptedImage({ image: path.join(opts.dir, 'vault.img'), mnt: path.join(opts.dir, 'vault'), confPath: path.join(opts.dir, 'fscrypt.conf'), timeoutMs }) : undefined;
+    const image = plain ?? (vault ? path.join(vault.files, 'pool.img') : path.join(opts.dir, 'pool.img'));
     const mnt = path.join(opts.dir, 'mnt');
     const pool = new DiskPool(mnt, image, timeoutMs, vault);
     await fs.mkdir(mnt, { recursive: true });

@@ -464,9 +464,12 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const cacheDir = opts.microvm?.cacheDir ?? process.env.SPACE_MICROVM_CACHE_DIR;
   const network = egress ? { network: egress.network } : {};
   const disks = await diskSettings(opts.disks, { shared, store, imagesDir: templateImagesDir(dataDir), logger });
-  // The pool is kept encrypted at rest under a secret of the deployment's, wrapped by the node key.
-  const diskPoolDir = disks ? (disks.dir ?? path.join(dataDir, 'disks')) : undefined;
-  if (disks) disks.key = await encryptionKeys.daemonSecret('disk-pool');
+  if (disks) {
+    // The driver opens the pool there; the work directory is chosen from it below.
+    disks.dir ??= path.join(dataDir, 'disks');
+    // The pool is kept encrypted at rest under a secret of the deployment's, wrapped by the node key.
+    disks.key = await encryptionKeys.daemonSecret('disk-pool');
+  }
   const make = (name: 'gvisor' | 'microvm'): SandboxDriver =>
     name === 'microvm'
       ? new MicrovmDriver({ dataDir, ...network, ...(accel ? { accel } : {}), ...(kernelDeb ? { kernelDeb } : {}), ...(cacheDir ? { cacheDir } : {}) })
@@ -481,7 +484,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const imagesDir = templateImagesDir(dataDir);
   // With disks, a snapshot's disk stream (GiBs) passes through the work directory: on disk, in
   // the pool's vault (encrypted at rest with it); `<data>/work` beside a pool made before vaults.
-  const workDir = opts.workDir ?? process.env.SPACE_WORK_DIR ?? (diskPoolDir ? (DiskPool.scratchDir(diskPoolDir) ?? path.join(dataDir, 'work')) : defaultWorkDir(dataDir));
+  const workDir = opts.workDir ?? process.env.SPACE_WORK_DIR ?? (disks?.dir ? (DiskPool.scratchDir(disks.dir) ?? path.join(dataDir, 'work')) : defaultWorkDir(dataDir));
   const volumes = shared
     ? // A volume's bytes are on one node's disk; nodes sharing a database do not offer them yet.
       new Volumes({ store, keys: encryptionKeys, logger, unavailable: 'volumes are kept on one node\'s disk and not offered yet by daemons sharing a PostgreSQL database (docs/cluster.md)' })

@@ -52,6 +52,23 @@ export function mkfsEncryptableArgs(image: string, label: string): string[] {
   return ['-q', '-F', '-m', '0', '-O', 'encrypt', '-E', 'lazy_itable_init=1,lazy_journal_init=1,nodiscard', '-L', label.slice(0, 16), image];
 }
 
+/**
+ * Unmounts `mnt`, waiting out "busy" for up to ~5 s: a file its last user just closed, or the
+ * loop device of an image kept inside, lets go a moment after. Not mounted: nothing to do.
+ *
+ * @example await unmountSettled('/srv/disks/vault', 60_000);
+ */
+export async function unmountSettled(mnt: string, timeoutMs: number): Promise<void> {
+  for (let i = 0; mountPoints().has(path.resolve(mnt)); i++) {
+    try {
+      await run('umount', [mnt], timeoutMs);
+    } catch (err) {
+      if (i >= 50 || !/busy/i.test((err as Error).message)) throw err;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
 /** Options of {@link EncryptedImage}. */
 export interface EncryptedImageOptions {
   /** The image file (sparse: it takes on the host what its file system holds). */
@@ -146,15 +163,8 @@ export class EncryptedImage {
   }
 
   /** Unmounts the image (what uses its files must be closed): the key leaves the kernel with it. */
-  async close(): Promise<void> {
+  close(): Promise<void> {
     // The loop device of an image kept in it (the pool's) lets go a moment after its unmount.
-    for (let i = 0; this.mounted; i++) {
-      try {
-        await run('umount', [this.opts.mnt], this.timeoutMs);
-      } catch (err) {
-        if (i >= 100 || !/busy/i.test((err as Error).message)) throw err;
-        await new Promise((r) => setTimeout(r, 50));
-      }
-    }
+    return unmountSettled(this.opts.mnt, this.timeoutMs);
   }
 }

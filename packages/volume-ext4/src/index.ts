@@ -17,7 +17,7 @@
 import { existsSync, promises as fs, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { KeyedSerial, SpaceError, mountPoints, run, type VolumeHost, type VolumeHostReport } from '@space/core';
-import { ensureFscryptConf, fscrypt, mkfsEncryptableArgs } from './fscrypt.js';
+import { ensureFscryptConf, fscrypt, mkfsEncryptableArgs, unmountSettled } from './fscrypt.js';
 
 export * from './fscrypt.js';
 
@@ -168,13 +168,10 @@ export class Ext4Volumes implements VolumeHost {
   private async unmount(id: string): Promise<void> {
     // The file system's keys go with it: unmounted, only ciphertext is left. A file its last
     // user just closed (a download's, a sandbox's gofer exiting) may keep it busy a moment.
-    for (let i = 0; mountPoints().has(this.mnt(id)); i++) {
-      try {
-        await this.run('umount', [this.mnt(id)]);
-      } catch (err) {
-        if (i >= 50 || !/busy/i.test((err as Error).message)) throw err;
-        await new Promise((r) => setTimeout(r, 100));
-      }
+    try {
+      await unmountSettled(this.mnt(id), this.timeoutMs);
+    } catch (err) {
+      throw new SpaceError('INTERNAL', (err as Error).message, { cause: err });
     }
     // Its loop device detaches on its own (autoclear), a moment later: the image is whole once it has.
     await this.loopsGone(id);
