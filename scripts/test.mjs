@@ -64,11 +64,36 @@ async function runLane(name, lane, list) {
   for (const file of list) {
     const started = Date.now();
     const child = spawn(process.execPath, [...testArgs, file], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SPACE_TEST_LANE: String(lane) } });
-    for (const stream of [child.stdout, child.stderr]) createInterface({ input: stream }).on('line', (line) => console.log(`[${name}] ${line}`));
+    const lines = [];
+    for (const stream of [child.stdout, child.stderr]) {
+      createInterface({ input: stream }).on('line', (line) => {
+        lines.push(line);
+        console.log(`[${name}] ${line}`);
+      });
+    }
     const code = await new Promise((resolve) => child.on('close', (c, sig) => resolve(c ?? (sig ? 128 : 1))));
-    results.push({ file, lane: name, seconds: (Date.now() - started) / 1000, ok: code === 0 });
+    results.push({ file, lane: name, seconds: (Date.now() - started) / 1000, ok: code === 0, failures: code === 0 ? [] : failures(lines) });
   }
   return results;
+}
+
+/**
+ * The failed tests in a file's TAP output, each with its YAML block (error, expected, actual,
+ * stack), so the end of a long run says why a file failed without scrolling back through the
+ * lanes' interleaved output. Suites failed only by their subtests are left out.
+ */
+function failures(lines) {
+  const out = [];
+  for (let i = 0; i < lines.length; i++) {
+    const m = /^(\s*)not ok \d+ - (.*)$/.exec(lines[i]);
+    if (!m) continue;
+    const block = [];
+    for (let j = i + 1; j < lines.length && lines[j] !== `${m[1]}  ...`; j++) block.push(lines[j]);
+    if (block.some((l) => /failureType: 'subtestsFailed'/.test(l))) continue;
+    out.push([`not ok - ${m[2]}`, ...block.slice(0, 40).map((l) => l.slice(m[1].length))].join('\n'));
+  }
+  // What failed outside any test (a crash before the first one, an uncaught error) is in the tail.
+  return out.length ? out : [lines.slice(-30).join('\n')];
 }
 
 /**
@@ -106,6 +131,7 @@ else {
     console.log(`\n# real-runtime files (${LANES >= 2 ? 'two lanes' : 'one lane'}), ${((Date.now() - started) / 60000).toFixed(1)} min in all:`);
     for (const r of [...results].sort((a, b) => b.seconds - a.seconds)) console.log(`#  ${r.ok ? 'ok  ' : 'FAIL'} ${r.seconds.toFixed(0).padStart(5)} s  ${r.lane.padEnd(7)} ${r.file}`);
     const failed = results.filter((r) => !r.ok);
+    for (const r of failed) for (const f of r.failures) console.log(`\n# ${r.file}:\n${f.replace(/^/gm, '#   ')}`);
     if (failed.length) console.log(`# ${failed.length} file(s) failed: ${failed.map((r) => r.file).join(', ')}`);
     status = failed.length ? 1 : 0;
   }

@@ -289,3 +289,58 @@ describe('the metadata store away for a while (fast lane)', () => {
     }
   });
 });
+
+describe('shutdown while the template image is loaded (fast lane)', () => {
+  it('waits for the load in the background and leaves nothing: no call to the store or blobs after it returns, no sandbox', async () => {
+    const dir = mkdtempSync('/tmp/space-fake-');
+    const driver = new FakeDriver();
+    const store = SqliteStore.open(path.join(dir, 'space.db'));
+    const h = fakeHarness(dir, store, driver);
+    let release;
+    const gate = new Promise((r) => (release = r));
+    let armed = false;
+    let held = false;
+    let closed = false;
+    const late = [];
+    const watch = (target, name) =>
+      new Proxy(target, {
+        get(t, k) {
+          const v = t[k];
+          if (typeof v !== 'function') return v;
+          return (...a) => {
+            if (closed) late.push(`${name}.${String(k)}`);
+            // The first read of the stored image after the restart: held.
+            if (name === 'blobs' && armed && !held) {
+              held = true;
+              return gate.then(() => v.apply(t, a));
+            }
+            return v.apply(t, a);
+          };
+        },
+      });
+    try {
+      // A first life takes minimal's image and stores it.
+      const first = h.service();
+      await first.start();
+      await until(async () => (await store.getTemplate('', 'minimal'))?.image, "minimal's image");
+      await first.shutdown();
+      // As the daemon does: the working copies in RAM go when it stops; the next start reloads them.
+      rmSync(path.join(dir, 'images'), { recursive: true, force: true });
+      armed = true;
+      const svc = h.service({ store: watch(store, 'store'), blobs: watch(h.blobs, 'blobs') });
+      await svc.start();
+      await until(() => held, 'the reload of the image to read the blob store');
+      const stopped = svc.shutdown();
+      release();
+      await stopped;
+      closed = true;
+      await new Promise((r) => setTimeout(r, 50));
+      assert.deepEqual(late, [], 'the reload went on after shutdown returned');
+      assert.deepEqual(await driver.list(), [], 'no sandbox is left');
+    } finally {
+      release();
+      store.close?.();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -676,7 +676,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       await service.shutdown();
       // The working copies of template images: RAM is given back; the next start reloads them.
       // The work directory stays if an operation left something in it for the next start.
-      await fs.rm(imagesDir, { recursive: true, force: true });
+      // A failure here must not skip the rest of the stop (stores, egress, the state file).
+      await fs.rm(imagesDir, { recursive: true, force: true, maxRetries: 3 }).catch((err) => logger.warn({ err, imagesDir }, 'removing the working copies of template images failed'));
       await fs.rmdir(workDir).catch(() => {});
       await fs.rmdir(ramDir(dataDir)).catch(() => {});
       await egress?.close();

@@ -27,9 +27,17 @@ export class TemplateStarts implements StartHooks {
     if (this.c.stopping() || t.state !== 'ready') return;
     this.c.pool.configure(t);
     if (t.poolSize > 0 || !this.c.templates.rootfsReady(t)) return;
-    void (async () => {
-      if (!(await this.c.templates.usableImage(t))) await this.c.templates.captureImage(t);
-    })().catch((err) => this.c.log.warn({ err, template: t.name }, 'taking the template snapshot failed'));
+    // Shutdown waits for it: reloading or taking the image writes into the RAM directory that
+    // the daemon removes once the service has stopped.
+    void this.c
+      .transient(
+        (async () => {
+          if (!(await this.c.templates.usableImage(t)) && !this.c.stopping()) await this.c.templates.captureImage(t);
+        })(),
+      )
+      .catch((err) => {
+        if (!this.c.stopping()) this.c.log.warn({ err, template: t.name }, 'taking the template snapshot failed');
+      });
   }
 
   /**
