@@ -37,6 +37,10 @@ describe('HTTP API', () => {
     const [n] = nodes;
     assert.deepEqual([n.name, n.state, n.url, n.maxSandboxes, n.drivers.includes('gvisor')], ['node-a', 'up', fx.url, 6, true]);
     assert.ok(n.cpus > 0 && n.memoryMb > 0 && n.sandboxes >= 1, JSON.stringify(n));
+    // Placement's view: the memory its sandboxes' limits reserve, its budget, its host's load.
+    assert.ok(Math.abs(n.maxMemoryMb - n.memoryMb * 2) <= 2, `the default budget is twice the host's memory: ${JSON.stringify(n)}`);
+    assert.ok(n.memoryReservedMb >= sb.info.memoryMb, JSON.stringify(n));
+    assert.equal(typeof n.load, 'number');
     assert.ok(Date.parse(n.heartbeatAt) >= Date.parse(n.startedAt));
     assert.equal((await api(fx, 'GET', `/v1/sandboxes/${sb.id}`)).body.node, 'node-a');
     const b = await api(fx, 'GET', '/v1/nodes', { key: tenantB.apiKey });

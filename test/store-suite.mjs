@@ -85,18 +85,18 @@ export function storeSuite(name, h) {
       await s.insertSandbox({ ...sandbox('a1', 't'), node: 'a' });
       await s.insertSandbox({ ...sandbox('a2', 't', 'paused'), node: 'a' });
       await s.insertSandbox({ ...sandbox('a3', 't', 'hibernated'), node: 'a' });
-      await s.insertSandbox({ ...sandbox('b1', 't'), node: 'b' });
+      await s.insertSandbox({ ...sandbox('b1', 't'), node: 'b', memoryMb: 1024 });
       await s.insertSandbox(sandbox('none', 't'));
       const ids = async (states, opts) => (await s.sandboxesInStates(states, opts)).map((x) => x.id).sort();
       assert.deepEqual(await ids(['running', 'paused'], { node: 'a' }), ['a1', 'a2']);
       assert.deepEqual(await ids(['running'], { node: 'c' }), []);
       assert.deepEqual(await ids(['running']), ['a1', 'b1', 'none']);
-      assert.deepEqual(await s.countSandboxesByNode(['running', 'paused']), { a: 2, b: 1 });
+      assert.deepEqual(await s.sandboxLoadByNode(['running', 'paused']), { a: { sandboxes: 2, memoryMb: 512 }, b: { sandboxes: 1, memoryMb: 1024 } });
       // A move changes the owner in the document and in the query's column together.
       await s.updateSandbox('a3', { node: 'b', state: 'running' });
       assert.deepEqual(await ids(['running'], { node: 'b' }), ['a3', 'b1']);
-      assert.deepEqual(await s.countSandboxesByNode(['running', 'paused']), { a: 2, b: 2 });
-      assert.deepEqual(await s.countSandboxesByNode(['killed']), {});
+      assert.deepEqual(await s.sandboxLoadByNode(['running', 'paused']), { a: { sandboxes: 2, memoryMb: 512 }, b: { sandboxes: 2, memoryMb: 1280 } });
+      assert.deepEqual(await s.sandboxLoadByNode(['killed']), {});
       // Nodes by their last heartbeat: the silent ones alone, by name.
       const node = (name, heartbeatAt) => ({ name, url: `http://${name}`, version: 'x', drivers: ['gvisor'], cpus: 1, memoryMb: 1, maxSandboxes: 1, startedAt: heartbeatAt, heartbeatAt });
       await s.putNode(node('n2', '2026-12-01T10:00:00.000Z'));

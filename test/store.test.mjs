@@ -46,7 +46,7 @@ describe('SqliteStore', () => {
     raw.close();
     const s = SqliteStore.open(file);
     assert.deepEqual((await s.sandboxesInStates(['running'], { node: 'n1' })).map((x) => x.id), ['old1']);
-    assert.deepEqual(await s.countSandboxesByNode(['running']), { n1: 1 });
+    assert.deepEqual(await s.sandboxLoadByNode(['running']), { n1: { sandboxes: 1, memoryMb: 256 } });
     await s.close();
   });
 });

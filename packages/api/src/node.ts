@@ -9,7 +9,7 @@ export type NodeState = 'up' | 'stopped' | 'lost';
 
 /**
  * @example
- * { name: 'node-a', state: 'up', url: 'http://10.0.0.5:7070', drivers: ['gvisor'], cpus: 2, memoryMb: 24000, maxSandboxes: 64, sandboxes: 3, … }
+ * { name: 'node-a', state: 'up', url: 'http://10.0.0.5:7070', drivers: ['gvisor'], cpus: 2, memoryMb: 24000, maxSandboxes: 64, maxMemoryMb: 48000, sandboxes: 3, memoryReservedMb: 1536, load: 0.4, … }
  */
 export interface NodeInfo {
   /** `--node-name` (default: the host name). */
@@ -30,8 +30,17 @@ export interface NodeInfo {
   memoryMb: number;
   /** Most sandboxes at once (`--max-sandboxes`). */
   maxSandboxes: number;
+  /**
+   * Most memory its sandboxes may reserve in all, MiB: the sum of their memory limits
+   * (`--max-memory`; default twice the host's memory, since limits are ceilings seldom reached).
+   */
+  maxMemoryMb: number;
   /** Its sandboxes that run now (starting, running or paused). */
   sandboxes: number;
+  /** The memory limits of those sandboxes, summed, MiB. */
+  memoryReservedMb: number;
+  /** The host's 1-minute load average at its last heartbeat (runnable tasks; compare with {@link cpus}). */
+  load?: number;
   startedAt: string;
   /** Its last heartbeat (ISO time). */
   heartbeatAt: string;

@@ -353,13 +353,14 @@ program
 
 program
   .command('nodes')
-  .description('the deployment\'s nodes: state, sandboxes, capacity, last heartbeat (admin key)')
+  .description('the deployment\'s nodes: state, sandboxes, memory reserved by their limits, load, capacity, last heartbeat (admin key)')
   .option('--json', 'print JSON')
   .action(async (o: { json?: boolean }) => {
     const nodes = await Nodes.list(connection());
     if (o.json) return void process.stdout.write(JSON.stringify(nodes, null, 2) + '\n');
-    const rows = [['NAME', 'STATE', 'SANDBOXES', 'CPUS', 'MEMORY', 'DRIVERS', 'HEARTBEAT', 'URL']];
-    for (const n of nodes) rows.push([n.name, n.draining ? `${n.state}, drained` : n.state, `${n.sandboxes}/${n.maxSandboxes}`, String(n.cpus), `${Math.round(n.memoryMb / 1024)}G`, n.drivers.join(','), `${age(n.heartbeatAt)} ago`, n.url]);
+    const rows = [['NAME', 'STATE', 'SANDBOXES', 'RESERVED', 'CPUS', 'LOAD', 'MEMORY', 'DRIVERS', 'HEARTBEAT', 'URL']];
+    const gib = (mb: number) => `${(mb / 1024).toFixed(mb < 10240 ? 1 : 0)}G`;
+    for (const n of nodes) rows.push([n.name, n.draining ? `${n.state}, drained` : n.state, `${n.sandboxes}/${n.maxSandboxes}`, `${gib(n.memoryReservedMb)}/${gib(n.maxMemoryMb)}`, String(n.cpus), n.load === undefined ? '-' : n.load.toFixed(2), gib(n.memoryMb), n.drivers.join(','), `${age(n.heartbeatAt)} ago`, n.url]);
     process.stdout.write(table(rows) + '\n');
   });
 

@@ -92,7 +92,7 @@ export interface VolumeSnapshotRecord {
  * A node as stored: what it registered and its last heartbeat; its `state` and `sandboxes`
  * are derived when listed (`NodeInfo`), the rest is the same.
  */
-export type NodeRecord = Omit<NodeInfo, 'state' | 'sandboxes'> & {
+export type NodeRecord = Omit<NodeInfo, 'state' | 'sandboxes' | 'memoryReservedMb'> & {
   /** Set when it stops gracefully. */
   stoppedAt?: string;
 };

@@ -216,6 +216,12 @@ export class SandboxService {
   readonly pool: WarmPool;
   /** The node's volumes, when it has them. */
   readonly volumes: Volumes | undefined;
+  /**
+   * What this node admits: most sandboxes at once, and most memory their limits may add up to
+   * (MiB). A cluster's nodes register it for placement.
+   * @example svc.capacity // { maxSandboxes: 64, maxMemoryMb: 48000 }
+   */
+  readonly capacity: { maxSandboxes: number; maxMemoryMb: number };
   // The parts (./sandboxes/), each with one job.
   private readonly creates: Creates;
   private readonly forks: Forks;
@@ -259,6 +265,7 @@ export class SandboxService {
       maxConcurrentCreates: opts.maxConcurrentCreates ?? Math.max(2, availableParallelism()),
       maxQueuedCreates: opts.maxQueuedCreates ?? 256,
     });
+    this.capacity = { maxSandboxes: admission.limits.maxSandboxes, maxMemoryMb: admission.limits.maxMemoryMb };
     // The parts call each other through these hooks, filled in once all are built.
     const hooks = {} as LifecycleHooks;
     this.templates = new TemplateService({

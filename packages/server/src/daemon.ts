@@ -43,6 +43,8 @@ export interface DaemonOptions {
   usageSampleMs?: number;
   /** Most sandboxes alive at once. @default 64 */
   maxSandboxes?: number;
+  /** Most memory the limits of the node's sandboxes may add up to, MiB (`--max-memory`). @default twice the host's memory */
+  maxMemoryMb?: number;
   /** Largest file upload, bytes. @default 4 GiB */
   maxUploadBytes?: number;
   /** pino log level. @default "info" */
@@ -200,6 +202,17 @@ export interface DiskOptions {
   defaultMb?: number;
   /** Largest disk a create may ask for, MiB. @default 65536 (or SPACE_DISK_MAX) */
   maxMb?: number;
+}
+
+/**
+ * Checks a flag that counts something (`--max-sandboxes`): a whole number from 1.
+ *
+ * @example parseCount('64', '--max-sandboxes') // 64
+ */
+export function parseCount(s: string, flag: string): number {
+  const n = /^\d+$/.test(s.trim()) ? Number(s.trim()) : NaN;
+  if (!Number.isSafeInteger(n) || n < 1) throw new SpaceError('CONFIG_INVALID', `${flag} must be a whole number from 1; got ${JSON.stringify(s)}`);
+  return n;
 }
 
 /** Checks the disks setting (flag `--disks`, `SPACE_DISKS`). */
@@ -503,6 +516,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     imagesDir,
     uploadsDir: path.join(dataDir, 'uploads'),
     maxSandboxes: opts.maxSandboxes ?? 64,
+    ...(opts.maxMemoryMb ? { maxMemoryMb: opts.maxMemoryMb } : {}),
     ...(egress ? { egress: egress.sandbox } : {}),
     ...(volumes ? { volumes } : {}),
     ...(pools ? { builtinPools: pools } : {}),
@@ -652,7 +666,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const duties = clusterDuties({ service, store, nodeName, lostAfterMs, logger, ...(keeper ? { keeper } : {}) });
   // A drained node stays drained across restarts (the flag is in its record).
   const wasDraining = shared && (await store.listNodes()).some((n) => n.name === nodeName && n.draining);
-  heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(wasDraining ? { draining: true } : {}), ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), ...(ingress ? { ingressUrl: advertised(ingress.url, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), maxSandboxes: opts.maxSandboxes ?? 64, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : {});
+  heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(wasDraining ? { draining: true } : {}), ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), ...(ingress ? { ingressUrl: advertised(ingress.url, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), ...service.capacity, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : {});
   await heartbeat.start();
   await keeper?.start();
   logger.info({ url, dataDir, node: nodeName, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');

@@ -11,6 +11,7 @@ export const DAEMON_OPTIONS = {
   listen: { type: 'string' },
   'templates-dir': { type: 'string' },
   'max-sandboxes': { type: 'string' },
+  'max-memory': { type: 'string' },
   'max-upload-bytes': { type: 'string' },
   'log-level': { type: 'string' },
   'debian-mirror': { type: 'string' },

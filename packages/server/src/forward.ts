@@ -102,16 +102,18 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
 
 /**
  * Places a create this node has no room for (`CAPACITY_EXHAUSTED`) on another node that is up,
- * runs the driver asked for and has the most free places (its `maxSandboxes` less its running
- * sandboxes): the create is forwarded there, once (a forwarded create is never forwarded
- * again). Returns false when no node qualifies (the caller answers with the original error).
+ * runs the driver asked for and has a place and the memory for it, the least full and busy of
+ * them ({@link pickNode}): the create is forwarded there, once (a forwarded create is never
+ * forwarded again). Returns false when no node qualifies (the caller answers with the original
+ * error).
  *
  * @example
  * if (err.code === 'CAPACITY_EXHAUSTED' && (await placeElsewhere(req, reply, await nodeViews(store, 30_000), { self: 'n1' }))) return reply;
  */
 export async function placeElsewhere(req: FastifyRequest, reply: FastifyReply, nodes: NodeInfo[], opts: Pick<ForwardOptions, 'self' | 'connectTimeoutMs'>): Promise<boolean> {
   if (req.headers[FORWARDED_BY]) return false;
-  const target = pickNode(nodes, opts.self, ((req.body ?? {}) as { driver?: string }).driver);
+  const body = (req.body ?? {}) as { driver?: unknown; memoryMb?: unknown };
+  const target = pickNode(nodes, opts.self, { ...(typeof body.driver === 'string' ? { driver: body.driver } : {}), ...(typeof body.memoryMb === 'number' ? { memoryMb: body.memoryMb } : {}) });
   if (!target) return false;
   await forward(req, reply, target, opts, 'The sandbox was placed', Buffer.from(JSON.stringify(req.body ?? {})));
   return true;

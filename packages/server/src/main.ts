@@ -3,7 +3,7 @@
  * `spaced` — the SPACE daemon, in the foreground. Logs JSON lines to stdout; SIGTERM/SIGINT
  * stop it gracefully (sandboxes keep running and are re-adopted on the next start).
  *
- * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--pool minimal=2] [--e2b-listen HOST:PORT|off] [--e2b-internet allow|deny] [--e2b-public-traffic allow|deny]
+ * Usage: spaced [--data-dir DIR] [--listen HOST:PORT] [--templates-dir DIR] [--max-sandboxes N] [--max-memory SIZE] [--pool minimal=2] [--e2b-listen HOST:PORT|off] [--e2b-internet allow|deny] [--e2b-public-traffic allow|deny]
  *        [--pkcs11-module LIB --pkcs11-token LABEL --pkcs11-pin-file FILE]
  *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
  *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
@@ -15,7 +15,7 @@
 import { parseArgs } from 'node:util';
 import { readFileSync } from 'node:fs';
 import { parseSizeMb } from '@space/api';
-import { checkDatabaseUrl, parseAccel, parseVolumesMode, parseDisksMode, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
+import { checkDatabaseUrl, parseAccel, parseCount, parseVolumesMode, parseDisksMode, parseDriver, parseDrivers, parseE2bInternet, parseE2bPublicTraffic, parsePools, startDaemon } from './daemon.js';
 import { parseEgressHosts } from './networking.js';
 import { DAEMON_OPTIONS } from './flags.js';
 
@@ -59,7 +59,8 @@ try {
     ...(values['data-dir'] ? { dataDir: values['data-dir'] } : {}),
     ...(values.listen ? { listen: values.listen } : {}),
     ...(values['templates-dir'] ? { templatesDir: values['templates-dir'] } : {}),
-    ...(values['max-sandboxes'] ? { maxSandboxes: Number(values['max-sandboxes']) } : {}),
+    ...(values['max-sandboxes'] ? { maxSandboxes: parseCount(values['max-sandboxes'], '--max-sandboxes') } : {}),
+    ...(values['max-memory'] ? { maxMemoryMb: parseSizeMb(values['max-memory'], '--max-memory') } : {}),
     ...(values['max-upload-bytes'] ? { maxUploadBytes: Number(values['max-upload-bytes']) } : {}),
     ...(values['log-level'] ? { logLevel: values['log-level'] } : {}),
     ...(values['debian-mirror'] ? { debianMirror: values['debian-mirror'] } : {}),

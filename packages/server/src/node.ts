@@ -5,7 +5,8 @@
  * a PostgreSQL database see each other (the cluster's placement and ownership build on this).
  */
 import type { NodeInfo } from '@space/api';
-import { SpaceError, type Logger, type MetadataStore, type NodeRecord, type SandboxService } from '@space/core';
+import { loadavg } from 'node:os';
+import { LIMITS, SpaceError, type Logger, type MetadataStore, type NodeRecord, type SandboxService } from '@space/core';
 
 /**
  * What runs with a node's heartbeats: `afterBeat` right after each one (quick: it must never
@@ -69,7 +70,7 @@ export class NodeHeartbeat {
   }
 
   private async beat(): Promise<void> {
-    this.record = { ...this.record, heartbeatAt: new Date().toISOString() };
+    this.record = { ...this.record, heartbeatAt: new Date().toISOString(), load: Math.round(loadavg()[0]! * 100) / 100 };
     delete this.record.stoppedAt;
     await this.store.putNode(this.record);
   }
@@ -152,12 +153,15 @@ export function clusterDuties(c: {
  * @example const nodes = await nodeViews(store, 30_000);
  */
 export async function nodeViews(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<NodeInfo[]> {
-  // Two queries whatever the cluster's size: the nodes, and a count of live sandboxes per node.
-  const [nodes, count] = await Promise.all([store.listNodes(), store.countSandboxesByNode(['starting', 'running', 'paused'])]);
+  // Two queries whatever the cluster's size: the nodes, and the live sandboxes per node (count, memory).
+  const [nodes, load] = await Promise.all([store.listNodes(), store.sandboxLoadByNode(['starting', 'running', 'paused'])]);
   return nodes.map(({ stoppedAt, ...n }) => ({
     ...n,
+    // A node registered before SPACE recorded it: the default.
+    maxMemoryMb: n.maxMemoryMb ?? n.memoryMb * 2,
     state: nodeState({ heartbeatAt: n.heartbeatAt, ...(stoppedAt ? { stoppedAt } : {}) }, lostAfterMs, now),
-    sandboxes: count[n.name] ?? 0,
+    sandboxes: load[n.name]?.sandboxes ?? 0,
+    memoryReservedMb: load[n.name]?.memoryMb ?? 0,
   }));
 }
 
@@ -171,31 +175,59 @@ export async function nodeStates(store: MetadataStore, lostAfterMs: number, now 
   return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, ...(n.e2bUrl ? { e2bUrl: n.e2bUrl } : {}), ...(n.ingressUrl ? { ingressUrl: n.ingressUrl } : {}), heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now), ...(n.draining ? { draining: true } : {}) }));
 }
 
-/**
- * The node a sandbox leaving `self` (a drain) or a create it has no room for goes to: up, not
- * drained, running `driver` (if given), with the most free places; undefined when none.
- *
- * @example const target = pickNode(await nodeViews(store, 30_000), 'n1', 'gvisor');
- */
-export function pickNode(nodes: NodeInfo[], self: string, driver?: string): NodeInfo | undefined {
-  return nodes
-    .filter((n) => n.name !== self && n.state === 'up' && !n.draining && n.sandboxes < n.maxSandboxes && (!driver || n.drivers.includes(driver)))
-    .sort((x, y) => y.maxSandboxes - y.sandboxes - (x.maxSandboxes - x.sandboxes))[0];
+/** What a sandbox to be placed needs of a node. */
+export interface PlacementNeed {
+  /** Its driver; any node runs the default one when absent. */
+  driver?: string;
+  /** Its memory limit, MiB. @default LIMITS.memoryMb.default */
+  memoryMb?: number;
 }
 
 /**
- * Where each of a draining node's sessions goes: one after the other to the node with the most
- * free places, counting those already sent (a moved session is hibernated until woken there,
- * so the store's counts do not show it yet). Sessions no node can take map to undefined.
+ * How full `n` would be with one more sandbox of `memoryMb`, plus how busy its host is: the
+ * larger of its places and its memory reserved, as fractions of its limits, plus half its load
+ * per CPU (capped at 2, so a saturated host weighs as a node half full). Lower is better.
+ *
+ * @example placementCost({ sandboxes: 3, maxSandboxes: 64, memoryReservedMb: 1536, maxMemoryMb: 48000, load: 1, cpus: 2 }, 512) // 4/64 + (1/2)/2/2 = 0.1875
+ */
+export function placementCost(n: Pick<NodeInfo, 'sandboxes' | 'maxSandboxes' | 'memoryReservedMb' | 'maxMemoryMb' | 'load' | 'cpus'>, memoryMb: number): number {
+  const fill = Math.max((n.sandboxes + 1) / n.maxSandboxes, (n.memoryReservedMb + memoryMb) / n.maxMemoryMb);
+  const busy = Math.min((n.load ?? 0) / Math.max(1, n.cpus), 2) / 2;
+  return fill + busy / 2;
+}
+
+/**
+ * The node a sandbox leaving `self` (a drain) or a create it has no room for goes to: up, not
+ * drained, running the driver, with a free place and room for its memory — of those, the one
+ * with the lowest {@link placementCost}; undefined when none.
+ *
+ * @example const target = pickNode(await nodeViews(store, 30_000), 'n1', { driver: 'gvisor', memoryMb: 1024 });
+ */
+export function pickNode(nodes: NodeInfo[], self: string, need: PlacementNeed = {}): NodeInfo | undefined {
+  const memoryMb = need.memoryMb ?? LIMITS.memoryMb.default;
+  const fits = nodes.filter((n) => n.name !== self && n.state === 'up' && !n.draining && n.sandboxes < n.maxSandboxes && n.memoryReservedMb + memoryMb <= n.maxMemoryMb && (!need.driver || n.drivers.includes(need.driver)));
+  let best: NodeInfo | undefined;
+  for (const n of fits) if (!best || placementCost(n, memoryMb) < placementCost(best, memoryMb)) best = n;
+  return best;
+}
+
+/**
+ * Where each of a draining node's sessions goes: one after the other by {@link pickNode},
+ * counting the places and memory of those already sent (a moved session is hibernated until
+ * woken there, so the store's counts do not show it yet). Sessions no node can take map to
+ * undefined.
  *
  * @example const plan = planDrain(await nodeViews(store, 30_000), 'n1', mine); // Map { 'sb1' => 'n2', 'sb2' => 'n3' }
  */
-export function planDrain(nodes: NodeInfo[], self: string, sessions: { id: string; driver: string }[]): Map<string, string | undefined> {
+export function planDrain(nodes: NodeInfo[], self: string, sessions: { id: string; driver: string; memoryMb: number }[]): Map<string, string | undefined> {
   const load = nodes.map((n) => ({ ...n }));
   const plan = new Map<string, string | undefined>();
   for (const sb of sessions) {
-    const target = pickNode(load, self, sb.driver);
-    if (target) target.sandboxes++;
+    const target = pickNode(load, self, { driver: sb.driver, memoryMb: sb.memoryMb });
+    if (target) {
+      target.sandboxes++;
+      target.memoryReservedMb += sb.memoryMb;
+    }
     plan.set(sb.id, target?.name);
   }
   return plan;

@@ -289,9 +289,16 @@ export class SqlStore implements MetadataStore {
     return rows.map((r) => JSON.parse(r.doc) as Sandbox);
   }
 
-  async countSandboxesByNode(states: SandboxState[]): Promise<Record<string, number>> {
-    const rows = await this.db.selectFrom('sandboxes').select(['node', (eb) => eb.fn.countAll<number | string>().as('n')]).where('state', 'in', states).where('node', 'is not', null).groupBy('node').execute();
-    return Object.fromEntries(rows.map((r) => [r.node!, Number(r.n)]));
+  async sandboxLoadByNode(states: SandboxState[]): Promise<Record<string, { sandboxes: number; memoryMb: number }>> {
+    const memoryMb = sql<number | string | null>`sum(cast(${this.flavour.docField('memoryMb')} as integer))`;
+    const rows = await this.db
+      .selectFrom('sandboxes')
+      .select(['node', (eb) => eb.fn.countAll<number | string>().as('n'), memoryMb.as('mb')])
+      .where('state', 'in', states)
+      .where('node', 'is not', null)
+      .groupBy('node')
+      .execute();
+    return Object.fromEntries(rows.map((r) => [r.node!, { sandboxes: Number(r.n), memoryMb: Number(r.mb ?? 0) }]));
   }
 
   async insertSnapshot(sn: Snapshot): Promise<void> {

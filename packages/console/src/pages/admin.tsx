@@ -280,7 +280,7 @@ export function NodesPage({ session }: { session: Session }): JSX.Element {
     <section aria-labelledby="h-nodes">
       <h1 id="h-nodes">Nodes</h1>
       <ErrorBox error={error} />
-      <Table caption="Nodes" columns={['Node', 'State', 'Sandboxes', 'CPUs / memory', 'Drivers', 'Heartbeat']}>
+      <Table caption="Nodes" columns={['Node', 'State', 'Sandboxes', 'Memory reserved', 'CPUs / load / memory', 'Drivers', 'Heartbeat']}>
         {(data?.nodes ?? []).map((n) => (
           <tr key={n.name}>
             <td>{n.name}</td>
@@ -292,7 +292,10 @@ export function NodesPage({ session }: { session: Session }): JSX.Element {
               {n.sandboxes} / {n.maxSandboxes}
             </td>
             <td>
-              {n.cpus} / {n.memoryMb} MiB
+              {n.memoryReservedMb} / {n.maxMemoryMb} MiB
+            </td>
+            <td>
+              {n.cpus} / {n.load === undefined ? '–' : n.load.toFixed(2)} / {n.memoryMb} MiB
             </td>
             <td>{n.drivers.join(', ')}</td>
             <td>{ago(n.heartbeatAt)}</td>

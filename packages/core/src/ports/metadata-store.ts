@@ -101,12 +101,12 @@ export interface MetadataStore extends IntentStore {
    */
   sandboxesInStates(states: SandboxState[], opts?: { node?: string }): Promise<Sandbox[]>;
   /**
-   * How many sandboxes in these states each node owns (nodes with none are absent): placement's
-   * one grouped query, whatever the number of sandboxes.
+   * How many sandboxes in these states each node owns, and the sum of their memory limits (nodes
+   * with none are absent): placement's one grouped query, whatever the number of sandboxes.
    *
-   * @example const load = await store.countSandboxesByNode(['starting', 'running', 'paused']); // { n1: 12, n2: 3 }
+   * @example const load = await store.sandboxLoadByNode(['starting', 'running', 'paused']); // { n1: { sandboxes: 12, memoryMb: 6144 }, n2: { sandboxes: 3, memoryMb: 768 } }
    */
-  countSandboxesByNode(states: SandboxState[]): Promise<Record<string, number>>;
+  sandboxLoadByNode(states: SandboxState[]): Promise<Record<string, { sandboxes: number; memoryMb: number }>>;
 
   insertSnapshot(s: Snapshot): Promise<void>;
   getSnapshot(id: string): Promise<Snapshot | undefined>;
