@@ -77,6 +77,7 @@ interface DaemonFlags {
   listen: string;
   templatesDir?: string;
   maxSandboxes?: string;
+  maxMemory?: string;
   pool?: string;
   driver?: string;
   drivers?: string;
@@ -104,6 +105,7 @@ function daemonCommand(name: string, description: string): Command {
     .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7070')
     .option('--templates-dir <dir>', 'template cache directory')
     .option('--max-sandboxes <n>', 'most sandboxes at once')
+    .option('--max-memory <size>', 'most the sandboxes\' memory limits may add up to, e.g. 40G (default: twice the host\'s memory)')
     .option('--pool <template=n,...>', 'warm pools of the built-in templates, e.g. minimal=2')
     .option('--driver <name>', 'default isolation driver of the sandboxes: gvisor or microvm')
     .option('--drivers <list>', 'drivers a sandbox may choose at creation, e.g. gvisor,microvm')
@@ -123,7 +125,7 @@ function daemonCommand(name: string, description: string): Command {
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : []), ...(o.workDir ? ['--work-dir', o.workDir] : []), ...(o.nodeName ? ['--node-name', o.nodeName] : []), ...(o.advertiseUrl ? ['--advertise-url', o.advertiseUrl] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.maxMemory ? ['--max-memory', o.maxMemory] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : []), ...(o.workDir ? ['--work-dir', o.workDir] : []), ...(o.nodeName ? ['--node-name', o.nodeName] : []), ...(o.advertiseUrl ? ['--advertise-url', o.advertiseUrl] : [])];
 }
 
 /**
