@@ -3,7 +3,8 @@
 // throughput and WebSocket round trips through the ingress vs from the host straight to the
 // sandbox's address; and the first request to a hibernated sandbox (autoResume) vs a plain wake.
 //   node scripts/bench-ingress.mjs [--iterations 200] [--wakes 3] [--write]
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { createHash } from 'node:crypto';
 import http from 'node:http';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -109,6 +110,34 @@ try {
     tputCurl.direct.push(curl(`http://${direct.host}:8080/bytes/${MB * 1024 * 1024}`));
   }
 
+  // 3c. The ingress's own relay, no sandbox: the same download from a host process, through the
+  //     ingress (a process of its own, as in the daemon) and straight. Where this ratio is high
+  //     and the sandbox's is not, the sandbox's leg and the host's 2 cores are what limit it.
+  const child = async (...args) => {
+    const p = spawn(process.execPath, [new URL('./ingress-host-relay.mjs', import.meta.url).pathname, ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const [line] = await once(p.stdout, 'data');
+    return { p, port: Number(String(line).trim()) };
+  };
+  const upstream = await child('upstream');
+  const relay = await child('ingress', String(upstream.port));
+  const hostOnly = { ingress: [], direct: [] };
+  const hostAgents = { ingress: new http.Agent({ keepAlive: true, maxSockets: 1 }), direct: new http.Agent({ keepAlive: true, maxSockets: 1 }) };
+  const hostTo = { ingress: { host: '127.0.0.1', port: relay.port, headers: { host: `8080-sb0123456789abcdefgh.localhost:${relay.port}`, 'x-space-access-token': 'bench' } }, direct: { host: '127.0.0.1', port: upstream.port, headers: { host: `127.0.0.1:${upstream.port}` } } };
+  try {
+    for (let i = 0; i < 5; i++) {
+      for (const side of ['ingress', 'direct']) {
+        const t = process.hrtime.bigint();
+        const r = await get(hostTo[side], `/bytes/${MB * 1024 * 1024}`, hostAgents[side]);
+        if (r.bytes !== MB * 1024 * 1024) throw new Error(`host-only ${side}: ${r.status}, ${r.bytes} bytes`);
+        hostOnly[side].push((MB * 1000) / ms(t));
+      }
+    }
+  } finally {
+    for (const a of Object.values(hostAgents)) a.destroy();
+    upstream.p.kill();
+    relay.p.kill();
+  }
+
   // 4. WebSocket round trips: one message out, its echo back, N times on one connection each.
   const open = (url, headers) =>
     new Promise((resolve, reject) => {
@@ -141,6 +170,7 @@ try {
     `| small request, p50 ms | ${f(med(lat.ingress))} | ${f(med(lat.direct))} | ${f(med(lat.ingress) / med(lat.direct))}x |`,
     `| small request, p95 ms | ${f(quantile(lat.ingress, 95))} | ${f(quantile(lat.direct, 95))} | ${f(quantile(lat.ingress, 95) / quantile(lat.direct, 95))}x |`,
     `| ${MB} MB download with node's http client, MB/s (median of 5) | ${f(med(tput.ingress), 0)} | ${f(med(tput.direct), 0)} | ${f(med(tput.ingress) / med(tput.direct))}x |`,
+    `| ${MB} MB download, node's client, from a host process instead of the sandbox (the ingress's own relay), MB/s (median of 5) | ${f(med(hostOnly.ingress), 0)} | ${f(med(hostOnly.direct), 0)} | ${f(med(hostOnly.ingress) / med(hostOnly.direct))}x |`,
     `| ${MB} MB download with curl, MB/s (median of 5) | ${f(med(tputCurl.ingress), 0)} | ${f(med(tputCurl.direct), 0)} | ${f(med(tputCurl.ingress) / med(tputCurl.direct))}x |`,
     `| WebSocket round trip, p50 ms | ${f(med(rtt.ingress))} | ${f(med(rtt.direct))} | ${f(med(rtt.ingress) / med(rtt.direct))}x |`,
     `| WebSocket round trip, p95 ms | ${f(quantile(rtt.ingress, 95))} | ${f(quantile(rtt.direct, 95))} | ${f(quantile(rtt.ingress, 95) / quantile(rtt.direct, 95))}x |`,
