@@ -14,7 +14,7 @@ import { WebSocket } from 'ws';
 import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { eventually, startSpaced, stopSpaced } from '../test/helpers.mjs';
-import { startStreamsServer } from '../test/streams-server.mjs';
+import { startStreamsServer, streamsServerProgram } from '../test/streams-server.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '200' }, wakes: { type: 'string', default: '3' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -113,13 +113,13 @@ try {
   // 3c. The ingress's own relay, no sandbox: the same download from a host process, through the
   //     ingress (a process of its own, as in the daemon) and straight. Where this ratio is high
   //     and the sandbox's is not, the sandbox's leg and the host's 2 cores are what limit it.
-  const child = async (...args) => {
-    const p = spawn(process.execPath, [new URL('./ingress-host-relay.mjs', import.meta.url).pathname, ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = async (args, env = {}) => {
+    const p = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, ...env } });
     const [line] = await once(p.stdout, 'data');
     return { p, port: Number(String(line).trim()) };
   };
-  const upstream = await child('upstream');
-  const relay = await child('ingress', String(upstream.port));
+  const upstream = await child(['-e', await streamsServerProgram()], { STREAMS_PORT: '0', STREAMS_HOST: '127.0.0.1' });
+  const relay = await child([new URL('./ingress-host-relay.mjs', import.meta.url).pathname, 'ingress', String(upstream.port)]);
   const hostOnly = { ingress: [], direct: [] };
   const hostAgents = { ingress: new http.Agent({ keepAlive: true, maxSockets: 1 }), direct: new http.Agent({ keepAlive: true, maxSockets: 1 }) };
   const hostTo = { ingress: { host: '127.0.0.1', port: relay.port, headers: { host: `8080-sb0123456789abcdefgh.localhost:${relay.port}`, 'x-space-access-token': 'bench' } }, direct: { host: '127.0.0.1', port: upstream.port, headers: { host: `127.0.0.1:${upstream.port}` } } };

@@ -44,15 +44,21 @@ const server = http.createServer((req, res) => {
   } else res.end('streams server');
 });
 new WebSocketServer({ server, path: '/ws' }).on('connection', (ws) => ws.on('message', (m, binary) => ws.send(m, { binary })));
-server.listen(8080, '0.0.0.0');
+// On the host (a benchmark's stand-in for the sandbox): STREAMS_PORT=0 picks a port and prints it.
+server.listen(Number(process.env.STREAMS_PORT || 8080), process.env.STREAMS_HOST || '0.0.0.0', () => process.env.STREAMS_PORT && console.log(server.address().port));
 `;
+
+/** The server as one CommonJS program (`ws` bundled in): `node -e` runs it too. */
+export async function streamsServerProgram() {
+  const bundle = await build({ stdin: { contents: STREAMS_SERVER, resolveDir: new URL('..', import.meta.url).pathname }, bundle: true, platform: 'node', target: 'node18', format: 'cjs', write: false, logLevel: 'silent' });
+  return bundle.outputFiles[0].text;
+}
 
 /**
  * Starts the server in `sandbox` (template `base`) in the background; resolves once it is
  * written and launched (poll the port for readiness).
  */
 export async function startStreamsServer(sandbox) {
-  const bundle = await build({ stdin: { contents: STREAMS_SERVER, resolveDir: new URL('..', import.meta.url).pathname }, bundle: true, platform: 'node', target: 'node18', format: 'cjs', write: false, logLevel: 'silent' });
-  await sandbox.files.write('/tmp/streams.js', bundle.outputFiles[0].text);
+  await sandbox.files.write('/tmp/streams.js', await streamsServerProgram());
   await sandbox.commands.run('node /tmp/streams.js', { background: true });
 }
