@@ -119,7 +119,7 @@ try {
     return { p, port: Number(String(line).trim()) };
   };
   const upstream = await child(['-e', await streamsServerProgram()], { STREAMS_PORT: '0', STREAMS_HOST: '127.0.0.1' });
-  const relay = await child([new URL('./ingress-host-relay.mjs', import.meta.url).pathname, 'ingress', String(upstream.port)]);
+  const relay = await child([new URL('./ingress-host-relay.mjs', import.meta.url).pathname, String(upstream.port)]);
   const hostOnly = { ingress: [], direct: [] };
   const hostAgents = { ingress: new http.Agent({ keepAlive: true, maxSockets: 1 }), direct: new http.Agent({ keepAlive: true, maxSockets: 1 }) };
   const hostTo = { ingress: { host: '127.0.0.1', port: relay.port, headers: { host: `8080-sb0123456789abcdefgh.localhost:${relay.port}`, 'x-space-access-token': 'bench' } }, direct: { host: '127.0.0.1', port: upstream.port, headers: { host: `127.0.0.1:${upstream.port}` } } };

@@ -14,7 +14,7 @@ import { ApiClient, Commands, Nodes, Sandbox, Secrets, SpaceError, Templates, ty
 import { defaultDataDir } from '@space/server/state';
 import { checkContextName, connection, e2bKeys, parseDuration, parsePairs, readConfig, selectedContext, upCommand, writeConfig } from './config.js';
 import { answers, daemonStatus, installOnPath } from './daemon.js';
-import { table } from './table.js';
+import { mib, table } from './table.js';
 import { registerVolumeCommands } from './volumes.js';
 
 // The launcher (bin/space) moved NODE_EXTRA_CA_CERTS aside so node would not parse it at start;
@@ -361,8 +361,7 @@ program
     const nodes = await Nodes.list(connection());
     if (o.json) return void process.stdout.write(JSON.stringify(nodes, null, 2) + '\n');
     const rows = [['NAME', 'STATE', 'SANDBOXES', 'RESERVED', 'CPUS', 'LOAD', 'MEMORY', 'DRIVERS', 'HEARTBEAT', 'URL']];
-    const gib = (mb: number) => `${(mb / 1024).toFixed(mb < 10240 ? 1 : 0)}G`;
-    for (const n of nodes) rows.push([n.name, n.draining ? `${n.state}, drained` : n.state, `${n.sandboxes}/${n.maxSandboxes}`, `${gib(n.memoryReservedMb)}/${gib(n.maxMemoryMb)}`, String(n.cpus), n.load === undefined ? '-' : n.load.toFixed(2), gib(n.memoryMb), n.drivers.join(','), `${age(n.heartbeatAt)} ago`, n.url]);
+    for (const n of nodes) rows.push([n.name, n.draining ? `${n.state}, drained` : n.state, `${n.sandboxes}/${n.maxSandboxes}`, `${mib(n.memoryReservedMb)}/${mib(n.maxMemoryMb)}`, String(n.cpus), n.load === undefined ? '-' : n.load.toFixed(2), mib(n.memoryMb), n.drivers.join(','), `${age(n.heartbeatAt)} ago`, n.url]);
     process.stdout.write(table(rows) + '\n');
   });
 

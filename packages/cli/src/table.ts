@@ -1,4 +1,12 @@
-/** Column-aligned text tables, as the CLI prints listings. */
+/** Column-aligned text tables, as the CLI prints listings, and the sizes in them. */
+
+/**
+ * A size in MiB as a listing shows it.
+ * @example mib(512) // '512 MiB'; mib(1536) // '1.5 GiB'
+ */
+export function mib(n: number): string {
+  return n >= 1024 ? `${+(n / 1024).toFixed(1)} GiB` : `${n} MiB`;
+}
 
 /**
  * The rows as aligned columns, the first row being the header.

@@ -6,14 +6,10 @@ import type { Command } from 'commander';
 import { parseSizeMb } from '@space/api';
 import { SpaceError, Volumes } from '@space/sdk';
 import { connection } from './config.js';
-import { table } from './table.js';
+import { mib, table } from './table.js';
 
 /** `NAME:/path` names a place in a volume; anything else is a local path. */
 const REMOTE = /^([a-z0-9][a-z0-9._-]{0,62}):(\/.*)$/;
-
-function mib(n: number): string {
-  return n >= 1024 ? `${+(n / 1024).toFixed(1)} GiB` : `${n} MiB`;
-}
 
 /** Uploads a local file or directory (recursively) to `name:dest`; returns how many files. */
 async function upload(src: string, name: string, dest: string): Promise<number> {

@@ -205,10 +205,13 @@ export function placementCost(n: Pick<NodeInfo, 'sandboxes' | 'maxSandboxes' | '
  */
 export function pickNode(nodes: NodeInfo[], self: string, need: PlacementNeed = {}): NodeInfo | undefined {
   const memoryMb = need.memoryMb ?? LIMITS.memoryMb.default;
-  const fits = nodes.filter((n) => n.name !== self && n.state === 'up' && !n.draining && n.sandboxes < n.maxSandboxes && n.memoryReservedMb + memoryMb <= n.maxMemoryMb && (!need.driver || n.drivers.includes(need.driver)));
-  let best: NodeInfo | undefined;
-  for (const n of fits) if (!best || placementCost(n, memoryMb) < placementCost(best, memoryMb)) best = n;
-  return best;
+  let best: { node: NodeInfo; cost: number } | undefined;
+  for (const n of nodes) {
+    if (n.name === self || n.state !== 'up' || n.draining || n.sandboxes >= n.maxSandboxes || n.memoryReservedMb + memoryMb > n.maxMemoryMb || (need.driver && !n.drivers.includes(need.driver))) continue;
+    const cost = placementCost(n, memoryMb);
+    if (!best || cost < best.cost) best = { node: n, cost };
+  }
+  return best?.node;
 }
 
 /**
