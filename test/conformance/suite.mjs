@@ -173,6 +173,32 @@ export function conformance(driver) {
       await sb.files.remove('/tmp/big.bin');
     });
 
+    test('a file read while a process rewrites it is whole or cut, never hung; procfs files are read whole', async () => {
+      // A busy loop truncates and rewrites the file: each read must end (not wait for bytes
+      // its Content-Length promised) with one whole value or the empty file.
+      const loop = await sb.commands.run('while :; do echo 1234567890 > /tmp/churn; done', { background: true });
+      try {
+        for (let i = 0; i < 150; i++) {
+          const text = await sb.files.read('/tmp/churn', { signal: AbortSignal.timeout(15_000) });
+          assert.ok(text === '' || text === '1234567890\n', `read ${i}: ${JSON.stringify(text)}`);
+        }
+      } finally {
+        await loop.kill();
+      }
+      const meminfo = await sb.files.read('/proc/meminfo');
+      assert.match(meminfo, /^MemTotal:.*\n[^]*MemFree:/, 'a procfs file (stat size 0) is read whole, not as empty');
+      // A long file truncated while it is read: the download is cut, not ended as if whole.
+      await sb.commands.run('head -c 67108864 /dev/zero > /tmp/shrinks');
+      const body = await sb.files.read('/tmp/shrinks', { format: 'stream', signal: AbortSignal.timeout(60_000) });
+      const it = body[Symbol.asyncIterator]();
+      await it.next();
+      await sb.commands.run(': > /tmp/shrinks');
+      await assert.rejects(async () => {
+        for (let r = await it.next(); !r.done; r = await it.next());
+      }, 'a download whose file shrank below its length fails');
+      await sb.files.remove('/tmp/shrinks');
+    });
+
     test('backpressure: a process whose output is not read is paused, not buffered', async () => {
       // Writes 64 KiB blocks forever, counting them in a file; we read nothing until it stalls.
       const res = await fetch(`${fx.url}/v1/sandboxes/${sb.id}/commands`, {

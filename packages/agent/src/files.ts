@@ -139,7 +139,17 @@ export async function rename(from: string, to: string): Promise<void> {
   }
 }
 
-/** Streams a file to `stream` under its credit; resolves when done. */
+/**
+ * Streams a file to `stream` under its credit; resolves when done.
+ *
+ * The reply tells the size this stream will send, never a guess the daemon would pass on as
+ * a `Content-Length` the body then breaks (a file rewritten while it is read is common:
+ * logs, counters). A regular file that ends within the first piece is told at the size read;
+ * a longer one at its size when opened, which caps the read, and the stream fails with
+ * `FILE_CHANGED` if the file shrinks below it first. Files whose size says nothing (procfs,
+ * FIFOs, devices) are told at the size read when one more read shows their end, else with
+ * no size at all.
+ */
 export async function readTo(p: string, stream: Stream): Promise<void> {
   let fh: fs.FileHandle;
   try {
@@ -150,24 +160,62 @@ export async function readTo(p: string, stream: Stream): Promise<void> {
   try {
     const st = await fh.stat();
     if (st.isDirectory()) throw new AgentError('IS_A_DIRECTORY', `${p} is a directory`);
-    stream.reply({ size: st.size });
     const buf = Buffer.allocUnsafe(READ_CHUNK);
-    for (;;) {
-      if (stream.closed) return;
-      const { bytesRead } = await fh.read(buf, 0, READ_CHUNK, null);
-      if (bytesRead === 0) break;
-      if (!stream.send(Channel.File, Buffer.from(buf.subarray(0, bytesRead)))) {
-        await new Promise<void>((r) => {
-          const go = () => { stream.off('drain', go); stream.off('close', go); r(); };
-          stream.on('drain', go);
-          stream.on('close', go);
-        });
-      }
+    const read = async (max = READ_CHUNK): Promise<Buffer> => {
+      const { bytesRead } = await fh.read(buf, 0, max, null);
+      return Buffer.from(buf.subarray(0, bytesRead));
+    };
+    const first = await read();
+    const pieces = [first];
+    let size: number | undefined;
+    let more = Infinity;
+    if (st.isFile() && st.size > 0) {
+      // A short read of a regular file is its end.
+      size = first.length < READ_CHUNK ? first.length : Math.max(st.size, READ_CHUNK);
+      more = size - first.length;
+    } else if (first.length === 0) {
+      size = more = 0;
+    } else if (st.isFile() && first.length < READ_CHUNK) {
+      // procfs and sysfs files stat as size 0 whatever they hold: one more read shows the end.
+      const next = await read();
+      if (next.length === 0) [size, more] = [first.length, 0];
+      else pieces.push(next);
     }
-    stream.end({});
+    stream.reply(size === undefined ? {} : { size });
+    for (const piece of pieces) if (!(await sendPiece(stream, piece))) return;
+    await sendRest(stream, read, more, p);
   } finally {
     await fh.close();
   }
+}
+
+/** Reads and sends up to `limit` more bytes (all that is left when Infinity), then ends. */
+async function sendRest(stream: Stream, read: (max?: number) => Promise<Buffer>, limit: number, p: string): Promise<void> {
+  let left = limit;
+  while (left > 0) {
+    const piece = await read(Math.min(READ_CHUNK, left));
+    if (piece.length === 0) {
+      if (left === Infinity) break;
+      stream.fail('FILE_CHANGED', `${p} shrank while it was read; read it again`);
+      return;
+    }
+    left -= piece.length;
+    if (!(await sendPiece(stream, piece))) return;
+  }
+  stream.end({});
+}
+
+/** Sends one piece under the stream's credit; false when the stream closed meanwhile. */
+async function sendPiece(stream: Stream, piece: Buffer): Promise<boolean> {
+  if (stream.closed) return false;
+  if (piece.length > 0 && !stream.send(Channel.File, piece)) {
+    await new Promise<void>((r) => {
+      const go = () => { stream.off('drain', go); stream.off('close', go); r(); };
+      stream.on('drain', go);
+      stream.on('close', go);
+    });
+  }
+  return !stream.closed;
 }
 
 /**

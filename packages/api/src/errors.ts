@@ -38,6 +38,7 @@ export const ERRORS = {
   VOLUME_EXISTS: { status: 409, message: 'A volume with that name exists', hint: 'Pick another name, or remove it first with `space volume rm NAME`.' },
   VOLUME_IN_USE: { status: 409, message: 'The volume is in use', hint: 'A volume is mounted read-write by one sandbox, or read-only by many: kill the sandboxes that have it (`space volume ls` shows them), or mount it with :ro.' },
   FILE_EXISTS: { status: 409, message: 'The destination already exists' },
+  FILE_CHANGED: { status: 409, message: 'The file shrank while it was read', hint: 'Something in the sandbox rewrote it meanwhile; read it again, or read a copy made first (cp FILE FILE.snap).' },
   NOT_A_DIRECTORY: { status: 400, message: 'A path component is not a directory' },
   IS_A_DIRECTORY: { status: 400, message: 'The path is a directory', hint: 'Use the list endpoint for directories.' },
   DIRECTORY_NOT_EMPTY: { status: 409, message: 'The directory is not empty', hint: 'Pass recursive=true to remove it with its contents.' },

@@ -262,19 +262,37 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
   });
   app.get('/v1/sandboxes/:id/files/content', { schema: { tags: ['files'], params: S.IdParams, querystring: S.PathQuery } }, async (req, reply) => {
     const call = await svc.call(req.principal.tenantId, req.params.id, 'files', { op: 'read', path: checkPath(req.query.path) });
-    const { size } = (await call.reply) as { size?: unknown };
+    const { size: told } = (await call.reply) as { size?: unknown };
+    const size = typeof told === 'number' && Number.isSafeInteger(told) && told >= 0 ? told : undefined;
+    // The body must be exactly the length announced: a short one would leave the client
+    // waiting, a long one would run into the next response on its keep-alive connection.
+    // Anything else cuts the response (an error thrown after the headers destroys it).
+    const broken = (what: string) => {
+      const err = new SpaceError('AGENT_PROTOCOL_ERROR', `The agent of sandbox ${req.params.id} sent ${what} than the ${size} bytes it announced for ${req.query.path}`);
+      req.log.warn({ code: err.code }, err.message);
+      return err;
+    };
     async function* body(): AsyncGenerator<Buffer> {
       let done = false;
+      let sent = 0;
       try {
-        for await (const c of call.output()) yield c.data;
+        for await (const c of call.output()) {
+          sent += c.data.length;
+          if (size !== undefined && sent > size) throw broken('more');
+          yield c.data;
+        }
         await call.done;
+        if (size !== undefined && sent < size) throw broken('fewer');
         done = true;
+      } catch (err) {
+        if (err instanceof SpaceError && err.code !== 'AGENT_PROTOCOL_ERROR') req.log.warn({ code: err.code }, `download of ${req.query.path} cut: ${err.message}`);
+        throw err;
       } finally {
         if (!done) call.cancel('client went away');
       }
     }
     reply.raw.on('close', () => call.cancel('client went away'));
-    if (typeof size === 'number' && Number.isSafeInteger(size) && size >= 0) reply.header('content-length', String(size));
+    if (size !== undefined) reply.header('content-length', String(size));
     return reply.header('content-type', 'application/octet-stream').send(Readable.from(body(), { objectMode: false }));
   });
   app.put('/v1/sandboxes/:id/files/content', { schema: { tags: ['files'], params: S.IdParams, querystring: S.UploadQuery }, bodyLimit: deps.maxUploadBytes }, async (req) => {
