@@ -48,7 +48,7 @@ export { DEFAULT_EGRESS_POLICY, EGRESS_LIMITS, MAX_SECRET_BYTES, SecretService, 
 export type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, SecretAttachment, SecretInfo, SecretRecord, SecretSpec } from './security/egress-policy.js';
 export type { SandboxNetwork } from './ports/driver.js';
 export { CHECKPOINT_COMPLETE } from './ports/driver.js';
-export { mountPoints, run, tryRun } from './exec.js';
+export { mountPoints, readKernelFile, run, tryRun } from './exec.js';
 export type { RunResult } from './exec.js';
 export { AGENT_ARGV, RUNTIME, ensureRuntime } from './agent/runtime.js';
 export { EVERY_PORT, MAX_EXPOSURE_S, checkHostHeader } from './sandboxes/ports.js';

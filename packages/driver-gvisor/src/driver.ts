@@ -11,7 +11,7 @@ import { existsSync, promises as fs, openSync, closeSync, readFileSync, statSync
 import net from 'node:net';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
-import { CHECKPOINT_COMPLETE, SpaceError, randomString, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage, type DriverDisks, type ImageFileCodec } from '@space/core';
+import { CHECKPOINT_COMPLETE, SpaceError, randomString, readKernelFile, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage, type DriverDisks, type ImageFileCodec } from '@space/core';
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
@@ -589,18 +589,18 @@ export class GvisorDriver implements SandboxDriver {
 
   async usage(id: string): Promise<SandboxUsage> {
     const rid = this.rid(id);
-    const procs = (await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n').filter(Boolean);
+    // Kernel files, read synchronously (readKernelFile): the sampler calls this for every sandbox every few seconds.
+    const procs = readKernelFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid, 'cgroup.procs')).split('\n').filter(Boolean);
     let rss = 0;
     for (const pid of procs) {
-      const st = await fs.readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
-      const m = /VmRSS:\s+(\d+) kB/.exec(st);
+      const m = /VmRSS:\s+(\d+) kB/.exec(readKernelFile(`/proc/${pid}/status`));
       if (m) rss += Number(m[1]) * 1024;
     }
     const memDir = path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid);
-    const cg = Number((await fs.readFile(path.join(memDir, 'memory.usage_in_bytes'), 'utf8').catch(() => '0')).trim());
+    const cg = Number(readKernelFile(path.join(memDir, 'memory.usage_in_bytes'), '0').trim());
     // The working set: file pages not recently used (a disk's written files, cached) are reclaimed, not counted.
-    const inactiveFile = Number(/^total_inactive_file (\d+)$/m.exec(await fs.readFile(path.join(memDir, 'memory.stat'), 'utf8').catch(() => ''))?.[1] ?? 0);
-    const cpu = Number((await fs.readFile(path.join(CGROUP_ROOT, 'cpuacct', CGROUP_PARENT, rid, 'cpuacct.usage'), 'utf8').catch(() => '')).trim());
+    const inactiveFile = Number(/^total_inactive_file (\d+)$/m.exec(readKernelFile(path.join(memDir, 'memory.stat')))?.[1] ?? 0);
+    const cpu = Number(readKernelFile(path.join(CGROUP_ROOT, 'cpuacct', CGROUP_PARENT, rid, 'cpuacct.usage')).trim());
     const disk = await this.diskUsage(rid);
     return {
       rssBytes: rss,
