@@ -29,6 +29,12 @@ if (verb === 'list') {
   process.stdout.write(JSON.stringify(list.length ? list : null));
 } else {
   if (!fs.existsSync(root + '/c/' + arg)) process.exit(1);
+  // A slow pause: it ends only once the node's lease says stopped (a starting daemon's doing).
+  if (verb === 'pause' && fs.existsSync(root + '/slow-pause')) {
+    while (!fs.readFileSync(root + '/../lease.json', 'utf8').includes('"stopped":true')) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 20);
+  }
+  // A hung pause: it ends only when the test removes the mark.
+  while (verb === 'pause' && fs.existsSync(root + '/hang')) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 20);
   fs.writeFileSync(root + '/c/' + arg, verb === 'pause' ? 'paused' : 'running');
 }
 `,
@@ -152,6 +158,44 @@ describe('lease keeper', () => {
     await lease.stop();
     await until(() => !alive(second), 'the keeper stopping');
     assert.equal(JSON.parse(readFileSync(k.config.leaseFile, 'utf8')).stopped, true);
+  });
+
+  it('a daemon starting while the keeper of the one before is pausing waits for it, so what it paused is resumed', async () => {
+    // The keeper pauses first and writes what it paused after: a daemon reading the record in
+    // between finds none, and the container would stay paused for good.
+    const k = make([{ id: 'sbr-1', status: 'running' }]);
+    writeFileSync(path.join(k.root, 'slow-pause'), '');
+    const old = new LeaseKeeper(k.config);
+    await old.start();
+    const pid = JSON.parse(readFileSync(k.config.leaseFile, 'utf8')).keeper;
+    writeFileSync(k.config.leaseFile, JSON.stringify({ beatOkAt: Date.now() - 50_000, keeper: pid })); // the daemon died
+    await until(() => k.calls().includes('pause sbr-1'), 'the keeper pausing');
+    assert.ok(!existsSync(k.config.pausedFile), 'mid-pause: nothing recorded yet');
+    // The next daemon starts: its wait ends the slow pause (the lease says stopped) and the keeper.
+    assert.deepEqual(await LeaseKeeper.retirePrevious(k.config.leaseFile), { waited: 1, killed: 0 });
+    assert.ok(!alive(pid));
+    const r = await LeaseKeeper.resumeOwn(k.config.pausedFile, runsc, async () => true);
+    assert.deepEqual(r, { resumed: ['sbr'], left: [] });
+    assert.equal(k.containers()[0].status, 'running');
+    assert.deepEqual(await LeaseKeeper.retirePrevious(k.config.leaseFile), { waited: 0, killed: 0 }, 'no keeper left: nothing to wait for');
+  });
+
+  it('a keeper that does not exit in time is killed; another lease\'s keepers are left alone', async () => {
+    const k = make([{ id: 'sbs-1', status: 'running' }]);
+    writeFileSync(path.join(k.root, 'hang'), '');
+    const old = new LeaseKeeper(k.config);
+    await old.start();
+    const pid = JSON.parse(readFileSync(k.config.leaseFile, 'utf8')).keeper;
+    writeFileSync(k.config.leaseFile, JSON.stringify({ beatOkAt: Date.now() - 50_000, keeper: pid }));
+    try {
+      await until(() => k.calls().includes('pause sbs-1'), 'the keeper pausing');
+      assert.deepEqual(await LeaseKeeper.retirePrevious(`${k.config.leaseFile}.other`, 100), { waited: 0, killed: 0 });
+      assert.ok(alive(pid));
+      assert.deepEqual(await LeaseKeeper.retirePrevious(k.config.leaseFile, 300), { waited: 1, killed: 1 });
+      await until(() => !alive(pid), 'the keeper killed');
+    } finally {
+      rmSync(path.join(k.root, 'hang')); // lets the hung pause end
+    }
   });
 });
 

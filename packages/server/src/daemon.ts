@@ -537,6 +537,10 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const keeper = shared && (gvisorRuns || vmDirs.length) ? new LeaseKeeper({ leaseFile: path.join(dataDir, 'lease.json'), pausedFile, lostAfterMs, runsc: 'runsc', roots: gvisorRuns ? [path.join(dataDir, 'runsc')] : [], vmDirs }) : undefined;
   try {
     if (keeper) {
+      // The keeper of a daemon that died may be pausing right now and writes what it paused
+      // only after: it is waited for (at most 30 s), so the record read below is whole.
+      const retired = await LeaseKeeper.retirePrevious(path.join(dataDir, 'lease.json'));
+      if (retired.killed) logger.warn(retired, 'a lease keeper of the previous daemon did not exit within 30 s and was killed; what it paused may stay paused');
       // What the keeper of a daemon that died paused: its own sessions run again (re-adopted
       // below); the others were taken over and go in recovery.
       const r = await LeaseKeeper.resumeOwn(pausedFile, 'runsc', async (id) => {

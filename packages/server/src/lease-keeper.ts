@@ -18,10 +18,11 @@
  * Run by the daemon: `node lease-keeper.js CONFIG.json`.
  */
 import { execFile, spawn } from 'node:child_process';
-import { promises as fs, readFileSync } from 'node:fs';
+import { promises as fs, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { readKernelFile } from '@space/core';
 import { qmp } from '@space/driver-microvm';
 
 const exec = promisify(execFile);
@@ -63,6 +64,11 @@ export interface PausedByKeeper {
   vms?: { id: string; qmp: string }[];
 }
 
+/** The keeper's config file of a lease (also how its process is recognised). */
+function keeperConfigFile(leaseFile: string): string {
+  return `${leaseFile}.keeper.json`;
+}
+
 /** Writes `data` to `file` whole (a reader never sees half of it). */
 async function writeWhole(file: string, data: unknown): Promise<void> {
   await fs.writeFile(`${file}.tmp`, JSON.stringify(data), { mode: 0o600 });
@@ -85,7 +91,7 @@ export class LeaseKeeper {
 
   /** Starts a keeper (a detached process) and writes a fresh lease naming it. */
   async start(): Promise<void> {
-    const configFile = `${this.config.leaseFile}.keeper.json`;
+    const configFile = keeperConfigFile(this.config.leaseFile);
     await writeWhole(configFile, this.config);
     const script = path.join(path.dirname(fileURLToPath(import.meta.url)), 'lease-keeper.js');
     const child = spawn(process.execPath, [script, configFile], { detached: true, stdio: 'ignore' });
@@ -117,6 +123,49 @@ export class LeaseKeeper {
       }
     }
     this.pid = undefined;
+  }
+
+  /**
+   * A daemon starting, before it reads what a keeper paused: retires the keepers of the daemon
+   * before it. One may be acting right now (the old daemon died and its lease went stale): it
+   * pauses, *then* writes what it paused, so a daemon reading the record before it is written
+   * would find none and the paused sandboxes would stay paused. The lease is marked stopped (a
+   * keeper still watching exits without acting), then this waits for every keeper of the lease
+   * to exit — found by its config file in its command line, not by a pid that may be reused —
+   * killing any still there after `waitMs`. Returns how many it waited for and how many it killed.
+   *
+   * @example
+   * await LeaseKeeper.retirePrevious(leaseFile);
+   * await LeaseKeeper.resumeOwn(pausedFile, 'runsc', mine);
+   */
+  static async retirePrevious(leaseFile: string, waitMs = 30_000): Promise<{ waited: number; killed: number }> {
+    const configFile = keeperConfigFile(leaseFile);
+    const keepers = (): number[] => {
+      const pids: number[] = [];
+      for (const name of readdirSync('/proc')) {
+        const pid = Number(name);
+        if (!Number.isInteger(pid) || pid === process.pid) continue;
+        if (readKernelFile(`/proc/${pid}/cmdline`).split('\0').includes(configFile)) pids.push(pid);
+      }
+      return pids;
+    };
+    const found = keepers();
+    if (!found.length) return { waited: 0, killed: 0 };
+    await writeWhole(leaseFile, { beatOkAt: Date.now(), stopped: true } satisfies Lease).catch(() => {});
+    const deadline = Date.now() + waitMs;
+    let left = found;
+    while (left.length && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 50));
+      left = keepers();
+    }
+    for (const pid of left) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone meanwhile
+      }
+    }
+    return { waited: found.length, killed: left.length };
   }
 
   /**
