@@ -1,9 +1,13 @@
 // The HTTP API's contract: authentication, tenancy, validation with stable error codes,
 // listing with filters and pages, OpenAPI, and an agent that dies mid-stream.
 import assert from 'node:assert/strict';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { startDaemon } from '../packages/server/dist/index.js';
 import { Nodes, Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
-import { api, eventually, startTestDaemon } from './helpers.mjs';
+import { TEMPLATES_DIR, api, egressRange, eventually, leftovers, makeNodeKey, startTestDaemon } from './helpers.mjs';
 
 describe('HTTP API', () => {
   let fx;
@@ -183,5 +187,29 @@ describe('HTTP API', () => {
       return i.state === 'killed' ? i : undefined;
     });
     assert.equal(info.endReason, 'timeout');
+  });
+});
+
+describe('a daemon that cannot start', () => {
+  it('its port taken: start fails with EADDRINUSE and stops what it had started, so the same data directory starts next time', async () => {
+    const held = net.createServer();
+    await new Promise((r) => held.listen(0, '127.0.0.1', r));
+    const dataDir = mkdtempSync('/tmp/spt-');
+    makeNodeKey(dataDir);
+    const opts = { dataDir, templatesDir: TEMPLATES_DIR, logLevel: 'silent', egress: { range: egressRange(dataDir) } };
+    try {
+      // Its E2B API and ingress (the two ports above) and its service start before the API's
+      // listener fails; before, they stayed up (an embedding process never exited).
+      await assert.rejects(startDaemon({ ...opts, listen: `127.0.0.1:${held.address().port}` }), (e) => e.code === 'EADDRINUSE');
+      assert.deepEqual(leftovers(dataDir, []), []);
+      assert.ok(!existsSync(path.join(dataDir, 'spaced.json')), 'no state file says it runs');
+      // Nothing of it holds the data directory, the egress range or the node's lock.
+      const d = await startDaemon({ ...opts, listen: '127.0.0.1:0' });
+      assert.equal((await fetch(`${d.url}/v1/health`)).status, 200);
+      await d.close();
+    } finally {
+      held.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
   });
 });

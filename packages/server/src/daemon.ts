@@ -566,6 +566,18 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     throw err;
   }
 
+  // From here on a step that fails (a listener's port taken, …) stops what started before it,
+  // newest first: a daemon that could not start leaves nothing running behind it (warm pools,
+  // timers, the egress proxy), and an embedding process (a test) can exit.
+  const started: (() => Promise<unknown>)[] = [];
+  const abort = async (err: unknown): Promise<never> => {
+    for (const stop of started.reverse()) await stop().catch(() => {});
+    await service.shutdown().catch(() => {});
+    await egress?.close().catch(() => {});
+    pkcs11?.close();
+    await closeStores();
+    throw err;
+  };
   const maxUploadBytes = opts.maxUploadBytes ?? 4 * 1024 ** 3;
   const hostUrl = (h: string, p: number) => `http://${h.includes(':') ? `[${h}]` : h}:${p}`;
   // The ingress on a listener of its own (host names route to sandboxes' ports); before the E2B
@@ -574,7 +586,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const ingress = await startIngress(
     { service, network: egress?.network, secret: ingressSecret, logger: logger.child({ api: 'ingress' }), ...(shared ? { nodes: () => nodeStates(store, lostAfterMs) } : {}) },
     { listen: ingressListen, ...(opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN ? { domain: opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN } : {}), ...(opts.ingress?.certFile ? { certFile: opts.ingress.certFile } : {}), ...(opts.ingress?.keyFile ? { keyFile: opts.ingress.keyFile } : {}) },
-  );
+  ).catch(abort);
+  if (ingress) started.push(() => ingress.close());
   if (ingress) daemonPorts.add(Number(new URL(ingress.url).port));
   // The E2B-compatible API on its own listener (see @space/e2b for why).
   const e2bListen = opts.e2bListen ?? process.env.SPACE_E2B_LISTEN ?? (port === 0 ? `${host.includes(':') ? `[${host}]` : host}:0` : `${host.includes(':') ? `[${host}]` : host}:${port + 1}`);
@@ -593,8 +606,11 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
         nodes: async () => (await nodeStates(store, lostAfterMs)).flatMap((n) => (n.e2bUrl ? [{ ...n, url: n.e2bUrl }] : [])),
         errorBody: (e) => ({ code: e.status, message: `${e.code}: ${e.message}` }),
       });
-    e2b = await buildE2bApp({ service, keys, tokens: new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens')), maxUploadBytes, internet, publicTraffic, ...(ingress ? { ingressDomain: ingress.domain } : {}), logger: logger.child({ api: 'e2b' }), ...(shared ? { beforeRoutes } : {}) });
-    await e2b.listen({ host: l.host, port: l.port });
+    const tokens = new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens').catch(abort));
+    const e2bApp = await buildE2bApp({ service, keys, tokens, maxUploadBytes, internet, publicTraffic, ...(ingress ? { ingressDomain: ingress.domain } : {}), logger: logger.child({ api: 'e2b' }), ...(shared ? { beforeRoutes } : {}) }).catch(abort);
+    e2b = e2bApp;
+    started.push(() => e2bApp.close());
+    await e2bApp.listen({ host: l.host, port: l.port }).catch(abort);
     const a = e2b.server.address();
     e2bUrl = hostUrl(l.host, typeof a === 'object' && a ? a.port : l.port);
     daemonPorts.add(typeof a === 'object' && a ? a.port : l.port);
@@ -622,6 +638,10 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   gcLater();
   const gcTimer = setInterval(gcLater, 10 * 60_000);
   gcTimer.unref();
+  started.push(async () => {
+    clearInterval(gcTimer);
+    await gcRun;
+  });
   const instance = randomUUID();
   // Draining: the flag in the node's record (kept across restarts), then every session moved
   // to the node with most room; those that ran are woken there (wakeOnArrival, after its heartbeat).
@@ -657,22 +677,24 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   };
   // The node's heartbeat (made once the listener's URL is known; drains go through it).
   let heartbeat: NodeHeartbeat | undefined;
-  const app = await buildApp({ service, keys, encryptionKeys, sessionSecret, gc: gcNow, ...(shared ? { cluster: { self: nodeName, nodes: () => nodeStates(store, lostAfterMs), draining: () => !!heartbeat?.draining, drain: (on: boolean, progress?: (ev: DrainEvent) => void) => drain(on, progress) } } : {}), drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) });
-  await app.listen({ host, port });
+  const app = await buildApp({ service, keys, encryptionKeys, sessionSecret, gc: gcNow, ...(shared ? { cluster: { self: nodeName, nodes: () => nodeStates(store, lostAfterMs), draining: () => !!heartbeat?.draining, drain: (on: boolean, progress?: (ev: DrainEvent) => void) => drain(on, progress) } } : {}), drivers: [driver, ...extra], maxUploadBytes, logger, instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingress } : {}), ...(egress ? { secrets: egress.secrets } : {}), nodes: () => nodeViews(store, lostAfterMs) }).catch(abort);
+  started.push(() => app.close());
+  await app.listen({ host, port }).catch(abort);
   const addr = app.server.address();
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
   daemonPorts.add(actualPort);
   const url = hostUrl(host, actualPort);
   const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingressUrl: ingress.url, ingressDomain: ingress.domain } : {}) };
   const stateFile = path.join(dataDir, 'spaced.json');
-  await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
-  await fs.rename(`${stateFile}.tmp`, stateFile);
+  await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 }).catch(abort);
+  await fs.rename(`${stateFile}.tmp`, stateFile).catch(abort);
   const duties = clusterDuties({ service, store, nodeName, lostAfterMs, logger, ...(keeper ? { keeper } : {}) });
   // A drained node stays drained across restarts (the flag is in its record).
-  const wasDraining = shared && (await store.listNodes()).some((n) => n.name === nodeName && n.draining);
+  const wasDraining = shared && (await store.listNodes().catch(abort)).some((n) => n.name === nodeName && n.draining);
   heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(wasDraining ? { draining: true } : {}), ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), ...(ingress ? { ingressUrl: advertised(ingress.url, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), ...service.capacity, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : {});
-  await heartbeat.start();
-  await keeper?.start();
+  started.push(() => heartbeat!.stop());
+  await heartbeat.start().catch(abort);
+  await keeper?.start().catch(abort);
   logger.info({ url, dataDir, node: nodeName, e2bUrl, ingressUrl: ingress?.url }, 'spaced listening');
 
   let closing: Promise<void> | undefined;
