@@ -17,6 +17,7 @@ import { startDaemon } from '../packages/server/dist/index.js';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { egressRange, eventually, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
 import { makeOciImage } from './oci-image.mjs';
+import { stablePort } from './free-port.mjs';
 import WebSocket from 'ws';
 
 const CHROMIUM = process.env.SPACE_CHROMIUM ?? '/usr/bin/chromium';
@@ -33,7 +34,8 @@ describe('the web console in a browser (headless Chromium)', () => {
   let context;
   let sbId;
   before(async () => {
-    fx = await startTestDaemon();
+    // A port it can have again after the restart step (see stablePort).
+    fx = await startTestDaemon({ listen: `127.0.0.1:${await stablePort(3)}` });
     mkdirSync(ARTIFACTS, { recursive: true });
     // (Root in CI: Chromium's own sandbox needs an unprivileged user, so it is off; the pages are ours.)
     browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox'] });
@@ -107,8 +109,9 @@ describe('the web console in a browser (headless Chromium)', () => {
     await page.waitForFunction(() => /\$ $/.test(document.querySelector('.term-box .xterm-rows')?.textContent?.trimEnd() + ' '));
     await page.locator('.term-box').click();
     await page.keyboard.type('echo hi from the console; echo $((6*7))\n');
-    await page.waitForFunction(() => document.querySelector('.term-box')?.textContent?.includes('42'));
-    assert.match(await page.locator('.term-box').textContent(), /hi from the console/);
+    // The rows only: the box also holds xterm's generated CSS, which always has "42" (.xterm-fg-42).
+    await page.waitForFunction(() => /^42$/m.test([...document.querySelectorAll('.term-box .xterm-rows > div')].map((r) => r.textContent.trim()).join('\n')));
+    assert.match(await page.locator('.term-box .xterm-rows').textContent(), /hi from the console/);
     await shot('terminal');
     await axe('terminal');
     const running = async () => (await (await fetch(`${fx.url}/v1/sandboxes/${sbId}/commands`, { headers: { authorization: `Bearer ${fx.key}` } })).json()).processes.filter((p) => p.running);
