@@ -5,7 +5,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { startDaemon } from '../packages/server/dist/index.js';
+import { startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
 import { Nodes, Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, api, egressRange, eventually, leftovers, makeNodeKey, startTestDaemon } from './helpers.mjs';
 
@@ -203,6 +203,7 @@ describe('a daemon that cannot start', () => {
       await assert.rejects(startDaemon({ ...opts, listen: `127.0.0.1:${held.address().port}` }), (e) => e.code === 'EADDRINUSE');
       assert.deepEqual(leftovers(dataDir, []), []);
       assert.ok(!existsSync(path.join(dataDir, 'spaced.json')), 'no state file says it runs');
+      assert.ok(!existsSync(path.dirname(templateImagesDir(dataDir))), 'its template images are out of RAM');
       // Nothing of it holds the data directory, the egress range or the node's lock.
       const d = await startDaemon({ ...opts, listen: '127.0.0.1:0' });
       assert.equal((await fetch(`${d.url}/v1/health`)).status, 200);

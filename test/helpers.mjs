@@ -5,7 +5,7 @@ import { execFile, execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { startDaemon } from '../packages/server/dist/index.js';
+import { startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
 import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
 
 /** Template cache shared by test daemons so `base` is built once per machine. */
@@ -174,8 +174,17 @@ export function closeDiskPool(dataDir) {
  */
 export function removeDataDir(dataDir) {
   const leaks = closeDiskPool(dataDir);
-  if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
+  if (!process.env.SPACE_TEST_KEEP) rmDataDir(dataDir);
   return leaks;
+}
+
+/**
+ * Removes a data directory and the daemon's directory in RAM that goes with it
+ * (/dev/shm/spaced-<hash>: a clean stop removes it, a SIGKILLed daemon leaves it).
+ */
+function rmDataDir(dataDir) {
+  rmSync(dataDir, { recursive: true, force: true });
+  rmSync(path.dirname(templateImagesDir(dataDir)), { recursive: true, force: true });
 }
 
 /**
@@ -344,7 +353,7 @@ export function crashableSpaced(prefix, baseEnv = {}) {
         await h.d.exited;
       }
       const leaks = [...closeVolumes(dataDir), ...closeDiskPool(dataDir), ...leftovers(dataDir, [...h.ids])];
-      if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
+      if (!process.env.SPACE_TEST_KEEP) rmDataDir(dataDir);
       return leaks;
     },
   };

@@ -570,9 +570,18 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   // newest first: a daemon that could not start leaves nothing running behind it (warm pools,
   // timers, the egress proxy), and an embedding process (a test) can exit.
   const started: (() => Promise<unknown>)[] = [];
+  // The working copies of template images: RAM is given back; the next start reloads them.
+  // The work directory stays if an operation left something in it for the next start.
+  // A failure here must not skip the rest of a stop (stores, egress, the state file).
+  const dropRamCopies = async () => {
+    await fs.rm(imagesDir, { recursive: true, force: true, maxRetries: 3 }).catch((err) => logger.warn({ err, imagesDir }, 'removing the working copies of template images failed'));
+    await fs.rmdir(workDir).catch(() => {});
+    await fs.rmdir(ramDir(dataDir)).catch(() => {});
+  };
   const abort = async (err: unknown): Promise<never> => {
     for (const stop of started.reverse()) await stop().catch(() => {});
     await service.shutdown().catch(() => {});
+    await dropRamCopies();
     await egress?.close().catch(() => {});
     pkcs11?.close();
     await closeStores();
@@ -714,12 +723,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       await keeper?.stop();
       await heartbeat.stop();
       await service.shutdown();
-      // The working copies of template images: RAM is given back; the next start reloads them.
-      // The work directory stays if an operation left something in it for the next start.
-      // A failure here must not skip the rest of the stop (stores, egress, the state file).
-      await fs.rm(imagesDir, { recursive: true, force: true, maxRetries: 3 }).catch((err) => logger.warn({ err, imagesDir }, 'removing the working copies of template images failed'));
-      await fs.rmdir(workDir).catch(() => {});
-      await fs.rmdir(ramDir(dataDir)).catch(() => {});
+      await dropRamCopies();
       await egress?.close();
       pkcs11?.close();
       await closeStores();
