@@ -10,7 +10,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { FakeDriver } from '../packages/driver-fake/dist/index.js';
-import { SpaceError } from '../packages/core/dist/index.js';
+import { FORK_PARALLEL, SpaceError } from '../packages/core/dist/index.js';
 import { T, fakeHarness, until } from './fake-harness.mjs';
 
 describe('lifecycle on the fake driver (fast lane)', () => {
@@ -138,6 +138,44 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     assert.equal(await out(b.id, 'tick'), '2\n', 'forks diverge');
     assert.equal(await out(sb.id, 'tick'), '2\n', 'the parent is unaffected');
     for (const id of [sb.id, a.id, b.id]) await svc.kill(T, id);
+  });
+
+  it('fork into 7 restores a few copies at once, and a copy that fails leaves the others running', async () => {
+    const sb = await svc.create(T, {});
+    const restore = driver.restore;
+    let inFlight = 0;
+    let most = 0;
+    let failing;
+    const order = [];
+    driver.restore = async function (spec, imageDir) {
+      if (spec.id === sb.id) return restore.call(this, spec, imageDir); // the parent, after its snapshot
+      order.push(spec.id);
+      if (order.length === 4) failing = spec.id;
+      inFlight++;
+      most = Math.max(most, inFlight);
+      try {
+        await new Promise((r) => setImmediate(r)); // the others start meanwhile
+        if (spec.id === failing) throw new Error('this copy\'s restore fails');
+        return await restore.call(this, spec, imageDir);
+      } finally {
+        inFlight--;
+      }
+    };
+    let forks;
+    try {
+      forks = await svc.fork(T, sb.id, { count: 7 });
+    } finally {
+      driver.restore = restore;
+    }
+    assert.ok(FORK_PARALLEL >= 3);
+    assert.equal(most, Math.min(7, FORK_PARALLEL), 'copies restore at once, as many as FORK_PARALLEL');
+    assert.equal(forks.length, 7);
+    assert.deepEqual(forks.filter((f) => f.error).map((f) => f.error.code), ['DRIVER_FAILED'], JSON.stringify(forks));
+    const copies = forks.filter((f) => f.sandbox).map((f) => f.sandbox);
+    assert.deepEqual(copies.map((c) => c.id).sort(), [...new Set(order)].filter((id) => id !== failing).sort(), 'every other copy runs');
+    for (const c of copies) assert.equal(await out(c.id, 'hostname'), `${c.id}\n`);
+    assert.equal((await svc.get(T, failing)).state, 'dead', 'the failed copy is recorded dead');
+    for (const id of [sb.id, ...copies.map((c) => c.id)]) await svc.kill(T, id);
   });
 
   it('a timeout kills; an idle timeout hibernates and the next call wakes it', async () => {

@@ -20,6 +20,7 @@ export { checkExpectation } from './ports/metadata-store.js';
 export { AgentCall, AgentChannel } from './agent/channel.js';
 export type { OutputChunk } from './agent/channel.js';
 export { SandboxService } from './service.js';
+export { FORK_PARALLEL } from './sandboxes/fork.js';
 export { Journal } from './ports/intent-journal.js';
 export { UsageHistory } from './sandboxes/usage-history.js';
 export type { UsageSample, UsageSource } from './sandboxes/usage-history.js';
