@@ -31,3 +31,20 @@ export async function openKeys(dir) {
   await keys.start();
   return { store, keys };
 }
+
+/**
+ * The OCI config of a bare runsc container beside SPACE's: the template's rootfs and the node
+ * runtime SPACE mounts at /.space, running `args` (by default the agent's Node, idle) as root,
+ * without agent, API or network; `cgroupsPath` puts it in cgroups of its own.
+ * @example writeFileSync(path.join(bundle, 'config.json'), JSON.stringify(bareOciConfig({ rootfs, runtimeDir, name: 'b0' })));
+ */
+export function bareOciConfig({ rootfs, runtimeDir, name, memoryMb = 256, cgroupsPath, args = ['/.space/lib/ld-linux-x86-64.so.2', '--library-path', '/.space/lib', '/.space/node', '--single-threaded', '-e', 'setInterval(() => {}, 1000)'] }) {
+  return {
+    ociVersion: '1.0.0',
+    process: { user: { uid: 0, gid: 0 }, args, env: ['PATH=/bin'], cwd: '/' },
+    root: { path: rootfs, readonly: false },
+    hostname: name,
+    mounts: [{ destination: '/proc', type: 'proc', source: 'proc' }, { destination: '/.space', type: 'bind', source: runtimeDir, options: ['rbind', 'ro'] }],
+    linux: { namespaces: [{ type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }], resources: { memory: { limit: memoryMb * 1048576 } }, ...(cgroupsPath ? { cgroupsPath } : {}) },
+  };
+}

@@ -7,7 +7,7 @@ import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } 
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { quantile, writeSection } from './bench-lib.mjs';
+import { bareOciConfig, quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
@@ -28,14 +28,7 @@ const R = (...a) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 
 function bareBundle(name) {
   const b = path.join(bareRoot, name);
   mkdirSync(b, { recursive: true });
-  writeFileSync(path.join(b, 'config.json'), JSON.stringify({
-    ociVersion: '1.0.0',
-    process: { user: { uid: 0, gid: 0 }, args: ['/.space/lib/ld-linux-x86-64.so.2', '--library-path', '/.space/lib', '/.space/node', '--single-threaded', '-e', 'setInterval(() => {}, 1000)'], env: ['PATH=/bin'], cwd: '/' },
-    root: { path: path.join(TEMPLATES_DIR, 'minimal', 'rootfs'), readonly: false },
-    hostname: name,
-    mounts: [{ destination: '/proc', type: 'proc', source: 'proc' }, { destination: '/.space', type: 'bind', source: runtimeDir, options: ['rbind', 'ro'] }],
-    linux: { namespaces: [{ type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }], resources: { memory: { limit: 256 * 1048576 } } },
-  }));
+  writeFileSync(path.join(b, 'config.json'), JSON.stringify(bareOciConfig({ rootfs: path.join(TEMPLATES_DIR, 'minimal', 'rootfs'), runtimeDir, name })));
   return b;
 }
 const dirSize = (d) => readdirSync(d).reduce((a, f) => a + statSync(path.join(d, f)).size, 0);

@@ -66,7 +66,7 @@ try {
   const viaExec = await series(N, () => runsc('exec', sb.id, '/bin/true'));
   row('command round trip `true` via API', viaApi, '`runsc exec` of the same sandbox', viaExec, '≥ 2.5x faster than runsc exec', faster);
   const probe = `const {spawnSync}=require('child_process');const t=[];for(let i=0;i<${N};i++){const s=process.hrtime.bigint();spawnSync('/bin/true');t.push(Number(process.hrtime.bigint()-s)/1e6)}console.log(JSON.stringify(t))`;
-  const inside = JSON.parse((await sb.commands.run([...AGENT_ARGV.slice(0, 4), '-e', probe])).stdout);
+  const inside = JSON.parse((await sb.commands.run([...AGENT_ARGV.slice(3, -1), '-e', probe])).stdout);
   row('command round trip `true` via API, again', viaApi, 'spawn of `true` inside the sandbox (no API)', inside, 'API adds ≤ 3 ms over the spawn', plus);
 
   // 3. Create-to-first-command vs bare runsc run + runsc exec of the same rootfs. Creates
