@@ -9,7 +9,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, wri
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { bareOciConfig, quantile, writeSection } from './bench-lib.mjs';
+import { bareOciConfig, quantile, templateRootfs, writeSection } from './bench-lib.mjs';
 import { AGENT_ARGV, RUNTIME, readKernelFile } from '../packages/core/dist/index.js';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
@@ -70,7 +70,8 @@ const { conn } = spaced;
 const bareRoot = path.join(dataDir, 'bare');
 const bareState = path.join(bareRoot, 'state');
 const bareParent = `space-bench-${path.basename(dataDir)}`;
-const R = (...a) => spawnSync('runsc', ['--root', bareState, '--network=none', '--overlay2=root:memory', ...a], { encoding: 'utf8' });
+// (stdio ignored: a detached container inherits it, and spawnSync would wait for it to close)
+const R = (...a) => spawnSync('runsc', ['--root', bareState, '--network=none', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
 const made = [];
 try {
   await Templates.setPool('minimal', 0, conn);
@@ -80,8 +81,9 @@ try {
     made.push(sb);
     await sb.commands.run('true');
   }
-  // The agent inside, beside an empty Node with its flags (what the runtime itself takes).
-  const agentRss = await Promise.all(made.slice(0, 5).map(async (sb) => Number((await sb.commands.run(`for p in /proc/[0-9]*; do if tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '${RUNTIME.agent}'; then sed -n 's/^VmRSS:[^0-9]*\\([0-9]*\\).*/\\1/p' $p/status; fi; done`, { user: 'root' })).stdout.trim().split('\n')[0]) * 1024));
+  // The agent inside (the largest process whose command line names it: the init that started
+  // it does too), beside an empty Node with its flags (what the runtime itself takes).
+  const agentRss = await Promise.all(made.slice(0, 5).map(async (sb) => Number((await sb.commands.run(`for p in /proc/[0-9]*; do if tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '${RUNTIME.agent}'; then sed -n 's/^VmRSS:[^0-9]*\\([0-9]*\\).*/\\1/p' $p/status; fi; done | sort -n | tail -1`, { user: 'root' })).stdout.trim()) * 1024));
   const emptyRss = Number((await made[0].commands.run([...AGENT_ARGV.slice(3, -1), '-e', 'setTimeout(() => console.log(process.memoryUsage().rss), 500)'])).stdout.trim());
   const rids = made.map((sb) => readdirSync(path.join(CG, 'memory', 'space')).find((d) => d === sb.id || d.startsWith(`${sb.id}-`)));
   const ours = await measure(cgroupsUnder('space', rids), spaced.child.pid);
@@ -93,9 +95,9 @@ try {
     const name = `d${i}`;
     const b = path.join(bareRoot, name);
     mkdirSync(b, { recursive: true });
-    writeFileSync(path.join(b, 'config.json'), JSON.stringify(bareOciConfig({ rootfs: path.join(TEMPLATES_DIR, 'minimal', 'rootfs'), runtimeDir, name, cgroupsPath: `/${bareParent}/${name}` })));
+    writeFileSync(path.join(b, 'config.json'), JSON.stringify(bareOciConfig({ rootfs: templateRootfs(TEMPLATES_DIR, 'minimal'), runtimeDir, name, cgroupsPath: `/${bareParent}/${name}` })));
     const r = R('run', '--detach', '--bundle', b, name);
-    if (r.status !== 0) throw new Error(`runsc run ${name}: ${r.stderr}`);
+    if (r.status !== 0) throw new Error(`runsc run ${name} failed (exit ${r.status})`);
     names.push(name);
   }
   await new Promise((r) => setTimeout(r, 3000)); // the Node runtimes finish starting

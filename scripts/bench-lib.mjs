@@ -1,7 +1,7 @@
 // What every benchmark script shares: percentiles, and writing its table into
 // docs/benchmarks.md between its markers.
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { KeyService, LocalKeyProvider } from '../packages/core/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
@@ -47,4 +47,16 @@ export function bareOciConfig({ rootfs, runtimeDir, name, memoryMb = 256, cgroup
     mounts: [{ destination: '/proc', type: 'proc', source: 'proc' }, { destination: '/.space', type: 'bind', source: runtimeDir, options: ['rbind', 'ro'] }],
     linux: { namespaces: [{ type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }], resources: { memory: { limit: memoryMb * 1048576 } }, ...(cgroupsPath ? { cgroupsPath } : {}) },
   };
+}
+
+/**
+ * The root file system of a built-in template in a templates directory (`<name>-<hash of its
+ * recipe>/rootfs`, the newest if several).
+ * @example templateRootfs(TEMPLATES_DIR, 'minimal') // '/var/cache/space/templates/minimal-15dbde3573da/rootfs'
+ */
+export function templateRootfs(templatesDir, name) {
+  const dirs = readdirSync(templatesDir).filter((d) => d.startsWith(`${name}-`)).map((d) => path.join(templatesDir, d, 'rootfs'));
+  const found = dirs.sort((a, b) => statSync(b).mtimeMs - statSync(a).mtimeMs)[0];
+  if (!found) throw new Error(`no ${name} template under ${templatesDir}: start a daemon with --templates-dir ${templatesDir} once to build it`);
+  return found;
 }

@@ -11,13 +11,13 @@ import { AgentChannel } from '../packages/core/dist/index.js';
 import { GvisorDriver } from '../packages/driver-gvisor/dist/index.js';
 import { MicrovmDriver } from '../packages/driver-microvm/dist/index.js';
 import { TEMPLATES_DIR } from '../test/helpers.mjs';
-import { quantile, writeSection } from './bench-lib.mjs';
+import { quantile, templateRootfs, writeSection } from './bench-lib.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '3' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
 const now = () => performance.now();
 const MEM = 256;
-const rootfs = path.join(TEMPLATES_DIR, 'minimal', 'rootfs');
+const rootfs = templateRootfs(TEMPLATES_DIR, 'minimal');
 const dataDir = mkdtempSync('/tmp/spbm-');
 const cacheDir = process.env.SPACE_MICROVM_CACHE_DIR ?? '/var/cache/space/microvm';
 

@@ -7,7 +7,7 @@ import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } 
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { bareOciConfig, quantile, writeSection } from './bench-lib.mjs';
+import { bareOciConfig, quantile, templateRootfs, writeSection } from './bench-lib.mjs';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
@@ -28,7 +28,7 @@ const R = (...a) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 
 function bareBundle(name) {
   const b = path.join(bareRoot, name);
   mkdirSync(b, { recursive: true });
-  writeFileSync(path.join(b, 'config.json'), JSON.stringify(bareOciConfig({ rootfs: path.join(TEMPLATES_DIR, 'minimal', 'rootfs'), runtimeDir, name })));
+  writeFileSync(path.join(b, 'config.json'), JSON.stringify(bareOciConfig({ rootfs: templateRootfs(TEMPLATES_DIR, 'minimal'), runtimeDir, name })));
   return b;
 }
 const dirSize = (d) => readdirSync(d).reduce((a, f) => a + statSync(path.join(d, f)).size, 0);

@@ -7,7 +7,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { quantile, writeSection } from './bench-lib.mjs';
+import { quantile, templateRootfs, writeSection } from './bench-lib.mjs';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
 import { AGENT_ARGV } from '../packages/driver-gvisor/dist/index.js';
@@ -80,7 +80,7 @@ try {
   });
   for (const s of created) await s.kill();
   const bareDir = mkdtempSync('/tmp/spbare-');
-  const rootfs = path.join(TEMPLATES_DIR, 'minimal', 'rootfs');
+  const rootfs = templateRootfs(TEMPLATES_DIR, 'minimal');
   // Same-length ids: runsc takes a unique prefix as an id, so `bare1` would be ambiguous beside `bare10`.
   const bareId = (i) => `bare${String(i).padStart(4, '0')}`;
   const bare = await series(N, async (i) => {
