@@ -16,7 +16,7 @@ import { spawn } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
-import { CHECKPOINT_COMPLETE, SpaceError, randomString, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
+import { CHECKPOINT_COMPLETE, SpaceError, randomString, readKernelFile, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
 import { SERIAL_OPEN_MAGIC, type SerialOpen } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 import { GuestBuilder } from './guest.js';
@@ -662,12 +662,12 @@ export class MicrovmDriver implements SandboxDriver {
   async usage(id: string): Promise<SandboxUsage> {
     const pid = await this.pid(id);
     if (!pid) return { rssBytes: 0 };
-    const st = await fs.readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
-    const rss = Number(/VmRSS:\s+(\d+) kB/.exec(st)?.[1] ?? 0) * 1024;
-    const stat = (await fs.readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '')).split(') ')[1]?.split(' ') ?? [];
+    // Kernel files, read synchronously (readKernelFile): the sampler calls this for every sandbox every few seconds.
+    const rss = Number(/VmRSS:\s+(\d+) kB/.exec(readKernelFile(`/proc/${pid}/status`))?.[1] ?? 0) * 1024;
+    const stat = readKernelFile(`/proc/${pid}/stat`).split(') ')[1]?.split(' ') ?? [];
     // utime + stime (fields 14, 15; 12 and 13 after the command), in clock ticks of 10 ms.
     const ticks = Number(stat[11] ?? 0) + Number(stat[12] ?? 0);
-    const cg = Number((await fs.readFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, this.rid(id), 'memory.usage_in_bytes'), 'utf8').catch(() => '0')).trim());
+    const cg = Number(readKernelFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, this.rid(id), 'memory.usage_in_bytes'), '0').trim());
     return { rssBytes: rss, cgroupBytes: cg, ...(ticks > 0 ? { cpuNs: ticks * 10_000_000 } : {}) };
   }
 
