@@ -160,16 +160,25 @@ describe('lease keeper', () => {
     assert.equal(JSON.parse(readFileSync(k.config.leaseFile, 'utf8')).stopped, true);
   });
 
+  /**
+   * A node whose container `rid` runs, with a keeper (a process of its own) caught in the middle
+   * of pausing it after its daemon died: its runsc pause is held by the mark `slow-pause` (until
+   * the lease says stopped) or `hang` (until the mark goes).
+   */
+  const keeperPausing = async (rid, mark) => {
+    const k = make([{ id: rid, status: 'running' }]);
+    writeFileSync(path.join(k.root, mark), '');
+    await new LeaseKeeper(k.config).start();
+    const pid = JSON.parse(readFileSync(k.config.leaseFile, 'utf8')).keeper;
+    writeFileSync(k.config.leaseFile, JSON.stringify({ beatOkAt: Date.now() - 50_000, keeper: pid })); // the daemon died
+    await until(() => k.calls().includes(`pause ${rid}`), 'the keeper pausing');
+    return { k, pid };
+  };
+
   it('a daemon starting while the keeper of the one before is pausing waits for it, so what it paused is resumed', async () => {
     // The keeper pauses first and writes what it paused after: a daemon reading the record in
     // between finds none, and the container would stay paused for good.
-    const k = make([{ id: 'sbr-1', status: 'running' }]);
-    writeFileSync(path.join(k.root, 'slow-pause'), '');
-    const old = new LeaseKeeper(k.config);
-    await old.start();
-    const pid = JSON.parse(readFileSync(k.config.leaseFile, 'utf8')).keeper;
-    writeFileSync(k.config.leaseFile, JSON.stringify({ beatOkAt: Date.now() - 50_000, keeper: pid })); // the daemon died
-    await until(() => k.calls().includes('pause sbr-1'), 'the keeper pausing');
+    const { k, pid } = await keeperPausing('sbr-1', 'slow-pause');
     assert.ok(!existsSync(k.config.pausedFile), 'mid-pause: nothing recorded yet');
     // The next daemon starts: its wait ends the slow pause (the lease says stopped) and the keeper.
     assert.deepEqual(await LeaseKeeper.retirePrevious(k.config.leaseFile), { waited: 1, killed: 0 });
@@ -181,14 +190,8 @@ describe('lease keeper', () => {
   });
 
   it('a keeper that does not exit in time is killed; another lease\'s keepers are left alone', async () => {
-    const k = make([{ id: 'sbs-1', status: 'running' }]);
-    writeFileSync(path.join(k.root, 'hang'), '');
-    const old = new LeaseKeeper(k.config);
-    await old.start();
-    const pid = JSON.parse(readFileSync(k.config.leaseFile, 'utf8')).keeper;
-    writeFileSync(k.config.leaseFile, JSON.stringify({ beatOkAt: Date.now() - 50_000, keeper: pid }));
+    const { k, pid } = await keeperPausing('sbs-1', 'hang');
     try {
-      await until(() => k.calls().includes('pause sbs-1'), 'the keeper pausing');
       assert.deepEqual(await LeaseKeeper.retirePrevious(`${k.config.leaseFile}.other`, 100), { waited: 0, killed: 0 });
       assert.ok(alive(pid));
       assert.deepEqual(await LeaseKeeper.retirePrevious(k.config.leaseFile, 300), { waited: 1, killed: 1 });
