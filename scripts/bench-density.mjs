@@ -9,7 +9,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, wri
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { bareOciConfig, quantile, templateRootfs, writeSection } from './bench-lib.mjs';
+import { bareOciConfig, quantile, runtimeDirOf, templateRootfs, writeSection } from './bench-lib.mjs';
 import { AGENT_ARGV, RUNTIME, readKernelFile } from '../packages/core/dist/index.js';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
@@ -89,13 +89,14 @@ try {
   const ours = await measure(cgroupsUnder('space', rids), spaced.child.pid);
   for (const sb of made.splice(0)) await sb.kill();
 
-  const runtimeDir = path.join(dataDir, 'runtime', readdirSync(path.join(dataDir, 'runtime')).find((d) => !d.includes('.tmp')));
+  const runtimeDir = runtimeDirOf(dataDir);
+  const rootfs = templateRootfs(TEMPLATES_DIR, 'minimal');
   const names = [];
   for (let i = 0; i < N; i++) {
     const name = `d${i}`;
     const b = path.join(bareRoot, name);
     mkdirSync(b, { recursive: true });
-    writeFileSync(path.join(b, 'config.json'), JSON.stringify(bareOciConfig({ rootfs: templateRootfs(TEMPLATES_DIR, 'minimal'), runtimeDir, name, cgroupsPath: `/${bareParent}/${name}` })));
+    writeFileSync(path.join(b, 'config.json'), JSON.stringify(bareOciConfig({ rootfs, runtimeDir, name, cgroupsPath: `/${bareParent}/${name}` })));
     const r = R('run', '--detach', '--bundle', b, name);
     if (r.status !== 0) throw new Error(`runsc run ${name} failed (exit ${r.status})`);
     names.push(name);

@@ -60,3 +60,8 @@ export function templateRootfs(templatesDir, name) {
   if (!found) throw new Error(`no ${name} template under ${templatesDir}: start a daemon with --templates-dir ${templatesDir} once to build it`);
   return found;
 }
+
+/** The node runtime a daemon in `dataDir` prepared (what SPACE mounts at /.space in its sandboxes). */
+export function runtimeDirOf(dataDir) {
+  return path.join(dataDir, 'runtime', readdirSync(path.join(dataDir, 'runtime')).find((d) => !d.includes('.tmp')));
+}

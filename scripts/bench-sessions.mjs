@@ -7,7 +7,7 @@ import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } 
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { bareOciConfig, quantile, templateRootfs, writeSection } from './bench-lib.mjs';
+import { bareOciConfig, quantile, runtimeDirOf, templateRootfs, writeSection } from './bench-lib.mjs';
 import { Sandbox } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
@@ -23,7 +23,7 @@ const { conn } = spaced;
 
 // A bare container with the same rootfs and the same node runtime, idle (no agent, no API).
 const bareRoot = path.join(dataDir, 'bare');
-const runtimeDir = path.join(dataDir, 'runtime', readdirSync(path.join(dataDir, 'runtime')).find((d) => !d.includes('.tmp')));
+const runtimeDir = runtimeDirOf(dataDir);
 const R = (...a) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), '--network=none', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
 function bareBundle(name) {
   const b = path.join(bareRoot, name);
