@@ -1,13 +1,13 @@
 // The HTTP API's contract: authentication, tenancy, validation with stable error codes,
 // listing with filters and pages, OpenAPI, and an agent that dies mid-stream.
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
 import { Nodes, Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
-import { TEMPLATES_DIR, api, egressRange, eventually, leftovers, makeNodeKey, startTestDaemon } from './helpers.mjs';
+import { TEMPLATES_DIR, api, egressRange, eventually, leftovers, makeNodeKey, removeDataDir, startTestDaemon } from './helpers.mjs';
 
 describe('HTTP API', () => {
   let fx;
@@ -210,7 +210,8 @@ describe('a daemon that cannot start', () => {
       await d.close();
     } finally {
       held.close();
-      rmSync(dataDir, { recursive: true, force: true });
+      // With disks on, the pool stays mounted after the daemon (removeDataDir unmounts it).
+      removeDataDir(dataDir);
     }
   });
 });

@@ -17,6 +17,7 @@ describe('space CLI', () => {
     assert.equal(up.code, 0, up.stderr);
     assert.match(up.stdout, /url:\s+http:\/\/127\.0\.0\.1:\d+/);
     assert.match(up.stdout, new RegExp(`API key:\\s+${dataDir}/admin.key`));
+    assert.match(up.stdout, /^  disks:\s+on \(a new data directory on a host with btrfs and loop devices\)$/m, 'a new data directory gets disks, and says why');
   });
   after(async () => {
     for (const id of ids) await space('kill', id);
@@ -212,9 +213,18 @@ describe('space CLI', () => {
     const badSize = await space('create', '--disk', '10GG');
     assert.equal(badSize.code, 1);
     assert.match(badSize.stderr, /INVALID_LIMITS.*--disk/);
-    const noDisks = await space('create', '--disk', '4G');
-    assert.match(noDisks.stderr, /DISKS_UNAVAILABLE/, 'a daemon without --disks on says so');
+    const tooBig = await space('create', '--disk', '100T');
+    assert.match(tooBig.stderr, /INVALID_LIMITS/);
     assert.deepEqual(await ids(), before, 'neither made a sandbox');
+  });
+
+  it('space up gives sandboxes disks (the default on a node of its own): --disk sizes one, inspect shows it', async () => {
+    const c = await space('create', '--disk', '2G');
+    assert.equal(c.code, 0, c.stderr);
+    const id = c.stdout.trim();
+    ids.push(id);
+    assert.match((await space('inspect', id)).stdout, /^disk used\s+\d+ MiB of 2048 MiB$/m);
+    assert.equal((await space('kill', id)).code, 0);
   });
 
   it('doctor reports which drivers can run here', async () => {

@@ -290,10 +290,12 @@ describe('chunk collection survives a daemon crash', () => {
   });
 });
 
-describe('checkpoint images never touch the node\'s disk', () => {
+describe('without disks, checkpoint images never touch the node\'s disk', () => {
   it('killed right after a checkpoint, the image is in RAM (and holds the memory), nothing under the data directory, and the restart finishes the snapshot from it', async () => {
     const dataDir = mkdtempSync('/tmp/spt-ram-');
-    let d = await startSpaced(dataDir, { SPACE_FAULT_INJECT: 'snapshot:after-checkpoint' });
+    // Without disks (with them the work directory is on disk, in the pool's encrypted vault:
+    // docs/disks.md "At rest").
+    let d = await startSpaced(dataDir, { SPACE_DISKS: 'off', SPACE_FAULT_INJECT: 'snapshot:after-checkpoint' });
     try {
       const sb = await Sandbox.create({ ...d.conn, memoryMb: 256 });
       const memMarker = `SPACEMARKER${randomBytes(12).toString('hex')}`;
@@ -311,7 +313,7 @@ describe('checkpoint images never touch the node\'s disk', () => {
         if (buf.subarray(0, 8).toString('latin1') === 'gVisorSF') assert.ok(!inflateStatefile(buf).includes(memMarker), `the memory marker is readable in ${f}`);
         assert.equal(buf.indexOf(memMarker), -1, `the memory marker is readable in ${f}`);
       }
-      d = await startSpaced(dataDir);
+      d = await startSpaced(dataDir, { SPACE_DISKS: 'off' });
       const again = await Sandbox.connect(sb.id, d.conn);
       assert.equal((await again.snapshots()).length, 1, 'the restart stored the snapshot from the image in RAM');
       assert.match((await again.commands.run('ps -o args')).stdout, new RegExp(memMarker));

@@ -152,7 +152,8 @@ export interface CreateSandboxOpts {
   memoryMb?: number;
   /**
    * Disk size, MiB, template files included; a full disk fails the write (`ENOSPC`), not the
-   * sandbox. Only on daemons with disks (`spaced --disks on`). @default 5120
+   * sandbox. Only on daemons with disks (`--disks auto`, the default, on a single node; or
+   * `--disks on`). @default 5120
    */
   diskMb?: number;
   /** Kill the sandbox this many ms after creation; 0 = never. @default 1800000 (30 min) */

@@ -112,7 +112,7 @@ function daemonCommand(name: string, description: string): Command {
     .option('--microvm-accel <mode>', 'microvm acceleration: auto, kvm or tcg')
     .option('--e2b-internet <allow|deny>', "what E2B's allowInternetAccess: true gives E2B-created sandboxes: allow (public destinations through the egress proxy) or deny")
     .option('--e2b-public-traffic <allow|deny>', "whether E2B-created sandboxes' ports may be reached without their traffic token (E2B's allowPublicTraffic): allow (E2B's default) or deny")
-    .option('--disks <auto|on|off>', 'on: sandbox files on bounded disks in a btrfs pool (not in memory); off: in memory (the default: a live disk is plaintext on the node); auto: on for a node of its own on a host with btrfs, decided once per data directory')
+    .option('--disks <auto|on|off>', 'auto (the default): on for a new data directory of a node on its own on a host with btrfs and loop devices, decided once per data directory; on: sandbox files on bounded disks in a btrfs pool (not in memory); off: in memory (a sandbox that writes more than its memory dies)')
     .option('--disk-pool <dir>', 'directory of the disk pool (default: DATA_DIR/disks)')
     .option('--disk-default <size>', 'disk size of a sandbox whose create gives none, e.g. 5G')
     .option('--disk-max <size>', 'largest disk a create may ask for, e.g. 64G')
@@ -208,7 +208,7 @@ daemonCommand('up', 'start the daemon in the background (or find it running), re
     // deployment's keys work on every node (it shares their database).
     const keyNote = existsSync(st.keyFile) ? st.keyFile : `${st.keyFile} — none written: this node joined a deployment that has API keys; put one of them there (e.g. another node's admin.key) for this context`;
     process.stdout.write(
-      `SPACE is running\n  url:      ${st.url}\n  console:  ${st.url}/ (sign in with the API key)\n  data dir: ${dataDir}\n  API key:  ${keyNote}\n  pid:      ${st.pid}\n${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}` +
+      `SPACE is running\n  url:      ${st.url}\n  console:  ${st.url}/ (sign in with the API key)\n  data dir: ${dataDir}\n  API key:  ${keyNote}\n  pid:      ${st.pid}\n${st.disks ? `  disks:    ${st.disks.mode} (${st.disks.why})\n` : ''}${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}` +
         `  context:  ${name}${current ? ' (current)' : ` (not current: use it with \`space --context ${name} …\` or \`space context use ${name}\`)`}\n` +
         ('error' in onPath ? `  command:  not installed (${onPath.error})\n` : `  command:  ${onPath.path}${onPath.installed ? ' (installed now)' : ''}\n`) +
         `${current ? 'The CLI is configured; try: space create\n' : ''}`,
@@ -314,7 +314,7 @@ program
   .option('--driver <name>', 'isolation driver: gvisor or microvm (one the daemon enables; default: the daemon\'s)')
   .option('--cpu <n>', 'CPU cores', Number)
   .option('--memory <mb>', 'memory limit in MiB', Number)
-  .option('--disk <size>', "disk size, template files included, e.g. 4G (daemons with --disks on; default: the daemon's)")
+  .option('--disk <size>', "disk size, template files included, e.g. 4G (daemons with disks, the default on a single node; default: the daemon's --disk-default)")
   .option('--timeout <duration>', 'kill it after this long (0 = never)', '30m')
   .option('--on-timeout <action>', 'kill or hibernate when the timeout is reached', 'kill')
   .option('--idle-timeout <duration>', 'hibernate after this long without API calls')

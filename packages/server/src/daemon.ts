@@ -87,7 +87,7 @@ export interface DaemonOptions {
   drivers?: ('gvisor' | 'microvm')[];
   /** microVM driver settings (with `driver: "microvm"`). */
   microvm?: { accel?: 'auto' | 'kvm' | 'tcg'; kernelDeb?: string; cacheDir?: string };
-  /** Sandbox disks (gVisor): files on a bounded disk instead of memory. @default off (or SPACE_DISKS) */
+  /** Sandbox disks (gVisor): files on a bounded disk instead of memory. @default auto (or SPACE_DISKS) */
   disks?: DiskOptions;
   /**
    * Named volumes: `auto` (on when the host can: fscrypt, ext4 encryption, loop devices), `on`
@@ -192,8 +192,8 @@ export interface DiskOptions {
   /**
    * `on`: every gVisor sandbox gets a disk in a btrfs pool; `off`: files in memory; `auto`: on
    * for a node of its own when the host has btrfs and loop devices, decided once per data
-   * directory (see {@link resolveDisksMode}). Off unless asked: a live disk is plaintext on the
-   * node (docs/disks.md). @default "off" (or SPACE_DISKS)
+   * directory (see {@link resolveDisksMode}): a sandbox that writes more than its memory then
+   * fills its disk instead of dying (docs/disks.md). @default "auto" (or SPACE_DISKS)
    */
   mode?: 'auto' | 'on' | 'off';
   /** Directory of the pool. @default `${dataDir}/disks` (or SPACE_DISK_POOL) */
@@ -259,16 +259,16 @@ function onPath(cmd: string): boolean {
   return (process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin').split(':').some((d) => d && existsSync(path.join(d, cmd)));
 }
 
-/** The disks settings: options first, then SPACE_DISK* variables; undefined when off. */
-async function diskSettings(opts: DiskOptions | undefined, ctx: { shared: boolean; store: MetadataStore; imagesDir: string; logger: Logger }): Promise<{ dir?: string; defaultMb?: number; maxMb?: number; key?: Buffer } | undefined> {
+/** The disks settings: options first, then SPACE_DISK* variables; `settings` undefined when off. */
+async function diskSettings(opts: DiskOptions | undefined, ctx: { shared: boolean; store: MetadataStore; imagesDir: string; logger: Logger }): Promise<{ mode: 'on' | 'off'; why: string; settings?: { dir?: string; defaultMb?: number; maxMb?: number; key?: Buffer } }> {
   const env = process.env;
-  const { mode, why } = await resolveDisksMode(opts?.mode ?? parseDisksMode(env.SPACE_DISKS ?? 'off'), ctx);
+  const { mode, why } = await resolveDisksMode(opts?.mode ?? parseDisksMode(env.SPACE_DISKS ?? 'auto'), ctx);
   ctx.logger.info({ disks: mode }, `sandbox disks ${mode}: ${why}`);
-  if (mode === 'off') return undefined;
+  if (mode === 'off') return { mode, why };
   const dir = opts?.dir ?? env.SPACE_DISK_POOL;
   const defaultMb = opts?.defaultMb ?? (env.SPACE_DISK_DEFAULT ? parseSizeMb(env.SPACE_DISK_DEFAULT, 'SPACE_DISK_DEFAULT') : undefined);
   const maxMb = opts?.maxMb ?? (env.SPACE_DISK_MAX ? parseSizeMb(env.SPACE_DISK_MAX, 'SPACE_DISK_MAX') : undefined);
-  return { ...(dir ? { dir } : {}), ...(defaultMb !== undefined ? { defaultMb } : {}), ...(maxMb !== undefined ? { maxMb } : {}) };
+  return { mode, why, settings: { ...(dir ? { dir } : {}), ...(defaultMb !== undefined ? { defaultMb } : {}), ...(maxMb !== undefined ? { maxMb } : {}) } };
 }
 
 /** Checks a driver name (flag `--driver`, `SPACE_DRIVER`). */
@@ -476,7 +476,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const kernelDeb = opts.microvm?.kernelDeb ?? process.env.SPACE_MICROVM_KERNEL_DEB;
   const cacheDir = opts.microvm?.cacheDir ?? process.env.SPACE_MICROVM_CACHE_DIR;
   const network = egress ? { network: egress.network } : {};
-  const disks = await diskSettings(opts.disks, { shared, store, imagesDir: templateImagesDir(dataDir), logger });
+  const disksMode = await diskSettings(opts.disks, { shared, store, imagesDir: templateImagesDir(dataDir), logger });
+  const disks = disksMode.settings;
   if (disks) {
     // The driver opens the pool there; the work directory is chosen from it below.
     disks.dir ??= path.join(dataDir, 'disks');
@@ -693,7 +694,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
   daemonPorts.add(actualPort);
   const url = hostUrl(host, actualPort);
-  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingressUrl: ingress.url, ingressDomain: ingress.domain } : {}) };
+  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingressUrl: ingress.url, ingressDomain: ingress.domain } : {}), disks: { mode: disksMode.mode, why: disksMode.why } };
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 }).catch(abort);
   await fs.rename(`${stateFile}.tmp`, stateFile).catch(abort);

@@ -150,7 +150,7 @@ export const CreateSandboxBody = Type.Object(
     driver: Type.Optional(Type.String({ maxLength: 32, description: 'Isolation driver, one the daemon enables (`gvisor`, `microvm`). @default the daemon\'s default' })),
     cpu: Type.Optional(Type.Number({ description: 'CPU cores (fractional allowed). @default 1' })),
     memoryMb: Type.Optional(Type.Integer({ description: 'Memory limit in MiB. @default 512' })),
-    diskMb: Type.Optional(Type.Number({ description: "Disk size in MiB, template files included; a full disk fails the write (ENOSPC), not the sandbox. Only on daemons with disks (--disks on). @default 5120 (the daemon's --disk-default)" })),
+    diskMb: Type.Optional(Type.Number({ description: "Disk size in MiB, template files included; a full disk fails the write (ENOSPC), not the sandbox. Only on daemons with disks (--disks auto, the default, on a single node; or --disks on). @default 5120 (the daemon's --disk-default)" })),
     timeoutMs: Type.Optional(Type.Integer({ description: 'Kill the sandbox this many ms after creation; 0 = never. @default 1800000' })),
     env: Type.Optional(StrMap),
     metadata: Type.Optional(StrMap),

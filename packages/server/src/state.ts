@@ -18,6 +18,8 @@ export interface DaemonState {
   /** The ingress listener and its domain, when it runs. */
   ingressUrl?: string;
   ingressDomain?: string;
+  /** Whether sandboxes get disks (`--disks`), and why (what `auto` came to). */
+  disks?: { mode: 'on' | 'off'; why: string };
   /**
    * A random id of this daemon's run, also answered by `GET /v1/health`: a client tells the
    * daemon that wrote this file from whatever else may listen at its address now.
