@@ -624,6 +624,47 @@ describe('a cluster of three nodes', () => {
   });
 });
 
+// Warm pools in placement: a node tells its pools' ready sandboxes with each heartbeat; a
+// create with the pool's shape that its node cannot serve from a pool goes to one that can.
+describe('warm pools across nodes', () => {
+  const db = pg.freshDatabase();
+  const blobs = mkdtempSync('/tmp/spt-blobs-');
+  const bDir = mkdtempSync('/tmp/spt-');
+  let a;
+  let b;
+  const ids = [];
+  before(async () => {
+    // Heartbeats every 2 s (a third of the 6 s after which a node is lost).
+    a = await startTestDaemon({ database: db, blobStore: `file://${blobs}`, nodeName: 'a', nodeLostAfterS: 6 });
+    mkdirSync(path.join(bDir, 'keys'), { recursive: true, mode: 0o700 });
+    copyFileSync(path.join(a.dataDir, 'keys', 'node.key'), path.join(bDir, 'keys', 'node.key'));
+    b = await startDaemon({ dataDir: bDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database: db, blobStore: `file://${blobs}`, nodeName: 'b', nodeLostAfterS: 6, pools: { minimal: 1 }, egress: { range: egressRange(bDir) } });
+  }, HOOK);
+  after(async () => {
+    for (const id of ids) await Sandbox.kill(id, a.conn).catch(() => {});
+    await b?.close();
+    const leaks = [...leftovers(bDir, ids), ...((await a?.close()) ?? [])];
+    rmSync(bDir, { recursive: true, force: true });
+    rmSync(blobs, { recursive: true, force: true });
+    assert.deepEqual(leaks, []);
+  }, HOOK);
+
+  it('node a has no pool, node b one ready: a default create through a is b\'s pooled sandbox; a create of another size stays on a', STEP, async () => {
+    // b's pool restores minimal's image first: up to a minute.
+    const bWarm = async () => (await Nodes.list(a.conn)).find((n) => n.name === 'b')?.warm?.['/minimal'] ?? 0;
+    await eventually(async () => (await bWarm()) >= 1, { tries: 600 });
+    assert.equal((await Nodes.list(a.conn)).find((n) => n.name === 'a').warm, undefined, 'a tells no pool');
+    const warm = await Sandbox.create({ ...a.conn, template: 'minimal' });
+    ids.push(warm.id);
+    assert.equal(warm.info.node, 'b', 'placed where the warm sandbox was');
+    assert.equal(warm.info.createTimings?.source, 'pool', JSON.stringify(warm.info.createTimings));
+    assert.equal((await warm.commands.run('hostname')).stdout, `${warm.id}\n`, 'it took its identity, and a reaches it');
+    const sized = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
+    ids.push(sized.id);
+    assert.equal(sized.info.node, 'a', 'not the pool\'s shape: it restores on the node asked');
+  });
+});
+
 // A node SIGKILLed in the middle of an operation (the issue's matrix: mid-snapshot, mid-fork,
 // mid-move; the daemon kills itself at the fault point): nothing half-written is listed, no
 // session runs twice (the killed node's copies are paused by its lease keeper), and every

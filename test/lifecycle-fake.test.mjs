@@ -274,11 +274,18 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     for (const id of [runningSb.id, sleeping.id]) await svc.kill(T, id);
   });
 
-  it('a warm pool serves creates from booted sandboxes', async () => {
+  it('a warm pool serves creates from booted sandboxes; what it has ready is told to placement', async () => {
+    // No pool: a pool-shaped create is short here (placement in a cluster looks elsewhere).
+    assert.equal(await svc.poolShortHere(T, {}), '/minimal');
+    assert.deepEqual(svc.pool.readyCounts(), {});
     await svc.shutdown();
     svc = service({ builtinPools: { minimal: 1 } });
     await svc.start();
     await until(async () => (await driver.list()).length >= 1, 'the pool to fill');
+    assert.deepEqual(svc.pool.readyCounts(), { '/minimal': 1 });
+    assert.equal(await svc.poolShortHere(T, { template: 'minimal', memoryMb: 512, cpu: 1 }), undefined, 'one ready here');
+    // Not the pool's shape, or no such template: placement leaves those alone.
+    for (const opts of [{ memoryMb: 1024 }, { cpu: 2 }, { volumes: [{ volume: 'v', path: '/data' }] }, { template: 'nosuch' }]) assert.equal(await svc.poolShortHere(T, opts), undefined, JSON.stringify(opts));
     const sb = await svc.create(T, {});
     assert.equal(await out(sb.id, 'hostname'), `${sb.id}\n`, 'a pooled sandbox takes the new identity');
     assert.equal(sb.createTimings?.source, 'pool', JSON.stringify(sb.createTimings));

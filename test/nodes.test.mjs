@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { after, describe, it } from 'node:test';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
-import { NodeHeartbeat, checkNodeName, nodeViews, pickNode, placementCost, planDrain } from '../packages/server/dist/node.js';
+import { NodeHeartbeat, checkNodeName, nodeStates, nodeViews, pickNode, pickWarmNode, placementCost, planDrain } from '../packages/server/dist/node.js';
 import { quiet, until } from './fake-harness.mjs';
 import { sandbox } from './store-suite.mjs';
 
@@ -83,6 +83,29 @@ describe('nodes', () => {
     assert.equal(placementCost(view('x', 3, { maxSandboxes: 64, memoryReservedMb: 1536, maxMemoryMb: 48000, load: 1, cpus: 2 }), 512), 4 / 64 + 0.125);
     // The driver: only nodes that run it.
     assert.equal(pick([view('b', 0), view('f', 5, { drivers: ['microvm'] })], { driver: 'microvm' }), 'f');
+  });
+
+  it('warm pools: each beat tells the pools\' ready sandboxes; a create goes to the node with most of its template ready, on its driver, up and not drained', async () => {
+    const store = SqliteStore.open(`${dir}/warm.db`);
+    let warm = { '/minimal': 2, 'tn1/tools': 1 };
+    const hb = new NodeHeartbeat(store, record('pools', new Date().toISOString()), quiet, 60_000, { report: () => ({ warm }) });
+    await hb.start();
+    assert.deepEqual((await nodeStates(store, 30_000))[0].warm, { '/minimal': 2, 'tn1/tools': 1 });
+    // Given away and not refilled yet: the next beat says none (not the last count kept).
+    warm = {};
+    await hb.setDraining(false); // beats at once
+    assert.equal((await nodeStates(store, 30_000))[0].warm, undefined);
+    await hb.stop();
+    await store.close();
+
+    const pick = (nodes, key = '/minimal', driver = 'gvisor') => pickWarmNode(nodes, 'self', key, driver)?.name;
+    const w = (name, ready, extra = {}) => view(name, 0, { warm: { '/minimal': ready }, ...extra });
+    assert.equal(pick([w('self', 3), w('b', 1), w('c', 2)]), 'c', 'the most ready; never this node');
+    assert.equal(pick([w('b', 0), view('c', 0)]), undefined, 'none ready: the create restores here');
+    assert.equal(pick([w('b', 1)], 'tn1/tools'), undefined, 'another template\'s pool does not count');
+    assert.equal(pick([w('b', 5, { draining: true }), w('c', 5, { state: 'lost' }), w('d', 1)]), 'd', 'drained and lost nodes are passed over');
+    assert.equal(pick([w('b', 5, { drivers: ['microvm', 'gvisor'] }), w('d', 1)]), 'd', 'pools restore on a node\'s default driver: it must be the same');
+    assert.equal(pick([w('b', 5, { drivers: ['microvm'] })], '/minimal', 'microvm'), 'b');
   });
 
   it('a drain spreads its sessions by free places and memory, counting the ones it has already sent', () => {

@@ -46,6 +46,12 @@ export interface NodeInfo {
   heartbeatAt: string;
   /** Drained (`space node drain`): no new sandbox is placed there and its sessions were moved off. */
   draining?: boolean;
+  /**
+   * Sandboxes ready in its warm pools, per template (`TENANT/NAME`; `/NAME` for a built-in
+   * one), as of its last heartbeat: a pool-shaped create that finds its node's pool empty goes
+   * to a node that has one ready. Absent: none ready (or a node on its own).
+   */
+  warm?: Record<string, number>;
 }
 
 /**

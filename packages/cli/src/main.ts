@@ -355,13 +355,13 @@ program
 
 program
   .command('nodes')
-  .description('the deployment\'s nodes: state, sandboxes, memory reserved by their limits, load, capacity, last heartbeat (admin key)')
+  .description('the deployment\'s nodes: state, sandboxes, memory reserved by their limits, load, capacity, warm sandboxes ready, last heartbeat (admin key)')
   .option('--json', 'print JSON')
   .action(async (o: { json?: boolean }) => {
     const nodes = await Nodes.list(connection());
     if (o.json) return void process.stdout.write(JSON.stringify(nodes, null, 2) + '\n');
-    const rows = [['NAME', 'STATE', 'SANDBOXES', 'RESERVED', 'CPUS', 'LOAD', 'MEMORY', 'DRIVERS', 'HEARTBEAT', 'URL']];
-    for (const n of nodes) rows.push([n.name, n.draining ? `${n.state}, drained` : n.state, `${n.sandboxes}/${n.maxSandboxes}`, `${mib(n.memoryReservedMb)}/${mib(n.maxMemoryMb)}`, String(n.cpus), n.load === undefined ? '-' : n.load.toFixed(2), mib(n.memoryMb), n.drivers.join(','), `${age(n.heartbeatAt)} ago`, n.url]);
+    const rows = [['NAME', 'STATE', 'SANDBOXES', 'RESERVED', 'CPUS', 'LOAD', 'MEMORY', 'DRIVERS', 'WARM', 'HEARTBEAT', 'URL']];
+    for (const n of nodes) rows.push([n.name, n.draining ? `${n.state}, drained` : n.state, `${n.sandboxes}/${n.maxSandboxes}`, `${mib(n.memoryReservedMb)}/${mib(n.maxMemoryMb)}`, String(n.cpus), n.load === undefined ? '-' : n.load.toFixed(2), mib(n.memoryMb), n.drivers.join(','), String(Object.values(n.warm ?? {}).reduce((a, b) => a + b, 0)), `${age(n.heartbeatAt)} ago`, n.url]);
     process.stdout.write(table(rows) + '\n');
   });
 

@@ -28,7 +28,7 @@ export type { Intent, IntentOp, IntentStep, IntentStore } from './ports/intent-j
 export { checkPath, fileMetadataFromHeaders, FILE_METADATA_HEADER } from './validate.js';
 export { TemplateService, templateImageBlobKey } from './templates/template-service.js';
 export type { TemplateBuildRequest, TemplateImageStore, TemplateServiceOptions, TemplateUpload } from './templates/template-service.js';
-export { WarmPool } from './templates/warm-pool.js';
+export { WarmPool, poolKey } from './templates/warm-pool.js';
 export type { PoolHooks, PoolStatus } from './templates/warm-pool.js';
 export type { CreateSandboxOpts, ForkResult, ListSandboxesOpts, SandboxChange, SandboxEgressOptions, SandboxServiceOptions } from './service.js';
 export type { Logger } from './logger.js';

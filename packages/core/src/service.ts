@@ -589,6 +589,16 @@ export class SandboxService {
   }
 
   /**
+   * The warm-pool key of a pool-shaped create that this node's pool cannot serve now (see
+   * {@link Creates.poolShortHere}): placement sends it to a node whose pool can.
+   *
+   * @example await svc.poolShortHere(T, { template: 'minimal' }) // '/minimal' or undefined
+   */
+  poolShortHere(tenantId: string, opts: CreateSandboxOpts): Promise<string | undefined> {
+    return this.creates.poolShortHere(tenantId, opts);
+  }
+
+  /**
    * Copies a sandbox into `count` new ones: from a snapshot taken now (the parent keeps
    * running), or from one of its snapshots. Each copy has its own id, socket directory and
    * network namespace, and diverges from then on.

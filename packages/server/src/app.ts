@@ -6,12 +6,13 @@
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import swagger from '@fastify/swagger';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { ApiKeys, SpaceError, type KeyService, type Principal, type SandboxService, type SecretService } from '@space/core';
+import { ApiKeys, SpaceError, type CreateSandboxOpts, type KeyService, type Principal, type SandboxService, type SecretService } from '@space/core';
 import type { SandboxDriver } from '@space/core';
 import type { AppDeps } from './deps.js';
 import { ConsoleSessions, csrfRefused, CSRF_HEADER, sessionCookieOf } from './console-session.js';
 import { isConsolePath, registerConsole } from './console-routes.js';
 import { registerForwarding } from './forward.js';
+import { pickWarmNode } from './node.js';
 import { registerRoutes } from './routes.js';
 import { registerVolumeRoutes } from './volume-routes.js';
 
@@ -110,12 +111,17 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   // After authentication: only a tenant's requests for its own sandboxes are forwarded.
   if (deps.cluster) {
     const svc = deps.service;
+    const cluster = deps.cluster;
     registerForwarding(app, {
       self: deps.cluster.self,
       find: (tenantId, id) => svc.find(tenantId, id).catch(() => undefined),
       owns: (sb) => svc.owns(sb),
       nodes: deps.cluster.nodes,
       placeTemplate: (tenantId, name) => svc.templates.placement(tenantId, name),
+      placeWarm: async (tenantId, body) => {
+        const key = await svc.poolShortHere(tenantId, body as CreateSandboxOpts);
+        return key ? pickWarmNode(await cluster.nodes(), cluster.self, key, deps.drivers[0]!.name)?.name : undefined;
+      },
     });
   }
 

@@ -698,7 +698,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 }).catch(abort);
   await fs.rename(`${stateFile}.tmp`, stateFile).catch(abort);
-  const duties = clusterDuties({ service, store, nodeName, lostAfterMs, logger, ...(keeper ? { keeper } : {}) });
+  const duties = { ...clusterDuties({ service, store, nodeName, lostAfterMs, logger, ...(keeper ? { keeper } : {}) }), report: () => ({ warm: service.pool.readyCounts() }) };
   // A drained node stays drained across restarts (the flag is in its record).
   const wasDraining = shared && (await store.listNodes().catch(abort)).some((n) => n.name === nodeName && n.draining);
   heartbeat = new NodeHeartbeat(store, { name: nodeName, url: advertiseUrl ?? url, ...(wasDraining ? { draining: true } : {}), ...(e2bUrl ? { e2bUrl: advertised(e2bUrl, advertiseUrl) } : {}), ...(ingress ? { ingressUrl: advertised(ingress.url, advertiseUrl) } : {}), version: VERSION, drivers: [driver, ...extra].map((d) => d.name), cpus: os.cpus().length, memoryMb: Math.round(os.totalmem() / 2 ** 20), ...service.capacity, startedAt: state.startedAt, heartbeatAt: state.startedAt }, logger, Math.max(1000, Math.floor(lostAfterMs / 3)), shared ? duties : {});

@@ -36,7 +36,7 @@ export interface AppDeps {
    */
   cluster?: {
     self: string;
-    nodes: () => Promise<Pick<NodeInfo, 'name' | 'url' | 'state' | 'heartbeatAt' | 'draining'>[]>;
+    nodes: () => Promise<Pick<NodeInfo, 'name' | 'url' | 'state' | 'heartbeatAt' | 'draining' | 'drivers' | 'warm'>[]>;
     /** Whether this node is drained (creates go elsewhere). */
     draining: () => boolean;
     /** Drains this node (moves every session it runs to other nodes, telling `progress` as each goes) or ends that. */

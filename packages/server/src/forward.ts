@@ -41,6 +41,11 @@ export interface ForwardOptions {
    * whose root file system is in another node's cache (the node that built it).
    */
   placeTemplate(tenantId: string, template: string): Promise<string | undefined>;
+  /**
+   * The node a create goes to for a warm sandbox: one whose pool of the template has one ready
+   * when this node's has none (the create has the pool's shape). Undefined: it runs here.
+   */
+  placeWarm?(tenantId: string, body: Record<string, unknown>): Promise<string | undefined>;
   /** Longest wait for a connection to the other node, ms. @default 5000 */
   connectTimeoutMs?: number;
   /** The JSON body of an error this module answers with itself (the API's own shape). @default SpaceError#toJSON */
@@ -87,16 +92,22 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
     if (req.headers.upgrade) relayUpgrade(req, reply, node, opts, `Sandbox ${sb.id} runs`);
     else await forward(req, reply, node, opts, `Sandbox ${sb.id} runs`);
   });
-  // Creates: a tenant's template starts where its root file system is (body parsed by now).
+  // Creates (body parsed by now): a tenant's template starts where its root file system is; a
+  // pool-shaped create this node's pool cannot serve goes to a node whose pool can.
   app.addHook('preHandler', async (req, reply) => {
     if (req.method !== 'POST' || req.routeOptions.url !== '/v1/sandboxes' || req.headers[FORWARDED_BY]) return;
-    const template = (req.body as { template?: unknown } | undefined)?.template;
-    if (typeof template !== 'string') return;
-    const name = await opts.placeTemplate(req.principal.tenantId, template);
-    if (!name || name === opts.self) return;
-    const node = (await opts.nodes()).find((n) => n.name === name);
-    if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `Template ${template} was built on node ${name}, which holds its root file system and ${node ? `is ${node.state}` : 'is not registered'}: its sandboxes start there`, { details: { template, node: name } });
-    await forward(req, reply, node, opts, `Template ${template} starts`, Buffer.from(JSON.stringify(req.body)));
+    const body = (req.body ?? {}) as Record<string, unknown>;
+    const template = body.template;
+    const name = typeof template === 'string' ? await opts.placeTemplate(req.principal.tenantId, template) : undefined;
+    if (name && name !== opts.self) {
+      const node = (await opts.nodes()).find((n) => n.name === name);
+      if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `Template ${template} was built on node ${name}, which holds its root file system and ${node ? `is ${node.state}` : 'is not registered'}: its sandboxes start there`, { details: { template, node: name } });
+      return forward(req, reply, node, opts, `Template ${template} starts`, Buffer.from(JSON.stringify(req.body)));
+    }
+    // A warm sandbox elsewhere starts in milliseconds; a restore here takes hundreds.
+    const warm = name ? undefined : await opts.placeWarm?.(req.principal.tenantId, body);
+    const node = warm ? (await opts.nodes()).find((n) => n.name === warm && n.state === 'up') : undefined;
+    if (node) return forward(req, reply, node, opts, 'A warm sandbox was chosen', Buffer.from(JSON.stringify(req.body)));
   });
 }
 

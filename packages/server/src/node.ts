@@ -17,6 +17,8 @@ import { LIMITS, SpaceError, type Logger, type MetadataStore, type NodeRecord, t
 export interface HeartbeatDuties {
   afterBeat?: (beatOk: boolean) => Promise<void>;
   duties?: (beatOk: boolean) => Promise<void>;
+  /** What the node tells with each beat besides its load: its warm pools ({@link NodeInfo.warm}). */
+  report?: () => Pick<NodeRecord, 'warm'>;
 }
 
 /**
@@ -70,7 +72,9 @@ export class NodeHeartbeat {
   }
 
   private async beat(): Promise<void> {
-    this.record = { ...this.record, heartbeatAt: new Date().toISOString(), load: Math.round(loadavg()[0]! * 100) / 100 };
+    const { warm: _, ...rest } = this.record;
+    const warm = this.duties.report?.().warm;
+    this.record = { ...rest, ...(warm && Object.keys(warm).length ? { warm } : {}), heartbeatAt: new Date().toISOString(), load: Math.round(loadavg()[0]! * 100) / 100 };
     delete this.record.stoppedAt;
     await this.store.putNode(this.record);
   }
@@ -171,8 +175,8 @@ export async function nodeViews(store: MetadataStore, lostAfterMs: number, now =
  *
  * @example const up = (await nodeStates(store, 30_000)).filter((n) => n.state === 'up');
  */
-export async function nodeStates(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<Pick<NodeInfo, 'name' | 'url' | 'e2bUrl' | 'ingressUrl' | 'state' | 'heartbeatAt' | 'draining'>[]> {
-  return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, ...(n.e2bUrl ? { e2bUrl: n.e2bUrl } : {}), ...(n.ingressUrl ? { ingressUrl: n.ingressUrl } : {}), heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now), ...(n.draining ? { draining: true } : {}) }));
+export async function nodeStates(store: MetadataStore, lostAfterMs: number, now = Date.now()): Promise<Pick<NodeInfo, 'name' | 'url' | 'e2bUrl' | 'ingressUrl' | 'state' | 'heartbeatAt' | 'draining' | 'drivers' | 'warm'>[]> {
+  return (await store.listNodes()).map((n) => ({ name: n.name, url: n.url, ...(n.e2bUrl ? { e2bUrl: n.e2bUrl } : {}), ...(n.ingressUrl ? { ingressUrl: n.ingressUrl } : {}), heartbeatAt: n.heartbeatAt, state: nodeState(n, lostAfterMs, now), drivers: n.drivers, ...(n.draining ? { draining: true } : {}), ...(n.warm ? { warm: n.warm } : {}) }));
 }
 
 /** What a sandbox to be placed needs of a node. */
@@ -212,6 +216,26 @@ export function pickNode(nodes: NodeInfo[], self: string, need: PlacementNeed = 
     if (!best || cost < best.cost) best = { node: n, cost };
   }
   return best?.node;
+}
+
+/**
+ * The node a pool-shaped create goes to when `self`'s pool of its template is empty: up, not
+ * drained, with `driver` as its default one (the driver its pools restore on), and the most
+ * sandboxes of the template ready as of its last heartbeat (ties: the first listed). A pooled
+ * sandbox is counted on its node already, so no room is asked. Undefined when none has one:
+ * the create restores here. A heartbeat can be seconds old: the node chosen may have given its
+ * last one away meanwhile, and then restores, as this node would have.
+ *
+ * @example pickWarmNode(await nodeStates(store, 30_000), 'n1', '/minimal', 'gvisor')?.name // 'n2'
+ */
+export function pickWarmNode(nodes: Pick<NodeInfo, 'name' | 'state' | 'draining' | 'drivers' | 'warm'>[], self: string, key: string, driver: string): Pick<NodeInfo, 'name'> | undefined {
+  let best: { name: string; ready: number } | undefined;
+  for (const n of nodes) {
+    const ready = n.warm?.[key] ?? 0;
+    if (n.name === self || n.state !== 'up' || n.draining || n.drivers[0] !== driver || ready < 1) continue;
+    if (!best || ready > best.ready) best = { name: n.name, ready };
+  }
+  return best && { name: best.name };
 }
 
 /**

@@ -6,7 +6,7 @@ import type { CreateSandboxOpts } from '@space/api';
 import { DEFAULT_EGRESS_POLICY, checkEgressPolicy, checkHeaderRules } from '../security/egress-policy.js';
 import { SpaceError } from '../errors.js';
 import { LIMITS, newSandboxId, type CreateTimings, type Sandbox, type Template } from '../model.js';
-import { POOL_MEMORY_MB, poolDiskMb } from '../templates/warm-pool.js';
+import { POOL_MEMORY_MB, poolDiskMb, poolKey } from '../templates/warm-pool.js';
 import { checkMap, diskSize, range } from '../validate.js';
 import type { SandboxContext } from './context.js';
 import { sendIdentity } from './identity.js';
@@ -18,6 +18,25 @@ export type { CreateSandboxOpts } from '@space/api';
 /** Creating a sandbox. Built by the facade (SandboxService), which wires it into the hooks. */
 export class Creates {
   constructor(private readonly c: SandboxContext) {}
+
+  /**
+   * The warm-pool key ({@link poolKey}) of a create this node would have to restore although
+   * it has the pool's shape (default cpu, memory, driver and disk, no volumes): the template's
+   * pool here has no sandbox ready. Undefined when the create is not pool-shaped, its pool here
+   * has one, or the template is unknown (the create itself then says why). Placement in a
+   * cluster asks it, to send such a create to a node whose pool has one ready.
+   *
+   * @example await creates.poolShortHere(T, { template: 'minimal' }) // '/minimal' (empty here)
+   */
+  async poolShortHere(tenantId: string, opts: CreateSandboxOpts): Promise<string | undefined> {
+    const t = await this.c.templates.resolve(tenantId, opts.template ?? 'minimal').catch(() => undefined);
+    if (!t || opts.volumes?.length) return undefined;
+    if ((opts.cpu ?? LIMITS.cpu.default) !== LIMITS.cpu.default || (opts.memoryMb ?? LIMITS.memoryMb.default) !== POOL_MEMORY_MB) return undefined;
+    if (opts.driver !== undefined && opts.driver !== this.c.driver.name) return undefined;
+    const disks = this.c.driver.disks;
+    if (opts.diskMb !== undefined && (!disks || opts.diskMb !== poolDiskMb(disks, t.rootfsBytes))) return undefined;
+    return this.c.pool.status(t).ready > 0 ? undefined : poolKey(t);
+  }
 
   /**
    * Creates a sandbox; resolves when its agent answers. It is taken from the template's warm

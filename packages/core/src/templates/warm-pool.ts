@@ -48,6 +48,14 @@ export const POOL_MEMORY_MB = 512;
 export const poolDiskMb = (disks: DriverDisks | undefined, templateBytes?: number): number | undefined => diskSize(undefined, disks, templateBytes);
 
 /**
+ * A template's key among the pools (and in a node's heartbeat, {@link WarmPool.readyCounts}):
+ * `TENANT/NAME`, `/NAME` for a built-in template.
+ *
+ * @example poolKey({ tenantId: '', name: 'minimal' }) // '/minimal'
+ */
+export const poolKey = (t: Pick<Template, 'tenantId' | 'name'>): string => `${t.tenantId}/${t.name}`;
+
+/**
  * The warm pools of every template.
  *
  * @example
@@ -78,7 +86,7 @@ export class WarmPool {
   ) {}
 
   private static ref(t: Pick<Template, 'tenantId' | 'name'>): string {
-    return `${t.tenantId}/${t.name}`;
+    return poolKey(t);
   }
 
   /** Sets a template's pool size (from `t.poolSize`) and starts refilling or draining. */
@@ -111,6 +119,18 @@ export class WarmPool {
   /** Pool state of a template. */
   status(t: Pick<Template, 'tenantId' | 'name' | 'poolSize'>): PoolStatus {
     return { size: t.poolSize, ready: this.entries.get(WarmPool.ref(t))?.length ?? 0 };
+  }
+
+  /**
+   * Sandboxes ready now, per template ({@link poolKey}), of the pools that have any: what a
+   * node tells the cluster in its heartbeat, so creates elsewhere can come for them.
+   *
+   * @example pool.readyCounts() // { '/minimal': 2, 'tn3k…/tools': 1 }
+   */
+  readyCounts(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const [ref, l] of this.entries) if (l.length) out[ref] = l.length;
+    return out;
   }
 
   /** Pooled sandboxes on the node. */
