@@ -148,6 +148,13 @@ export class DiskPool {
   /** sysfs directory of the pool's quota state (`inconsistent`), when the kernel has one. */
   private qgroupsDir?: string;
   private recounting: Promise<void> = Promise.resolve();
+  /**
+   * Set by {@link quiesce}: purges and recounts still queued are left for the next open (which
+   * empties the trash and rescans inconsistent counts), so a daemon's stop waits for the one
+   * under way only — a busy session leaves dozens, ~6 s each (measured: `space down` after the
+   * CLI test's sessions waited past its 30 s).
+   */
+  private closing = false;
 
   /** Counts again when the kernel has marked the counts inconsistent (see {@link purge}). Serialized with purges. */
   recount(): Promise<void> {
@@ -156,7 +163,7 @@ export class DiskPool {
   }
 
   private async recountNow(): Promise<void> {
-    if (!this.qgroupsDir || (await fs.readFile(`${this.qgroupsDir}/inconsistent`, 'utf8').catch(() => '0')).trim() !== '1') return;
+    if (this.closing || !this.qgroupsDir || (await fs.readFile(`${this.qgroupsDir}/inconsistent`, 'utf8').catch(() => '0')).trim() !== '1') return;
     await this.cmd('btrfs', ['quota', 'rescan', '-w', this.mountPoint]).catch(() => {});
   }
 
@@ -171,6 +178,7 @@ export class DiskPool {
    */
   private purge(p: string): void {
     this.recounting = this.recounting.then(async () => {
+      if (this.closing) return;
       try {
         await this.cmd('find', [p, '-xdev', '-mindepth', '1', '-maxdepth', '1', '-exec', 'rm', '-rf', '{}', '+']);
         await this.cmd('btrfs', ['filesystem', 'sync', this.mountPoint]);
@@ -342,9 +350,18 @@ export class DiskPool {
     return this.recounting;
   }
 
+  /**
+   * Ends the pool's background work for this process: the purge or recount under way finishes,
+   * the queued ones are left for the next open. The pool stays mounted (its sandboxes may run on).
+   */
+  async quiesce(): Promise<void> {
+    this.closing = true;
+    await this.recounting;
+  }
+
   /** Unmounts the pool, and its vault (its disks and work files must be out of use). */
   async close(): Promise<void> {
-    await this.recounting;
+    await this.quiesce();
     if (isMountPoint(this.mountPoint)) await this.cmd('umount', [this.mountPoint]);
     await this.vault?.close();
   }

@@ -701,7 +701,7 @@ export class GvisorDriver implements SandboxDriver {
   async close(): Promise<void> {
     for (const s of this.servers.values()) s.close();
     this.servers.clear();
-    await this.pool?.settled();
+    await this.pool?.quiesce();
   }
 }
 
