@@ -14,7 +14,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Nodes, Sandbox, Templates, Volumes } from '../packages/sdk/dist/index.js';
-import { api, cliRunner, egressRange, eventually, leftovers, rejectionCode, startSpaced, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
+import { api, cliRunner, closeVolumes, egressRange, eventually, leftovers, rejectionCode, removeDataDir, startSpaced, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
 import { makeOciImage } from './oci-image.mjs';
 const E2B = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { startPostgres } from './postgres.mjs';
@@ -326,8 +326,21 @@ describe('a cluster of two nodes on one database', () => {
     assert.equal((await Sandbox.connect(made0.sandboxId, a.conn)).info.state, 'killed');
   });
 
-  it('volumes are refused while nodes share the database (a volume lives on one node\'s disk)', STEP, async () => {
-    assert.equal(await rejectionCode(Volumes.create('data', { ...b.conn, sizeMb: 64 })), 'VOLUMES_UNAVAILABLE');
+  it('a volume is kept on the node that made it: listed by both, its files and snapshots through the other node, mounts refused without disks', STEP, async () => {
+    const vol = await Volumes.create('kept-on-b', { ...b.conn, sizeMb: 64 });
+    assert.equal(vol.node, 'b');
+    assert.deepEqual((await Volumes.list(a.conn)).map((v) => [v.name, v.node, v.mountedBy]), [['kept-on-b', 'b', []]]);
+    // Files both ways through node a (forwarded to b, which keeps them), and a snapshot.
+    const bytes = randomBytes(3 << 20);
+    await Volumes.write('kept-on-b', '/blob', bytes, a.conn);
+    assert.deepEqual(await answeredBy(a.conn, '/v1/volumes/kept-on-b'), { node: 'b', status: 200 });
+    assert.ok(Buffer.from(await Volumes.read('kept-on-b', '/blob', { ...a.conn, format: 'bytes' })).equals(bytes), 'read back whole through a');
+    const snap = await Volumes.snapshot('kept-on-b', a.conn);
+    assert.deepEqual((await Volumes.snapshots('kept-on-b', b.conn)).map((s) => s.id), [snap.id]);
+    // These nodes keep sandbox files in memory (disks are off in a cluster unless asked): no mounts.
+    assert.equal(await rejectionCode(Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256, volumes: [{ volume: 'kept-on-b', path: '/data' }] })), 'VOLUMES_UNAVAILABLE');
+    await Volumes.remove('kept-on-b', a.conn);
+    assert.deepEqual(await Volumes.list(b.conn), []);
   });
 
   it('a second daemon as node a is refused (DATABASE_IN_USE), naming the node', STEP, async () => {
@@ -624,9 +637,11 @@ describe('a cluster of three nodes', () => {
   });
 });
 
-// Warm pools in placement: a node tells its pools' ready sandboxes with each heartbeat; a
-// create with the pool's shape that its node cannot serve from a pool goes to one that can.
-describe('warm pools across nodes', () => {
+// Two nodes with disks on (`--disks on`: a cluster's `auto` is off), for what placement weighs
+// besides room: warm pools — a node tells its pools' ready sandboxes with each heartbeat, and a
+// create with the pool's shape that its node cannot serve from a pool goes to one that can —
+// and volumes, which pin a create to the node that keeps them.
+describe('two nodes with disks: warm pools and volumes in placement', () => {
   const db = pg.freshDatabase();
   const blobs = mkdtempSync('/tmp/spt-blobs-');
   const bDir = mkdtempSync('/tmp/spt-');
@@ -635,16 +650,16 @@ describe('warm pools across nodes', () => {
   const ids = [];
   before(async () => {
     // Heartbeats every 2 s (a third of the 6 s after which a node is lost).
-    a = await startTestDaemon({ database: db, blobStore: `file://${blobs}`, nodeName: 'a', nodeLostAfterS: 6 });
+    a = await startTestDaemon({ database: db, blobStore: `file://${blobs}`, nodeName: 'a', nodeLostAfterS: 6, disks: { mode: 'on' } });
     mkdirSync(path.join(bDir, 'keys'), { recursive: true, mode: 0o700 });
     copyFileSync(path.join(a.dataDir, 'keys', 'node.key'), path.join(bDir, 'keys', 'node.key'));
-    b = await startDaemon({ dataDir: bDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database: db, blobStore: `file://${blobs}`, nodeName: 'b', nodeLostAfterS: 6, pools: { minimal: 1 }, egress: { range: egressRange(bDir) } });
+    b = await startDaemon({ dataDir: bDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database: db, blobStore: `file://${blobs}`, nodeName: 'b', nodeLostAfterS: 6, pools: { minimal: 1 }, disks: { mode: 'on' }, egress: { range: egressRange(bDir) } });
   }, HOOK);
   after(async () => {
     for (const id of ids) await Sandbox.kill(id, a.conn).catch(() => {});
+    for (const v of await Volumes.list(a.conn).catch(() => [])) await Volumes.remove(v.name, a.conn).catch(() => {});
     await b?.close();
-    const leaks = [...leftovers(bDir, ids), ...((await a?.close()) ?? [])];
-    rmSync(bDir, { recursive: true, force: true });
+    const leaks = [...closeVolumes(bDir), ...leftovers(bDir, ids), ...removeDataDir(bDir), ...((await a?.close()) ?? [])];
     rmSync(blobs, { recursive: true, force: true });
     assert.deepEqual(leaks, []);
   }, HOOK);
@@ -662,6 +677,30 @@ describe('warm pools across nodes', () => {
     const sized = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
     ids.push(sized.id);
     assert.equal(sized.info.node, 'a', 'not the pool\'s shape: it restores on the node asked');
+  });
+
+  it('a create mounting a volume runs on the node that keeps it, whichever node is asked; volumes of two nodes in one create: VOLUMES_ON_DIFFERENT_NODES', STEP, async () => {
+    await Volumes.create('on-b', { ...b.conn, sizeMb: 64 });
+    await Volumes.create('on-a', { ...a.conn, sizeMb: 64 });
+    const writer = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256, volumes: [{ volume: 'on-b', path: '/data' }] });
+    ids.push(writer.id);
+    assert.equal(writer.info.node, 'b', 'placed where the volume is');
+    assert.equal((await writer.commands.run('echo from-a > /data/f && cat /data/f')).stdout, 'from-a\n');
+    assert.deepEqual((await Volumes.list(a.conn)).find((v) => v.name === 'on-b').mountedBy.map((m) => m.sandboxId), [writer.id], 'node a lists who mounts b\'s volume');
+    assert.equal(await rejectionCode(Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256, volumes: [{ volume: 'on-a', path: '/a' }, { volume: 'on-b', path: '/b', readOnly: true }] })), 'VOLUMES_ON_DIFFERENT_NODES');
+    await writer.kill();
+    // Another create through a reads it; nothing made by the refused create.
+    const reader = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256, volumes: [{ volume: 'on-b', path: '/data', readOnly: true }] });
+    ids.push(reader.id);
+    assert.equal(reader.info.node, 'b');
+    assert.equal((await reader.commands.run('cat /data/f')).stdout, 'from-a\n');
+    await reader.kill();
+    // And the other way: through b onto a.
+    const onA = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256, volumes: [{ volume: 'on-a', path: '/a' }] });
+    ids.push(onA.id);
+    assert.equal(onA.info.node, 'a');
+    await onA.kill();
+    for (const v of ['on-a', 'on-b']) await Volumes.remove(v, b.conn);
   });
 });
 

@@ -13,6 +13,7 @@ import { FakeDriver } from '../packages/driver-fake/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 import { T, fakeHarness, quiet, until } from './fake-harness.mjs';
 import { rejectionCode } from './helpers.mjs';
+import { sandbox } from './store-suite.mjs';
 
 /** A volume store in memory: what is open, with which key. */
 class MemVolumes {
@@ -157,5 +158,53 @@ describe('volumes on the fake driver (fast lane)', () => {
     assert.deepEqual(await svc.volumes.snapshots(T, 'whole'), []);
     assert.equal(await store.getVolumeSnapshot('vs-interrupted00001'), undefined);
     await svc.volumes.remove(T, 'whole');
+  });
+});
+
+// In a cluster (nodes sharing the store) a volume is kept on the node that made it: the other
+// nodes list it with its node and who mounts it, act on it never (VOLUME_ON_OTHER_NODE, which the
+// API forwards by), refuse mounts of two nodes' volumes together, and leave its intents alone.
+describe('volumes of nodes sharing a store (fast lane)', () => {
+  const dir = mkdtempSync('/tmp/space-fakevol-');
+  let store;
+  let nodes;
+  before(async () => {
+    store = SqliteStore.open(path.join(dir, 'space.db'));
+    mkdirSync(path.join(dir, 'keys'));
+    writeFileSync(path.join(dir, 'keys', 'node.key'), randomBytes(32), { mode: 0o600 });
+    const keys = new KeyService({ store, providers: [new LocalKeyProvider(path.join(dir, 'keys'))], nodeKey: { provider: 'local', ref: 'node.key' }, logger: quiet });
+    await keys.start();
+    nodes = Object.fromEntries(['a', 'b'].map((n) => [n, new Volumes({ store, keys, logger: quiet, host: new MemVolumes(path.join(dir, n)), node: n })]));
+  });
+  after(() => {
+    store.close?.();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('kept by its maker: listed everywhere with its node, acted on only there; mounts of one node only', async () => {
+    const onB = await nodes.b.create(T, { name: 'on-b', sizeMb: 64 });
+    await nodes.a.create(T, { name: 'on-a', sizeMb: 64 });
+    assert.equal(onB.node, 'b');
+    // A sandbox of b's mounts it: a lists the holder from the records.
+    await store.insertSandbox({ ...sandbox('sbvolb', T), node: 'b', volumes: [{ volume: 'on-b', path: '/data' }] });
+    assert.deepEqual((await nodes.a.list(T)).map((v) => [v.name, v.node, v.mountedBy.map((m) => m.sandboxId)]), [['on-a', 'a', []], ['on-b', 'b', ['sbvolb']]]);
+    for (const act of [() => nodes.a.get(T, 'on-b'), () => nodes.a.remove(T, 'on-b'), () => nodes.a.snapshot(T, 'on-b'), () => nodes.a.files(T, 'on-b', false), () => nodes.a.check(T, [{ volume: 'on-b', path: '/data' }], true)]) {
+      assert.equal(await rejectionCode(act()), 'VOLUME_ON_OTHER_NODE');
+    }
+    assert.equal(await nodes.a.nodeOf(T, 'on-b'), 'b');
+    assert.equal(await nodes.a.nodeOf(T, onB.id), 'b', 'by id too (E2B names volumes so)');
+    assert.equal(await nodes.a.nodeOf(T, 'on-a'), undefined, 'its own');
+    assert.equal(await nodes.a.nodeOfMounts(T, [{ volume: 'on-b', path: '/data' }]), 'b');
+    assert.equal(await nodes.b.nodeOfMounts(T, [{ volume: 'on-b', path: '/data' }]), undefined);
+    assert.equal(await nodes.a.nodeOfMounts(T, [{ volume: 'nosuch', path: '/x' }]), undefined, 'unknown: the create says so');
+    assert.equal(await rejectionCode(nodes.a.nodeOfMounts(T, [{ volume: 'on-a', path: '/a' }, { volume: 'on-b', path: '/b' }])), 'VOLUMES_ON_DIFFERENT_NODES');
+    assert.equal(await rejectionCode(nodes.b.check(T, [{ volume: 'on-a', path: '/a' }, { volume: 'on-b', path: '/b' }], true)), 'VOLUMES_ON_DIFFERENT_NODES');
+    assert.equal((await nodes.b.check(T, [{ volume: 'on-b', path: '/data' }], true)).length, 1);
+    // A's restart leaves b's interrupted create alone (b undoes it at its own start).
+    await store.insertVolume({ id: 'vol-bhalfmade000001', tenantId: T, name: 'b-half', sizeMb: 64, createdAt: new Date().toISOString(), state: 'creating', node: 'b' });
+    await nodes.a.recover();
+    assert.equal((await store.getVolume(T, 'b-half'))?.state, 'creating');
+    await nodes.b.recover();
+    assert.equal(await store.getVolume(T, 'b-half'), undefined);
   });
 });

@@ -36,6 +36,8 @@ export const ERRORS = {
   FILE_NOT_FOUND: { status: 404, message: 'No such file or directory' },
   KEY_NOT_FOUND: { status: 404, message: 'No such API key' },
   VOLUME_EXISTS: { status: 409, message: 'A volume with that name exists', hint: 'Pick another name, or remove it first with `space volume rm NAME`.' },
+  VOLUME_ON_OTHER_NODE: { status: 421, message: 'The volume is kept on another node', hint: 'Send the request to the SPACE API (/v1) of any node: it forwards it to the node that keeps the volume (`space volume ls` shows which).' },
+  VOLUMES_ON_DIFFERENT_NODES: { status: 400, message: 'The volumes are kept on different nodes', hint: 'A sandbox mounts volumes of one node (a volume stays on the node that made it): `space volume ls` shows each one\'s node; copy the files into a volume of that node (`space volume cp`).' },
   VOLUME_IN_USE: { status: 409, message: 'The volume is in use', hint: 'A volume is mounted read-write by one sandbox, or read-only by many: kill the sandboxes that have it (`space volume ls` shows them), or mount it with :ro.' },
   FILE_EXISTS: { status: 409, message: 'The destination already exists' },
   FILE_CHANGED: { status: 409, message: 'The file shrank while it was read', hint: 'Something in the sandbox rewrote it meanwhile; read it again, or read a copy made first (cp FILE FILE.snap).' },

@@ -31,6 +31,11 @@ export interface Volume {
   createdAt: string;
   /** Sandboxes that have it mounted (killed and dead ones let go of it). */
   mountedBy: VolumeUser[];
+  /**
+   * The node that keeps it, in a cluster (nodes sharing a database): its files are on that
+   * node's disk, its sandboxes run there, and any node forwards its requests there.
+   */
+  node?: string;
 }
 
 /** A point-in-time copy of a volume (`space volume snapshot NAME`). */

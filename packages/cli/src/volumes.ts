@@ -69,7 +69,9 @@ export function registerVolumeCommands(program: Command): void {
       const list = await Volumes.list(connection());
       if (o.json) return void process.stdout.write(JSON.stringify(list, null, 2) + '\n');
       if (!list.length) return void process.stdout.write('no volumes (space volume create NAME --size 1G)\n');
-      process.stdout.write(table([['NAME', 'SIZE', 'MOUNTED BY', 'CREATED'], ...list.map((v) => [v.name, mib(v.sizeMb), v.mountedBy.map((m) => `${m.sandboxId}:${m.path}${m.readOnly ? ':ro' : ''}`).join(' ') || '-', v.createdAt])]) + '\n');
+      // The NODE column in a cluster only (a volume is kept on the node that made it).
+      const nodes = list.some((v) => v.node);
+      process.stdout.write(table([['NAME', 'SIZE', 'MOUNTED BY', ...(nodes ? ['NODE'] : []), 'CREATED'], ...list.map((v) => [v.name, mib(v.sizeMb), v.mountedBy.map((m) => `${m.sandboxId}:${m.path}${m.readOnly ? ':ro' : ''}`).join(' ') || '-', ...(nodes ? [v.node ?? '-'] : []), v.createdAt])]) + '\n');
     });
   volume
     .command('rm <name>')

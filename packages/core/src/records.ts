@@ -78,6 +78,8 @@ export interface VolumeRecord {
   sizeMb: number;
   createdAt: string;
   state: 'creating' | 'ready' | 'deleting';
+  /** The node whose disk keeps it, when nodes share the store (absent on a node of its own). */
+  node?: string;
 }
 
 /** A volume's point-in-time copy as stored; `creating` until the copy is complete. */

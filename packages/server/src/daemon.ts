@@ -177,14 +177,14 @@ export function parseVolumesMode(s: string): 'auto' | 'on' | 'off' {
 }
 
 /** The node's volumes as the settings and the host allow. */
-async function openVolumes(mode: 'auto' | 'on' | 'off', dataDir: string, store: MetadataStore, keys: KeyService, logger: Logger): Promise<Volumes | undefined> {
+async function openVolumes(mode: 'auto' | 'on' | 'off', dataDir: string, store: MetadataStore, keys: KeyService, logger: Logger, node?: string): Promise<Volumes | undefined> {
   if (mode === 'off') return undefined;
   const crashWhileFrozen = process.env.SPACE_FAULT_INJECT?.split(',').includes('volume-snapshot:frozen');
   const host = new Ext4Volumes({ dir: path.join(dataDir, 'volumes'), ...(crashWhileFrozen ? { whileFrozen: () => process.kill(process.pid, 'SIGKILL') } : {}) });
   const report = await host.doctor();
   if (!report.available && mode === 'on') throw new SpaceError('VOLUMES_UNAVAILABLE', `--volumes on, but this host cannot keep volumes: ${report.detail}`);
   if (!report.available) logger.warn({ detail: report.detail }, 'volumes are off: this host cannot keep them');
-  return new Volumes({ store, keys, logger, ...(report.available ? { host } : { unavailable: report.detail }) });
+  return new Volumes({ store, keys, logger, ...(node ? { node } : {}), ...(report.available ? { host } : { unavailable: report.detail }) });
 }
 
 /** Sandbox disks of the daemon (flags `--disks`, `--disk-pool`, `--disk-default`, `--disk-max`). */
@@ -499,10 +499,8 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   // With disks, a snapshot's disk stream (GiBs) passes through the work directory: on disk, in
   // the pool's vault (encrypted at rest with it); `<data>/work` beside a pool made before vaults.
   const workDir = opts.workDir ?? process.env.SPACE_WORK_DIR ?? (disks?.dir ? (DiskPool.scratchDir(disks.dir) ?? path.join(dataDir, 'work')) : defaultWorkDir(dataDir));
-  const volumes = shared
-    ? // A volume's bytes are on one node's disk; nodes sharing a database do not offer them yet.
-      new Volumes({ store, keys: encryptionKeys, logger, unavailable: 'volumes are kept on one node\'s disk and not offered yet by daemons sharing a PostgreSQL database (docs/cluster.md)' })
-    : await openVolumes(opts.volumes ?? parseVolumesMode(process.env.SPACE_VOLUMES ?? 'auto'), dataDir, store, encryptionKeys, logger);
+  // In a cluster a volume is kept on the node that made it, and its sandboxes run there (docs/cluster.md).
+  const volumes = await openVolumes(opts.volumes ?? parseVolumesMode(process.env.SPACE_VOLUMES ?? 'auto'), dataDir, store, encryptionKeys, logger, shared ? nodeName : undefined);
   const service = new SandboxService({
     store,
     driver,

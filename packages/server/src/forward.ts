@@ -46,6 +46,13 @@ export interface ForwardOptions {
    * when this node's has none (the create has the pool's shape). Undefined: it runs here.
    */
   placeWarm?(tenantId: string, body: Record<string, unknown>): Promise<string | undefined>;
+  /** The node that keeps a tenant's volume (by name or id), when it is another node. */
+  volumeNode?(tenantId: string, nameOrId: string): Promise<string | undefined>;
+  /**
+   * The node that keeps the volumes a create mounts, when it is another node (throws
+   * `VOLUMES_ON_DIFFERENT_NODES` when they are on several).
+   */
+  placeVolumes?(tenantId: string, mounts: unknown): Promise<string | undefined>;
   /** Longest wait for a connection to the other node, ms. @default 5000 */
   connectTimeoutMs?: number;
   /** The JSON body of an error this module answers with itself (the API's own shape). @default SpaceError#toJSON */
@@ -72,6 +79,16 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
     reply.header(ANSWERED_BY, opts.self);
     return payload;
   });
+  // A volume's requests (files streamed both ways included) go to the node that keeps it.
+  app.addHook('onRequest', async (req, reply) => {
+    const name = (req.params as { name?: unknown } | undefined)?.name;
+    if (!req.routeOptions.url?.startsWith('/v1/volumes/:name') || typeof name !== 'string' || !req.principal || !opts.volumeNode || req.headers[FORWARDED_BY]) return;
+    const at = await opts.volumeNode(req.principal.tenantId, name);
+    if (!at) return;
+    const node = (await opts.nodes()).find((n) => n.name === at);
+    if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `Volume ${name} is kept on node ${at}, which ${node ? `is ${node.state}` : 'is not registered'}: its files are on that node's disk`, { details: { name, node: at } });
+    await forward(req, reply, node, opts, `Volume ${name} is kept`);
+  });
   app.addHook('onRequest', async (req, reply) => {
     const route = req.routeOptions.url;
     const id = (req.params as { id?: unknown } | undefined)?.id;
@@ -97,6 +114,13 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
   app.addHook('preHandler', async (req, reply) => {
     if (req.method !== 'POST' || req.routeOptions.url !== '/v1/sandboxes' || req.headers[FORWARDED_BY]) return;
     const body = (req.body ?? {}) as Record<string, unknown>;
+    // Volumes pin a create to the node that keeps them.
+    const volumesAt = body.volumes !== undefined ? await opts.placeVolumes?.(req.principal.tenantId, body.volumes) : undefined;
+    if (volumesAt) {
+      const node = (await opts.nodes()).find((n) => n.name === volumesAt);
+      if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `The volumes of this sandbox are kept on node ${volumesAt}, which ${node ? `is ${node.state}` : 'is not registered'}: its sandboxes run there`, { details: { node: volumesAt } });
+      return forward(req, reply, node, opts, 'The volumes are kept', Buffer.from(JSON.stringify(req.body)));
+    }
     const template = body.template;
     const name = typeof template === 'string' ? await opts.placeTemplate(req.principal.tenantId, template) : undefined;
     if (name && name !== opts.self) {
@@ -122,8 +146,9 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
  * if (err.code === 'CAPACITY_EXHAUSTED' && (await placeElsewhere(req, reply, await nodeViews(store, 30_000), { self: 'n1' }))) return reply;
  */
 export async function placeElsewhere(req: FastifyRequest, reply: FastifyReply, nodes: NodeInfo[], opts: Pick<ForwardOptions, 'self' | 'connectTimeoutMs'>): Promise<boolean> {
-  if (req.headers[FORWARDED_BY]) return false;
-  const body = (req.body ?? {}) as { driver?: unknown; memoryMb?: unknown };
+  const body = (req.body ?? {}) as { driver?: unknown; memoryMb?: unknown; volumes?: unknown };
+  // A forwarded create is never forwarded again; one with volumes runs where they are kept.
+  if (req.headers[FORWARDED_BY] || (Array.isArray(body.volumes) && body.volumes.length)) return false;
   const target = pickNode(nodes, opts.self, { ...(typeof body.driver === 'string' ? { driver: body.driver } : {}), ...(typeof body.memoryMb === 'number' ? { memoryMb: body.memoryMb } : {}) });
   if (!target) return false;
   await forward(req, reply, target, opts, 'The sandbox was placed', Buffer.from(JSON.stringify(req.body ?? {})));

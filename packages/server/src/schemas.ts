@@ -287,6 +287,7 @@ export const VolumeSchema = Type.Object({
   sizeMb: Type.Integer(),
   createdAt: Type.String(),
   mountedBy: Type.Array(Type.Object({ sandboxId: Type.String(), path: Type.String(), readOnly: Type.Boolean() }), { description: 'Sandboxes that hold it (until they are killed or die)' }),
+  node: Type.Optional(Type.String({ description: 'The node that keeps it, in a cluster: its sandboxes run there' })),
   usedBytes: Type.Optional(Type.Integer({ description: 'What it holds, while it is open (mounted by a sandbox)' })),
 });
 export const CreateVolumeBody = Type.Object(

@@ -49,6 +49,12 @@ export interface VolumesOptions {
   defaultMb?: number;
   /** Largest volume, MiB. @default 65536 */
   maxMb?: number;
+  /**
+   * This node's name when nodes share the store: a volume is kept on the disk of the node that
+   * made it (its record says which), and only that node acts on it — the others answer
+   * `VOLUME_ON_OTHER_NODE`, and the API forwards such requests there. Absent: a node of its own.
+   */
+  node?: string;
 }
 
 /** A mount checked against the tenant's volumes. */
@@ -129,9 +135,51 @@ export class Volumes {
     return v;
   }
 
-  private view(v: VolumeRecord): Volume {
-    const users = [...(this.holders.get(v.id) ?? new Map<string, Holder>()).entries()].filter(([h]) => h.startsWith('sb'));
-    return { id: v.id, name: v.name, sizeMb: v.sizeMb, createdAt: v.createdAt, mountedBy: users.map(([sandboxId, h]) => ({ sandboxId, path: h.path, readOnly: h.readOnly })) };
+  /** Whether this node keeps the volume (always, on a node of its own). */
+  private mine(v: VolumeRecord): boolean {
+    return !this.opts.node || !v.node || v.node === this.opts.node;
+  }
+
+  /** `v`, when this node keeps it; else `VOLUME_ON_OTHER_NODE` naming the node that does. */
+  private local(v: VolumeRecord): VolumeRecord {
+    if (!this.mine(v)) throw new SpaceError('VOLUME_ON_OTHER_NODE', `Volume ${v.name} is kept on node ${v.node}: its files, snapshots and sandboxes are there`, { details: { name: v.name, node: v.node } });
+    return v;
+  }
+
+  private view(v: VolumeRecord, users = [...(this.holders.get(v.id) ?? new Map<string, Holder>()).entries()].filter(([h]) => h.startsWith('sb')).map(([sandboxId, h]) => ({ sandboxId, path: h.path, readOnly: h.readOnly }))): Volume {
+    return { id: v.id, name: v.name, sizeMb: v.sizeMb, createdAt: v.createdAt, mountedBy: users, ...(v.node ? { node: v.node } : {}) };
+  }
+
+  /**
+   * The node that keeps a volume (by name or id), when it is another node; undefined when it
+   * is this one, or there is no such volume (this node then says so). What the API forwards by.
+   *
+   * @example await volumes.nodeOf('tenant-a', 'data') // 'node-b'
+   */
+  async nodeOf(tenantId: string, nameOrId: string): Promise<string | undefined> {
+    if (!this.opts.node) return undefined;
+    const v = await this.find(tenantId, nameOrId).catch(() => undefined);
+    return v && !this.mine(v) ? v.node : undefined;
+  }
+
+  /**
+   * The node that keeps the volumes a create mounts, when it is another node (the create goes
+   * there); undefined when this one, or when the mounts are not well formed (the create then
+   * says why). `VOLUMES_ON_DIFFERENT_NODES` when they are kept on different nodes.
+   *
+   * @example await volumes.nodeOfMounts('tenant-a', [{ volume: 'data', path: '/data' }]) // 'node-b'
+   */
+  async nodeOfMounts(tenantId: string, mounts: unknown): Promise<string | undefined> {
+    if (!this.opts.node || !Array.isArray(mounts)) return undefined;
+    const found = await Promise.all(mounts.map((m) => (typeof m === 'object' && m && typeof (m as { volume?: unknown }).volume === 'string' ? this.record(tenantId, (m as { volume: string }).volume).catch(() => undefined) : undefined)));
+    const vols = found.filter((v): v is VolumeRecord => !!v);
+    const nodes = [...new Set(vols.map((v) => (this.mine(v) ? this.opts.node! : v.node!)))];
+    if (nodes.length > 1) throw this.apart(vols);
+    return nodes[0] !== this.opts.node ? nodes[0] : undefined;
+  }
+
+  private apart(vols: VolumeRecord[]): SpaceError {
+    return new SpaceError('VOLUMES_ON_DIFFERENT_NODES', `A sandbox mounts volumes kept on one node; these are on different nodes: ${vols.map((v) => `${v.name} on ${v.node ?? this.opts.node}`).join(', ')}`, { details: { field: 'volumes' } });
   }
 
   private async key(v: VolumeRecord): Promise<Buffer> {
@@ -151,7 +199,7 @@ export class Volumes {
     }
     const id = `vol-${randomString(16)}`;
     const { dataKey, record } = await this.opts.keys.newDataKey(tenantId, `volume/${id}`);
-    const rec: VolumeRecord = { id, tenantId, name, sizeMb, createdAt: new Date().toISOString(), state: 'creating' };
+    const rec: VolumeRecord = { id, tenantId, name, sizeMb, createdAt: new Date().toISOString(), state: 'creating', ...(this.opts.node ? { node: this.opts.node } : {}) };
     // The record is the intent: a restart removes a volume still `creating`.
     await this.opts.store.insertVolume(rec);
     try {
@@ -168,14 +216,26 @@ export class Volumes {
     return this.view(ready);
   }
 
-  /** A tenant's volumes, by name. */
+  /**
+   * A tenant's volumes, by name. In a cluster, those of other nodes too: who mounts them is
+   * read from the sandbox records (this node's own holders are in memory).
+   */
   async list(tenantId: string): Promise<Volume[]> {
-    return (await this.opts.store.listVolumes(tenantId)).filter((v) => v.state === 'ready').map((v) => this.view(v));
+    const vols = (await this.opts.store.listVolumes(tenantId)).filter((v) => v.state === 'ready');
+    const remote = vols.filter((v) => !this.mine(v));
+    const users = new Map<string, Volume['mountedBy']>();
+    if (remote.length) {
+      for (const sb of await this.opts.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated'])) {
+        if (sb.tenantId !== tenantId) continue;
+        for (const m of sb.volumes ?? []) users.set(m.volume, [...(users.get(m.volume) ?? []), { sandboxId: sb.id, path: m.path, readOnly: !!m.readOnly }]);
+      }
+    }
+    return vols.map((v) => (this.mine(v) ? this.view(v) : this.view(v, users.get(v.name) ?? [])));
   }
 
   /** One volume (by name, or by id as E2B's API names them), or `VOLUME_NOT_FOUND`. */
   async get(tenantId: string, nameOrId: string): Promise<Volume> {
-    return this.view(await this.find(tenantId, nameOrId));
+    return this.view(this.local(await this.find(tenantId, nameOrId)));
   }
 
   private async find(tenantId: string, nameOrId: string): Promise<VolumeRecord> {
@@ -188,7 +248,7 @@ export class Volumes {
 
   /** Deletes a volume, its snapshots and its key. `VOLUME_IN_USE` while anything holds it. */
   async remove(tenantId: string, nameOrId: string): Promise<void> {
-    const v = await this.find(tenantId, nameOrId);
+    const v = this.local(await this.find(tenantId, nameOrId));
     if (this.holders.get(v.id)?.size) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${this.describeHolders(v.id)}: remove it once ${this.holders.get(v.id)!.size === 1 ? 'that has' : 'those have'} ended (kill the sandboxes)`, { details: { name: v.name } });
     if (this.removing.has(v.id)) throw new SpaceError('VOLUME_NOT_FOUND', `Volume ${v.name} is being removed`, { details: { name: v.name } });
     // Set in the same step as the check: a create that resolved the name meanwhile cannot claim it.
@@ -227,6 +287,7 @@ export class Volumes {
     if (!driverMounts) throw new SpaceError('VOLUMES_UNAVAILABLE', 'This sandbox\'s driver cannot mount volumes: they mount into gVisor sandboxes with disks (the default driver, spaced --disks on)', { details: { field: 'volumes' } });
     if (mounts.length > MAX_VOLUME_MOUNTS) throw new SpaceError('BAD_REQUEST', `A sandbox mounts at most ${MAX_VOLUME_MOUNTS} volumes; got ${mounts.length}`, { details: { field: 'volumes' } });
     const out: ResolvedMount[] = [];
+    const vols: VolumeRecord[] = [];
     for (const m of mounts as Record<string, unknown>[]) {
       if (typeof m !== 'object' || m === null) throw new SpaceError('BAD_REQUEST', 'Each volume mount is { volume, path, readOnly? }', { details: { field: 'volumes' } });
       const p = checkMountPath(m.path);
@@ -234,7 +295,13 @@ export class Volumes {
       if (out.some((o) => o.path === p)) throw new SpaceError('INVALID_PATH', `Two volumes are mounted on ${p}`, { details: { field: 'volumes' } });
       const v = await this.record(tenantId, m.volume);
       if (out.some((o) => o.volumeId === v.id)) throw new SpaceError('BAD_REQUEST', `Volume ${v.name} is listed twice: mount it once`, { details: { field: 'volumes' } });
+      vols.push(v);
       out.push({ volume: v.name, path: p, ...(m.readOnly === true ? { readOnly: true } : { readOnly: false }), volumeId: v.id });
+    }
+    // In a cluster: all kept here (a create of another node's volumes was forwarded there).
+    if (vols.some((v) => !this.mine(v))) {
+      if (new Set(vols.map((v) => (this.mine(v) ? this.opts.node : v.node))).size > 1) throw this.apart(vols);
+      this.local(vols.find((v) => !this.mine(v))!);
     }
     return out;
   }
@@ -326,7 +393,7 @@ export class Volumes {
    */
   async files(tenantId: string, nameOrId: string, write: boolean): Promise<VolumeFiles> {
     const host = this.host();
-    const v = await this.find(tenantId, nameOrId);
+    const v = this.local(await this.find(tenantId, nameOrId));
     const holder = `files:${++this.fileHolders}`;
     const why = this.conflict(v.id, holder, !write);
     if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${why}: ${write ? 'files can be written into a volume no sandbox has mounted' : 'files can be read from a volume no sandbox writes'}`, { details: { name: v.name } });
@@ -362,14 +429,14 @@ export class Volumes {
 
   /** What an open volume holds, bytes (undefined when closed). */
   async usedBytes(tenantId: string, name: string): Promise<number | undefined> {
-    const v = await this.find(tenantId, name);
+    const v = this.local(await this.find(tenantId, name));
     return this.host().usedBytes(v.id);
   }
 
   /** Copies a volume as it is now (writers pause for the copy). */
   async snapshot(tenantId: string, name: string): Promise<VolumeSnapshot> {
     const host = this.host();
-    const v = await this.find(tenantId, name);
+    const v = this.local(await this.find(tenantId, name));
     const s: VolumeSnapshotRecord = { id: `vs-${randomString(16)}`, volumeId: v.id, createdAt: new Date().toISOString(), state: 'creating' };
     await this.opts.store.insertVolumeSnapshot(s);
     try {
@@ -384,7 +451,7 @@ export class Volumes {
 
   /** A volume's snapshots, oldest first. */
   async snapshots(tenantId: string, name: string): Promise<VolumeSnapshot[]> {
-    const v = await this.find(tenantId, name);
+    const v = this.local(await this.find(tenantId, name));
     return (await this.opts.store.listVolumeSnapshots(v.id)).filter((s) => s.state === 'ready').map((s) => toSnapshot(v, s));
   }
 
@@ -397,7 +464,7 @@ export class Volumes {
   /** Puts a snapshot's contents back. `VOLUME_IN_USE` while anything holds the volume. */
   async restore(tenantId: string, name: string, snapshotId: string): Promise<Volume> {
     const host = this.host();
-    const v = await this.find(tenantId, name);
+    const v = this.local(await this.find(tenantId, name));
     const s = await this.ownSnapshot(v, snapshotId);
     const why = this.conflict(v.id, 'restore', false);
     if (why) throw new SpaceError('VOLUME_IN_USE', `Volume ${v.name} is in use by ${why}: restore it once nothing holds it (kill the sandboxes)`, { details: { name: v.name } });
@@ -417,7 +484,7 @@ export class Volumes {
 
   /** Deletes one snapshot of a volume. */
   async removeSnapshot(tenantId: string, name: string, snapshotId: string): Promise<void> {
-    const v = await this.find(tenantId, name);
+    const v = this.local(await this.find(tenantId, name));
     const s = await this.ownSnapshot(v, snapshotId);
     await this.serial.run(v.id, () => this.host().removeSnapshot(v.id, s.id));
     await this.opts.store.deleteVolumeSnapshot(s.id);
@@ -432,7 +499,8 @@ export class Volumes {
     const host = this.opts.host;
     if (!host) return;
     await host.recover();
-    const live = await this.opts.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated']);
+    // In a cluster: this node's sandboxes and volumes only (the others' are theirs to recover).
+    const live = (await this.opts.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated'])).filter((sb) => !this.opts.node || sb.node === this.opts.node);
     for (const sb of live) {
       for (const m of sb.volumes ?? []) {
         const v = await this.opts.store.getVolume(sb.tenantId, m.volume);
@@ -440,6 +508,7 @@ export class Volumes {
       }
     }
     for (const v of await this.opts.store.listVolumes()) {
+      if (!this.mine(v)) continue;
       if (v.state === 'creating') {
         await host.remove(v.id);
         await this.opts.store.deleteDataKey(`volume/${v.id}`);
@@ -447,8 +516,9 @@ export class Volumes {
         this.opts.logger.warn({ volumeId: v.id, name: v.name }, 'a volume whose create was interrupted was removed');
       } else if (v.state === 'deleting') await this.finishRemove(v);
     }
+    const mineIds = new Set((await this.opts.store.listVolumes()).filter((v) => this.mine(v)).map((v) => v.id));
     for (const s of await this.opts.store.listVolumeSnapshots()) {
-      if (s.state !== 'creating') continue;
+      if (s.state !== 'creating' || !mineIds.has(s.volumeId)) continue;
       await host.removeSnapshot(s.volumeId, s.id);
       await this.opts.store.deleteVolumeSnapshot(s.id);
     }
