@@ -702,6 +702,30 @@ describe('two nodes with disks: warm pools and volumes in placement', () => {
     await onA.kill();
     for (const v of ['on-a', 'on-b']) await Volumes.remove(v, b.conn);
   });
+
+  it('the E2B SDK\'s volumes through the other node: made on b, files written and read through a, a create with volumeMounts through a runs on b', STEP, async () => {
+    const key = (await api(a, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b-vol' } })).body.key;
+    const e2bUrl = async (conn) => (await fetch(`${conn.apiUrl}/v1/e2b`, { headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).url;
+    const [urlA, urlB] = [await e2bUrl(a.conn), await e2bUrl(b.conn)];
+    const viaA = { apiKey: key, apiUrl: urlA, sandboxUrl: urlA };
+    const vol = await E2B.Volume.create('e2b-on-b', { apiKey: key, apiUrl: urlB });
+    // The SDK's volume content client goes to E2B_VOLUME_API_URL: node a's listener.
+    process.env.E2B_VOLUME_API_URL = urlA;
+    try {
+      const again = await E2B.Volume.connect(vol.volumeId, viaA);
+      await again.writeFile('/hello.txt', 'through a');
+      assert.equal(await again.readFile('/hello.txt'), 'through a');
+      assert.equal((await Volumes.list(a.conn)).find((v) => v.name === 'e2b-on-b').node, 'b');
+      const sb = await E2B.Sandbox.create('minimal', { ...viaA, volumeMounts: { '/data': again } });
+      ids.push(sb.sandboxId);
+      const info = (await Sandbox.connect(sb.sandboxId, a.conn)).info;
+      assert.equal(info.node, 'b', 'placed where the volume is');
+      await sb.kill();
+      assert.equal(await E2B.Volume.destroy(vol.volumeId, viaA), true);
+    } finally {
+      delete process.env.E2B_VOLUME_API_URL;
+    }
+  });
 });
 
 // A node SIGKILLed in the middle of an operation (the issue's matrix: mid-snapshot, mid-fork,

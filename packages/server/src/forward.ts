@@ -84,10 +84,7 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
     const name = (req.params as { name?: unknown } | undefined)?.name;
     if (!req.routeOptions.url?.startsWith('/v1/volumes/:name') || typeof name !== 'string' || !req.principal || !opts.volumeNode || req.headers[FORWARDED_BY]) return;
     const at = await opts.volumeNode(req.principal.tenantId, name);
-    if (!at) return;
-    const node = (await opts.nodes()).find((n) => n.name === at);
-    if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `Volume ${name} is kept on node ${at}, which ${node ? `is ${node.state}` : 'is not registered'}: its files are on that node's disk`, { details: { name, node: at } });
-    await forward(req, reply, node, opts, `Volume ${name} is kept`);
+    if (at) await forward(req, reply, await upNode(at, opts.nodes, `Volume ${name} is kept on node ${at}`), opts, `Volume ${name} is kept`);
   });
   app.addHook('onRequest', async (req, reply) => {
     const route = req.routeOptions.url;
@@ -116,11 +113,7 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
     const body = (req.body ?? {}) as Record<string, unknown>;
     // Volumes pin a create to the node that keeps them.
     const volumesAt = body.volumes !== undefined ? await opts.placeVolumes?.(req.principal.tenantId, body.volumes) : undefined;
-    if (volumesAt) {
-      const node = (await opts.nodes()).find((n) => n.name === volumesAt);
-      if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `The volumes of this sandbox are kept on node ${volumesAt}, which ${node ? `is ${node.state}` : 'is not registered'}: its sandboxes run there`, { details: { node: volumesAt } });
-      return forward(req, reply, node, opts, 'The volumes are kept', Buffer.from(JSON.stringify(req.body)));
-    }
+    if (volumesAt) return forward(req, reply, await upNode(volumesAt, opts.nodes, `The volumes of this sandbox are kept on node ${volumesAt}`), opts, 'The volumes are kept', Buffer.from(JSON.stringify(req.body)));
     const template = body.template;
     const name = typeof template === 'string' ? await opts.placeTemplate(req.principal.tenantId, template) : undefined;
     if (name && name !== opts.self) {
@@ -209,8 +202,12 @@ export function nodeUnavailable(sb: Pick<Sandbox, 'id' | 'node'>, rec: Pick<Node
 }
 
 /** What forwarding on the E2B-compatible API needs: the sandbox's record by id (any tenant: the owner authenticates). */
-export interface E2bForwardOptions extends Omit<ForwardOptions, 'find' | 'placeTemplate'> {
+export interface E2bForwardOptions extends Omit<ForwardOptions, 'find' | 'placeTemplate' | 'volumeNode' | 'placeVolumes'> {
   find(id: string): Promise<Sandbox | undefined>;
+  /** The node that keeps volume `id` (`vol-…`, any tenant's: the owner authenticates), when it is another node. */
+  volumeNode?(id: string): Promise<string | undefined>;
+  /** The node that keeps the volumes of an E2B create (`volumeMounts`), when it is another node. */
+  placeVolumes?(apiKey: string | undefined, mounts: { name: string; path: string }[]): Promise<string | undefined>;
 }
 
 /**
@@ -240,6 +237,29 @@ export function registerE2bForwarding(app: FastifyInstance, opts: E2bForwardOpti
     if (node?.state !== 'up') throw nodeUnavailable(sb, node);
     await forward(req, reply, node, opts, `Sandbox ${sb.id} runs`);
   });
+  // E2B's volume API names a volume by id: its requests go to the node that keeps it.
+  app.addHook('onRequest', async (req, reply) => {
+    const route = req.routeOptions.url ?? '';
+    const id = (req.params as { id?: unknown } | undefined)?.id;
+    if (!(route.startsWith('/volumes/:id') || route.startsWith('/volumecontent/:id')) || typeof id !== 'string' || id.length >= 64 || !opts.volumeNode || req.headers[FORWARDED_BY]) return;
+    const at = await opts.volumeNode(id);
+    if (at) await forward(req, reply, await upNode(at, opts.nodes, `Volume ${id} is kept on node ${at}`), opts, `Volume ${id} is kept`);
+  });
+  // A create mounting volumes (E2B's volumeMounts) goes to the node that keeps them.
+  app.addHook('preHandler', async (req, reply) => {
+    const mounts = (req.body as { volumeMounts?: unknown } | undefined)?.volumeMounts;
+    if (req.method !== 'POST' || req.routeOptions.url !== '/sandboxes' || !Array.isArray(mounts) || !mounts.length || !opts.placeVolumes || req.headers[FORWARDED_BY]) return;
+    const key = req.headers['x-api-key'];
+    const at = await opts.placeVolumes(typeof key === 'string' ? key : undefined, mounts as { name: string; path: string }[]);
+    if (at) await forward(req, reply, await upNode(at, opts.nodes, `The volumes of this sandbox are kept on node ${at}`), opts, 'The volumes are kept', Buffer.from(JSON.stringify(req.body)));
+  });
+}
+
+/** Node `name` when it is up; else NODE_UNAVAILABLE, starting with `what`. */
+async function upNode(name: string, nodes: () => Promise<ForwardTarget[]>, what: string): Promise<ForwardTarget> {
+  const node = (await nodes()).find((n) => n.name === name);
+  if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `${what}, which ${node ? `is ${node.state}` : 'is not registered'}`, { details: { node: name } });
+  return node;
 }
 
 /**
