@@ -69,7 +69,9 @@ const agents = { http: new http.Agent({ keepAlive: false }), https: new https.Ag
  * Registers forwarding on the API: every route under `/v1/sandboxes/:id` of a sandbox of the
  * caller's tenant that another node runs goes to that node (after this node checked the API
  * key: the owner checks it again). `GET /v1/sandboxes/:id` of a sandbox whose node is down is
- * answered here from its record; anything else for it is `NODE_UNAVAILABLE`.
+ * answered here from its record; anything else for it is `NODE_UNAVAILABLE`. Routes under
+ * `/v1/volumes/:name` of a volume another node keeps go to that node; creates go where their
+ * volumes are, where their tenant template was built, or to a node with a warm sandbox.
  *
  * @example
  * registerForwarding(app, { self: 'n1', find: (t, id) => svc.find(t, id).catch(() => undefined), owns: (sb) => svc.owns(sb), nodes: () => nodeViews(store, 30_000) });
