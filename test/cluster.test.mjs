@@ -8,13 +8,13 @@
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Nodes, Sandbox, Templates, Volumes } from '../packages/sdk/dist/index.js';
-import { api, cliRunner, closeVolumes, egressRange, eventually, leftovers, rejectionCode, removeDataDir, startSpaced, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
+import { api, cliRunner, closeVolumes, egressRange, eventually, leftovers, makeNodeKey, rejectionCode, removeDataDir, startSpaced, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
 import { makeOciImage } from './oci-image.mjs';
 const E2B = await import(process.env.SPACE_E2B_SDK ?? 'e2b');
 import { startPostgres } from './postgres.mjs';
@@ -644,30 +644,49 @@ describe('a cluster of three nodes', () => {
 describe('two nodes with disks: warm pools and volumes in placement', () => {
   const db = pg.freshDatabase();
   const blobs = mkdtempSync('/tmp/spt-blobs-');
-  const bDir = mkdtempSync('/tmp/spt-');
+  const dirs = { a: mkdtempSync('/tmp/spt-'), b: mkdtempSync('/tmp/spt-') };
+  const daemons = {};
   let a;
   let b;
   const ids = [];
+  /** A node of the pair: `pools` its warm-pool sizes; heartbeats every 2 s (a third of the 6 s after which a node is lost). */
+  const node = async (name, pools) => {
+    const d = (daemons[name] = await startDaemon({ dataDir: dirs[name], listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database: db, blobStore: `file://${blobs}`, nodeName: name, nodeLostAfterS: 6, pools, disks: { mode: 'on' }, egress: { range: egressRange(dirs[name]) } }));
+    return d;
+  };
   before(async () => {
-    // Heartbeats every 2 s (a third of the 6 s after which a node is lost).
-    a = await startTestDaemon({ database: db, blobStore: `file://${blobs}`, nodeName: 'a', nodeLostAfterS: 6, disks: { mode: 'on' } });
-    mkdirSync(path.join(bDir, 'keys'), { recursive: true, mode: 0o700 });
-    copyFileSync(path.join(a.dataDir, 'keys', 'node.key'), path.join(bDir, 'keys', 'node.key'));
-    b = await startDaemon({ dataDir: bDir, listen: '127.0.0.1:0', templatesDir: TEMPLATES_DIR, logLevel: process.env.SPACE_TEST_LOG ?? 'warn', database: db, blobStore: `file://${blobs}`, nodeName: 'b', nodeLostAfterS: 6, pools: { minimal: 1 }, disks: { mode: 'on' }, egress: { range: egressRange(bDir) } });
+    makeNodeKey(dirs.b);
+    mkdirSync(path.join(dirs.a, 'keys'), { recursive: true, mode: 0o700 });
+    copyFileSync(path.join(dirs.b, 'keys', 'node.key'), path.join(dirs.a, 'keys', 'node.key'));
+    // A built-in template's pool size is one record for the deployment (the last node to start
+    // writes it), which a node reads as it starts and when the template's image changes. So b
+    // starts first keeping one warm — its image taken, its pool full (bounded wait) — then a
+    // with none: the record says 0, and b, reading it no more, keeps its one.
+    await node('b', { minimal: 1 });
+    const key = readFileSync(daemons.b.state.keyFile, 'utf8').trim();
+    const bConn = { apiUrl: daemons.b.url, apiKey: key };
+    await eventually(async () => ((await Nodes.list(bConn)).find((n) => n.name === 'b')?.warm?.['/minimal'] ?? 0) >= 1, { tries: 600 });
+    await node('a', { minimal: 0 });
+    for (const n of ['a', 'b']) {
+      const fx = { url: daemons[n].url, key, conn: { apiUrl: daemons[n].url, apiKey: key } };
+      if (n === 'a') a = fx;
+      else b = fx;
+    }
   }, HOOK);
   after(async () => {
     for (const id of ids) await Sandbox.kill(id, a.conn).catch(() => {});
     for (const v of await Volumes.list(a.conn).catch(() => [])) await Volumes.remove(v.name, a.conn).catch(() => {});
-    await b?.close();
-    const leaks = [...closeVolumes(bDir), ...leftovers(bDir, ids), ...removeDataDir(bDir), ...((await a?.close()) ?? [])];
+    const leaks = [];
+    for (const n of ['a', 'b']) {
+      await daemons[n]?.close();
+      leaks.push(...closeVolumes(dirs[n]), ...leftovers(dirs[n], ids), ...removeDataDir(dirs[n]));
+    }
     rmSync(blobs, { recursive: true, force: true });
     assert.deepEqual(leaks, []);
   }, HOOK);
 
   it('node a has no pool, node b one ready: a default create through a is b\'s pooled sandbox; a create of another size stays on a', STEP, async () => {
-    // b's pool restores minimal's image first: up to a minute.
-    const bWarm = async () => (await Nodes.list(a.conn)).find((n) => n.name === 'b')?.warm?.['/minimal'] ?? 0;
-    await eventually(async () => (await bWarm()) >= 1, { tries: 600 });
+    assert.equal((await Nodes.list(a.conn)).find((n) => n.name === 'b').warm?.['/minimal'], 1, 'b tells its warm one');
     assert.equal((await Nodes.list(a.conn)).find((n) => n.name === 'a').warm, undefined, 'a tells no pool');
     const warm = await Sandbox.create({ ...a.conn, template: 'minimal' });
     ids.push(warm.id);

@@ -5,13 +5,12 @@
 // interrupted operation began; at the end nothing is left that no session owns.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { defaultWorkDir } from '../packages/server/dist/index.js';
 import { FAULT_MATRIX, generator } from './crash-plan.mjs';
-import { egressRange, eventually, leftovers, makeNodeKey, startSpaced, TEMPLATES_DIR } from './helpers.mjs';
+import { egressRange, eventually, leftovers, makeNodeKey, removeDataDir, startSpaced, TEMPLATES_DIR, workDirOf } from './helpers.mjs';
 
 const SPACED = new URL('../packages/server/dist/main.js', import.meta.url).pathname;
 const SEED = Number(process.env.SPACE_CRASH_SEED ?? Math.floor(Math.random() * 1e9));
@@ -64,7 +63,8 @@ describe('crash-proof lifecycle: SIGKILL of the daemon at any instant', { timeou
       await d.exited;
     }
     assert.deepEqual(leftovers(dataDir, [...world.sessions.keys()]), []);
-    if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
+    // With disks (the default) the pool stays mounted after the daemon: removeDataDir unmounts it.
+    assert.deepEqual(removeDataDir(dataDir), [], 'every sandbox disk is gone');
   });
 
   async function start(env = {}) {
@@ -249,7 +249,7 @@ describe('crash-proof lifecycle: SIGKILL of the daemon at any instant', { timeou
       throw new Error(`${err.message}: ${live.size} sessions, containers: ${leftovers(dataDir, []).join(', ')}`);
     });
     for (const l of leftovers(dataDir, [])) assert.ok([...live].some((id) => l.startsWith(`runsc container ${id}-`)), `${l} belongs to no session`);
-    assert.deepEqual(readdirSync(defaultWorkDir(dataDir)), [], 'no scratch image is left (the work directory is in RAM)');
+    assert.deepEqual(readdirSync(workDirOf(dataDir)), [], 'no scratch image is left in the work directory');
     // Snapshot bytes: one manifest per listed snapshot (the collection at each start removes the rest).
     const listed = new Set();
     for (const id of live) for (const s of await (await Sandbox.connect(id, d.conn)).snapshots()) listed.add(s.id);

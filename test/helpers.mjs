@@ -5,7 +5,7 @@ import { execFile, execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
+import { defaultWorkDir, startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
 import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
 
 /** Template cache shared by test daemons so `base` is built once per machine. */
@@ -166,6 +166,16 @@ export function closeDiskPool(dataDir) {
     }
   }
   return disks;
+}
+
+/**
+ * The work directory a daemon with the default settings uses (checkpoint images on their way):
+ * in RAM without disks; with disks (the default on a node of its own), inside the disk pool's
+ * encrypted vault (docs/disks.md, "At rest").
+ */
+export function workDirOf(dataDir) {
+  const vault = path.join(dataDir, 'disks', 'vault', 'files', 'work');
+  return existsSync(vault) ? vault : defaultWorkDir(dataDir);
 }
 
 /**

@@ -125,6 +125,9 @@ export class DiskCodec implements ImageFileCodec {
       child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()).length > 4096 && (stderr = stderr.slice(-4096)));
       const timer = setTimeout(() => child.kill('SIGKILL'), this.timeoutMs);
       const piping = Promise.all([io.stdin ? pipeline(io.stdin, child.stdin!) : undefined, io.stdout ? pipeline(child.stdout!, io.stdout) : undefined]);
+      // Judged once btrfs has exited (below); a pipe that breaks first (btrfs ending early, or
+      // killed as the daemon stops: "Premature close") must not be an unhandled rejection meanwhile.
+      piping.catch(() => {});
       child.on('error', (err) => {
         clearTimeout(timer);
         reject(new SpaceError('DRIVER_FAILED', `btrfs cannot run: ${err.message} (apt-get install btrfs-progs)`, { cause: err }));

@@ -566,6 +566,8 @@ export class MicrovmDriver implements SandboxDriver {
     const server = net.createServer({ allowHalfOpen: false }, (sock) => {
       server.close();
       done = pipeline(sock, createWriteStream(out, { mode: 0o600 }));
+      // Awaited once QEMU says it finished; a stream that breaks while it is polled must not be an unhandled rejection meanwhile.
+      done.catch(() => {});
     });
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);

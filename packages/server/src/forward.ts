@@ -250,7 +250,7 @@ export function registerE2bForwarding(app: FastifyInstance, opts: E2bForwardOpti
   // A create mounting volumes (E2B's volumeMounts) goes to the node that keeps them.
   app.addHook('preHandler', async (req, reply) => {
     const mounts = (req.body as { volumeMounts?: unknown } | undefined)?.volumeMounts;
-    if (req.method !== 'POST' || req.routeOptions.url !== '/sandboxes' || !Array.isArray(mounts) || !mounts.length || !opts.placeVolumes || req.headers[FORWARDED_BY]) return;
+    if (req.method !== 'POST' || (req.routeOptions.url !== '/sandboxes' && req.routeOptions.url !== '/v2/sandboxes') || !Array.isArray(mounts) || !mounts.length || !opts.placeVolumes || req.headers[FORWARDED_BY]) return;
     const key = req.headers['x-api-key'];
     const at = await opts.placeVolumes(typeof key === 'string' ? key : undefined, mounts as { name: string; path: string }[]);
     if (at) await forward(req, reply, await upNode(at, opts.nodes, `The volumes of this sandbox are kept on node ${at}`), opts, 'The volumes are kept', Buffer.from(JSON.stringify(req.body)));
