@@ -4,12 +4,12 @@
 // sandbox's container, and node's own start — all on one sandbox, alternating, in one run.
 //   node scripts/bench-cli.mjs [--iterations 21] [--write]
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { startSpaced, stopSpaced } from '../test/helpers.mjs';
+import { removeDataDir, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '21' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -55,5 +55,6 @@ const table = lines.join('\n');
 console.log(table);
 await sb.kill();
 await stopSpaced(spaced);
-rmSync(dataDir, { recursive: true, force: true });
+// With disks (the default) the pool stays mounted after the daemon: removeDataDir unmounts it.
+removeDataDir(dataDir);
 if (values.write) writeSection('cli', 'CLI latency', `Measured with \`node scripts/bench-cli.mjs --iterations ${N} --write\` (part of \`./space bench\`), one sandbox of template \`minimal\`, the ${cases.length} cases alternating.\n\n${table}`);

@@ -6,14 +6,14 @@
 // - keystroke echo: a character typed into the console's terminal until it shows on the page,
 //   against the same through `space shell` (the CLI in a pseudo-terminal, node-pty), alternating.
 //   node scripts/bench-console.mjs [--iterations 31] [--write]
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { chromium } from 'playwright-core';
 import pty from 'node-pty';
 import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { startSpaced, stopSpaced } from '../test/helpers.mjs';
+import { removeDataDir, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '31' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -30,7 +30,8 @@ const cleanUp = async () => {
   await browser.close().catch(() => {});
   await sb.kill().catch(() => {});
   await stopSpaced(spaced);
-  rmSync(dataDir, { recursive: true, force: true });
+  // With disks (the default) the pool stays mounted after the daemon: removeDataDir unmounts it.
+  removeDataDir(dataDir);
 };
 process.on('uncaughtException', async (err) => {
   console.error(err);

@@ -65,7 +65,9 @@ async function measure(units, pid) {
 }
 
 const dataDir = mkdtempSync('/tmp/spbd-');
-const spaced = await startSpaced(dataDir);
+// Files in memory (`--disks off`): the baseline is bare runsc with its root in memory; disks
+// against memory are measured by bench-disks.mjs.
+const spaced = await startSpaced(dataDir, { SPACE_DISKS: 'off' });
 const { conn } = spaced;
 const bareRoot = path.join(dataDir, 'bare');
 const bareState = path.join(bareRoot, 'state');

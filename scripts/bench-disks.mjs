@@ -21,7 +21,7 @@ const diskDir = mkdtempSync('/tmp/space-bench-disks-');
 const memDir = mkdtempSync('/tmp/space-bench-mem-');
 // Both keep a warm pool of `minimal` (512 MiB sandboxes); a create of another size restores the image.
 const withDisks = await startSpaced(diskDir, { SPACE_DISKS: 'on', SPACE_POOLS: 'minimal=2' });
-const inMemory = await startSpaced(memDir, { SPACE_POOLS: 'minimal=2' });
+const inMemory = await startSpaced(memDir, { SPACE_DISKS: 'off', SPACE_POOLS: 'minimal=2' });
 const mnt = path.join(diskDir, 'disks', 'mnt');
 /** Bytes the pool's file system holds (data and metadata), once written out. */
 const poolUsed = () => {

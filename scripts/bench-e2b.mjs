@@ -3,13 +3,13 @@
 // published e2b SDK vs SPACE's own SDK, alternating in one run on the same template (`base`,
 // E2B's default), each sandbox killed untimed afterwards. Target: ≤ 1.2x.
 //   node scripts/bench-e2b.mjs [--iterations 30] [--write]
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import { parseArgs } from 'node:util';
 import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox as E2bSandbox } from 'e2b';
 import { ApiClient, Sandbox, Templates } from '../packages/sdk/dist/index.js';
-import { startSpaced, stopSpaced } from '../test/helpers.mjs';
+import { removeDataDir, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '30' }, write: { type: 'boolean', default: false } } });
 const N = Number(values.iterations);
@@ -50,5 +50,6 @@ try {
   }
 } finally {
   await stopSpaced(spaced);
-  rmSync(dataDir, { recursive: true, force: true });
+  // With disks (the default) the pool stays mounted after the daemon: removeDataDir unmounts it.
+  removeDataDir(dataDir);
 }

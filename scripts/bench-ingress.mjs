@@ -7,13 +7,13 @@ import { execFileSync, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createHash } from 'node:crypto';
 import http from 'node:http';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { WebSocket } from 'ws';
 import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox } from '../packages/sdk/dist/index.js';
-import { eventually, startSpaced, stopSpaced } from '../test/helpers.mjs';
+import { eventually, removeDataDir, startSpaced, stopSpaced } from '../test/helpers.mjs';
 import { startStreamsServer, streamsServerProgram } from '../test/streams-server.mjs';
 
 const { values } = parseArgs({ options: { iterations: { type: 'string', default: '200' }, wakes: { type: 'string', default: '3' }, write: { type: 'boolean', default: false } } });
@@ -184,5 +184,6 @@ try {
   if (values.write) writeSection('ingress', 'Ingress', `Measured with \`node scripts/bench-ingress.mjs --iterations ${N} --wakes ${WAKES} --write\` (part of \`./space bench\`): one \`base\` sandbox running a Node server (test/streams-server.mjs) on port 8080, exposed privately, and for the wakes a second one running \`python3 -m http.server\` with \`autoResume\`; each measurement alternates the ingress (\`PORT-ID.localhost:PORT\`, with the token) and a direct connection from the host to the sandbox's address. Node's clients keep their connection alive, curl opens one per download; the ingress opens one connection to the sandbox per request and ends it with a reset (docs/ingress.md).\n\n${table}`);
 } finally {
   await stopSpaced(spaced);
-  rmSync(dataDir, { recursive: true, force: true });
+  // With disks (the default) the pool stays mounted after the daemon: removeDataDir unmounts it.
+  removeDataDir(dataDir);
 }

@@ -18,7 +18,9 @@ const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
 const now = () => performance.now();
 
 const dataDir = mkdtempSync('/tmp/spbs-');
-const spaced = await startSpaced(dataDir);
+// Files in memory (`--disks off`): the baseline is bare runsc with its root in memory; disks
+// against memory are measured by bench-disks.mjs.
+const spaced = await startSpaced(dataDir, { SPACE_DISKS: 'off' });
 const { conn } = spaced;
 
 // A bare container with the same rootfs and the same node runtime, idle (no agent, no API).

@@ -23,7 +23,9 @@ const fmt = (ms) => (ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
 const now = () => performance.now();
 
 const dataDir = mkdtempSync('/tmp/spbt-');
-const spaced = await startSpaced(dataDir);
+// Files in memory (`--disks off`): the baseline is bare runsc with its root in memory; disks
+// against memory are measured by bench-disks.mjs.
+const spaced = await startSpaced(dataDir, { SPACE_DISKS: 'off' });
 const { conn } = spaced;
 const bareRoot = path.join(dataDir, 'bare');
 /** Runs a command to its end without blocking the event loop (the SDK's keep-alive connections stay served). */

@@ -42,7 +42,9 @@ const plus = (a, b) => `+${(a - b).toFixed(2)} ms`;
 
 // The daemon runs as its own process, as in production; this process is only the client.
 const dataDir = mkdtempSync('/tmp/spbench-');
-const spaced = await startSpaced(dataDir);
+// Files in memory (`--disks off`): the baseline is bare runsc with its root in memory; disks
+// against memory are measured by bench-disks.mjs.
+const spaced = await startSpaced(dataDir, { SPACE_DISKS: 'off' });
 const daemon = { url: spaced.conn.apiUrl, close: () => stopSpaced(spaced) };
 const conn = spaced.conn;
 const runsc = (...a) => execFileSync('runsc', ['--root', path.join(dataDir, 'runsc'), ...a], { stdio: ['ignore', 'pipe', 'pipe'] });
