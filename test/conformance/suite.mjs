@@ -175,7 +175,10 @@ export function conformance(driver) {
 
     test('a file read while a process rewrites it is whole or cut, never hung; procfs files are read whole', async () => {
       // A busy loop truncates and rewrites the file: each read must end (not wait for bytes
-      // its Content-Length promised) with one whole value or the empty file.
+      // its Content-Length promised) with one whole value or the empty file. The file exists
+      // before the loop starts (its first rewrite may come after the first read: ENOENT, seen on
+      // the microVM driver in CI).
+      await sb.files.write('/tmp/churn', '1234567890\n');
       const loop = await sb.commands.run('while :; do echo 1234567890 > /tmp/churn; done', { background: true });
       try {
         for (let i = 0; i < 150; i++) {
