@@ -5,10 +5,9 @@
 import assert from 'node:assert/strict';
 import { after } from 'node:test';
 import { conformance } from './conformance/suite.mjs';
-import { startPostgres } from './postgres.mjs';
-import { startS3 } from './s3-server.mjs';
+import { startPostgresAndS3 } from './s3-server.mjs';
 
-const [pg, s3] = await Promise.all([startPostgres(), startS3()]);
+const [pg, s3] = await startPostgresAndS3();
 Object.assign(process.env, s3.env);
 after(async () => {
   const rows = pg.psql('SELECT count(*) FROM sandboxes', 'space');

@@ -10,10 +10,9 @@ import { after, before, describe, it } from 'node:test';
 import { S3Client, ListObjectsV2Command } from '@aws-sdk/client-s3';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { api, makeNodeKey, startTestDaemon, TEMPLATES_DIR } from './helpers.mjs';
-import { startPostgres } from './postgres.mjs';
-import { startS3 } from './s3-server.mjs';
+import { startPostgresAndS3 } from './s3-server.mjs';
 
-const [pg, s3] = await Promise.all([startPostgres(), startS3()]);
+const [pg, s3] = await startPostgresAndS3();
 // The daemon runs in this process and reads the object store's keys as an operator's would.
 Object.assign(process.env, s3.env);
 after(async () => {

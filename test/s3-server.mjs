@@ -7,6 +7,7 @@
 import { execFileSync, spawn } from 'node:child_process';
 import { chownSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { freePort } from './free-port.mjs';
+import { startPostgres } from './postgres.mjs';
 import path from 'node:path';
 
 /** Runs a program to its end without blocking the event loop; rejects with its stderr. */
@@ -79,6 +80,19 @@ use = egg:swift#dlo
 `;
 
 /**
+ * PostgreSQL (test/postgres.mjs) and the S3 server, started side by side; when one fails to
+ * start, the other is stopped before the error is thrown (nothing is left running).
+ *
+ * @example const [pg, s3] = await startPostgresAndS3();
+ */
+export async function startPostgresAndS3() {
+  const [pg, s3] = await Promise.allSettled([startPostgres(), startS3()]);
+  if (pg.status === 'fulfilled' && s3.status === 'fulfilled') return [pg.value, s3.value];
+  await Promise.all([pg, s3].map((r) => (r.status === 'fulfilled' ? r.value.stop() : undefined)));
+  throw [pg, s3].find((r) => r.status === 'rejected').reason;
+}
+
+/**
  * Starts Swift with S3 on loopback; `bucket` is made. Returns the endpoint, credentials (the
  * S3 access key is tempauth's `account:user`), a `url` for `--blob-store`, and controls.
  * @example const s3 = await startS3(); … await s3.stop();
@@ -128,8 +142,10 @@ export async function startS3({ bucket = 'space-test' } = {}) {
   const { S3Client, CreateBucketCommand } = await import('@aws-sdk/client-s3');
   const credentials = { accessKeyId: 'space:test', secretAccessKey: 'secretkey' };
   const client = new S3Client({ region: 'us-east-1', endpoint, forcePathStyle: true, credentials, maxAttempts: 1 });
+  // Up to 2 minutes: on a CI host busy with sandboxes in the other lane, Swift's servers took
+  // longer than 30 s once (the proxy answering "Please reduce your request rate" meanwhile).
   let last;
-  for (let i = 0; i < 300; i++) {
+  for (const until = Date.now() + 120_000; Date.now() < until; ) {
     try {
       await client.send(new CreateBucketCommand({ Bucket: bucket }));
       last = undefined;
@@ -142,7 +158,7 @@ export async function startS3({ bucket = 'space-test' } = {}) {
   client.destroy();
   if (last) {
     await stop();
-    throw new Error(`Swift did not come up in 30 s: ${last.message} (logs were in ${dir})`);
+    throw new Error(`Swift did not come up in 120 s: ${last.message} (logs were in ${dir})`);
   }
   return {
     endpoint,
