@@ -74,6 +74,9 @@ async function startB(a) {
   return { daemon, dataDir, conn: { apiUrl: daemon.url, apiKey: a.key } };
 }
 
+/** A node's E2B-compatible API (`GET /v1/e2b`). */
+const e2bUrl = async (conn) => (await fetch(`${conn.apiUrl}/v1/e2b`, { headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).url;
+
 /** The node that answered a request (`x-space-node`) and its status. */
 async function answeredBy(conn, p, init = {}) {
   const r = await fetch(`${conn.apiUrl}${p}`, { ...init, headers: { authorization: `Bearer ${conn.apiKey}`, ...(init.headers ?? {}) } });
@@ -115,7 +118,6 @@ describe('a cluster of two nodes on one database', () => {
   it('another tenant\'s key finds node a\'s sandbox unknown through either node, on the API and the E2B API', STEP, async () => {
     const other = (await api(a, 'POST', '/v1/keys', { json: { tenant: 'tenant-x', name: 'x' } })).body.key;
     const otherE2b = (await api(a, 'POST', '/v1/keys', { json: { tenant: 'tenant-x', name: 'x-e2b', format: 'e2b' } })).body.key;
-    const e2bUrl = async (conn) => (await fetch(`${conn.apiUrl}/v1/e2b`, { headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).url;
     for (const node of [a, b]) {
       const conn = { apiUrl: node.conn.apiUrl, apiKey: other };
       await assert.rejects(Sandbox.connect(onA.id, conn), (e) => e.code === 'SANDBOX_NOT_FOUND');
@@ -290,7 +292,6 @@ describe('a cluster of two nodes on one database', () => {
 
   it('the E2B SDK reaches a sandbox of node a through node b\'s E2B endpoint: commands, files, kill', STEP, async () => {
     const key = (await api(a, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b' } })).body.key;
-    const e2bUrl = async (conn) => (await fetch(`${conn.apiUrl}/v1/e2b`, { headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).url;
     const [urlA, urlB] = [await e2bUrl(a.conn), await e2bUrl(b.conn)];
     const viaA = { apiKey: key, apiUrl: urlA, sandboxUrl: urlA };
     const viaB = { apiKey: key, apiUrl: urlB, sandboxUrl: urlB };
@@ -724,7 +725,6 @@ describe('two nodes with disks: warm pools and volumes in placement', () => {
 
   it('the E2B SDK\'s volumes through the other node: made on b, files written and read through a, a create with volumeMounts through a runs on b', STEP, async () => {
     const key = (await api(a, 'POST', '/v1/keys', { json: { format: 'e2b', name: 'e2b-vol' } })).body.key;
-    const e2bUrl = async (conn) => (await fetch(`${conn.apiUrl}/v1/e2b`, { headers: { authorization: `Bearer ${conn.apiKey}` } }).then((r) => r.json())).url;
     const [urlA, urlB] = [await e2bUrl(a.conn), await e2bUrl(b.conn)];
     const viaA = { apiKey: key, apiUrl: urlA, sandboxUrl: urlA };
     const vol = await E2B.Volume.create('e2b-on-b', { apiKey: key, apiUrl: urlB });

@@ -121,7 +121,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
       ...(svc.volumes ? { volumeNode: (tenantId: string, name: string) => svc.volumes!.nodeOf(tenantId, name), placeVolumes: (tenantId: string, mounts: unknown) => svc.volumes!.nodeOfMounts(tenantId, mounts) } : {}),
       placeWarm: async (tenantId, body) => {
         const key = await svc.poolShortHere(tenantId, body as CreateSandboxOpts);
-        return key ? pickWarmNode(await cluster.nodes(), cluster.self, key, deps.drivers[0]!.name)?.name : undefined;
+        return key ? pickWarmNode(await cluster.nodes(), cluster.self, key, deps.drivers[0]!.name) : undefined;
       },
     });
   }

@@ -613,10 +613,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
         owns: (sb) => service.owns(sb),
         nodes: async () => (await nodeStates(store, lostAfterMs)).flatMap((n) => (n.e2bUrl ? [{ ...n, url: n.e2bUrl }] : [])),
         errorBody: (e) => ({ code: e.status, message: `${e.code}: ${e.message}` }),
-        volumeNode: async (id) => {
-          const v = await store.getVolumeById(id);
-          return v?.node && v.node !== nodeName ? v.node : undefined;
-        },
+        volumeNode: async (id) => service.volumes?.nodeOfId(id),
         placeVolumes: async (apiKey, mounts) => (service.volumes ? service.volumes.nodeOfMounts((await keys.verify(apiKey)).tenantId, mounts.map((m) => ({ volume: m?.name, path: m?.path }))) : undefined),
       });
     const tokens = new AccessTokens(await encryptionKeys.daemonSecret('e2b-access-tokens').catch(abort));

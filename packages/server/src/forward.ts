@@ -45,7 +45,7 @@ export interface ForwardOptions {
    * The node a create goes to for a warm sandbox: one whose pool of the template has one ready
    * when this node's has none (the create has the pool's shape). Undefined: it runs here.
    */
-  placeWarm?(tenantId: string, body: Record<string, unknown>): Promise<string | undefined>;
+  placeWarm?(tenantId: string, body: Record<string, unknown>): Promise<ForwardTarget | undefined>;
   /** The node that keeps a tenant's volume (by name or id), when it is another node. */
   volumeNode?(tenantId: string, nameOrId: string): Promise<string | undefined>;
   /**
@@ -86,7 +86,7 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
     const name = (req.params as { name?: unknown } | undefined)?.name;
     if (!req.routeOptions.url?.startsWith('/v1/volumes/:name') || typeof name !== 'string' || !req.principal || !opts.volumeNode || req.headers[FORWARDED_BY]) return;
     const at = await opts.volumeNode(req.principal.tenantId, name);
-    if (at) await forward(req, reply, await upNode(at, opts.nodes, `Volume ${name} is kept on node ${at}`), opts, `Volume ${name} is kept`);
+    if (at) await forward(req, reply, await upNode(at, opts.nodes, (state) => `Volume ${name} is kept on node ${at}, which ${state}`), opts, `Volume ${name} is kept`);
   });
   app.addHook('onRequest', async (req, reply) => {
     const route = req.routeOptions.url;
@@ -115,18 +115,16 @@ export function registerForwarding(app: FastifyInstance, opts: ForwardOptions): 
     const body = (req.body ?? {}) as Record<string, unknown>;
     // Volumes pin a create to the node that keeps them.
     const volumesAt = body.volumes !== undefined ? await opts.placeVolumes?.(req.principal.tenantId, body.volumes) : undefined;
-    if (volumesAt) return forward(req, reply, await upNode(volumesAt, opts.nodes, `The volumes of this sandbox are kept on node ${volumesAt}`), opts, 'The volumes are kept', Buffer.from(JSON.stringify(req.body)));
+    if (volumesAt) return forward(req, reply, await upNode(volumesAt, opts.nodes, (state) => `The volumes of this sandbox are kept on node ${volumesAt}, which ${state}`), opts, 'The volumes are kept', Buffer.from(JSON.stringify(req.body)));
     const template = body.template;
     const name = typeof template === 'string' ? await opts.placeTemplate(req.principal.tenantId, template) : undefined;
     if (name && name !== opts.self) {
-      const node = (await opts.nodes()).find((n) => n.name === name);
-      if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `Template ${template} was built on node ${name}, which holds its root file system and ${node ? `is ${node.state}` : 'is not registered'}: its sandboxes start there`, { details: { template, node: name } });
+      const node = await upNode(name, opts.nodes, (state) => `Template ${template} was built on node ${name}, which holds its root file system and ${state}: its sandboxes start there`, { template });
       return forward(req, reply, node, opts, `Template ${template} starts`, Buffer.from(JSON.stringify(req.body)));
     }
     // A warm sandbox elsewhere starts in milliseconds; a restore here takes hundreds.
     const warm = name ? undefined : await opts.placeWarm?.(req.principal.tenantId, body);
-    const node = warm ? (await opts.nodes()).find((n) => n.name === warm && n.state === 'up') : undefined;
-    if (node) return forward(req, reply, node, opts, 'A warm sandbox was chosen', Buffer.from(JSON.stringify(req.body)));
+    if (warm) return forward(req, reply, warm, opts, 'A warm sandbox was chosen', Buffer.from(JSON.stringify(req.body)));
   });
 }
 
@@ -245,7 +243,7 @@ export function registerE2bForwarding(app: FastifyInstance, opts: E2bForwardOpti
     const id = (req.params as { id?: unknown } | undefined)?.id;
     if (!(route.startsWith('/volumes/:id') || route.startsWith('/volumecontent/:id')) || typeof id !== 'string' || id.length >= 64 || !opts.volumeNode || req.headers[FORWARDED_BY]) return;
     const at = await opts.volumeNode(id);
-    if (at) await forward(req, reply, await upNode(at, opts.nodes, `Volume ${id} is kept on node ${at}`), opts, `Volume ${id} is kept`);
+    if (at) await forward(req, reply, await upNode(at, opts.nodes, (state) => `Volume ${id} is kept on node ${at}, which ${state}`), opts, `Volume ${id} is kept`);
   });
   // A create mounting volumes (E2B's volumeMounts) goes to the node that keeps them.
   app.addHook('preHandler', async (req, reply) => {
@@ -253,14 +251,14 @@ export function registerE2bForwarding(app: FastifyInstance, opts: E2bForwardOpti
     if (req.method !== 'POST' || (req.routeOptions.url !== '/sandboxes' && req.routeOptions.url !== '/v2/sandboxes') || !Array.isArray(mounts) || !mounts.length || !opts.placeVolumes || req.headers[FORWARDED_BY]) return;
     const key = req.headers['x-api-key'];
     const at = await opts.placeVolumes(typeof key === 'string' ? key : undefined, mounts as { name: string; path: string }[]);
-    if (at) await forward(req, reply, await upNode(at, opts.nodes, `The volumes of this sandbox are kept on node ${at}`), opts, 'The volumes are kept', Buffer.from(JSON.stringify(req.body)));
+    if (at) await forward(req, reply, await upNode(at, opts.nodes, (state) => `The volumes of this sandbox are kept on node ${at}, which ${state}`), opts, 'The volumes are kept', Buffer.from(JSON.stringify(req.body)));
   });
 }
 
-/** Node `name` when it is up; else NODE_UNAVAILABLE, starting with `what`. */
-async function upNode(name: string, nodes: () => Promise<ForwardTarget[]>, what: string): Promise<ForwardTarget> {
+/** Node `name` when it is up; else NODE_UNAVAILABLE saying `message(its state)`. */
+async function upNode(name: string, nodes: () => Promise<ForwardTarget[]>, message: (state: string) => string, details: Record<string, unknown> = {}): Promise<ForwardTarget> {
   const node = (await nodes()).find((n) => n.name === name);
-  if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', `${what}, which ${node ? `is ${node.state}` : 'is not registered'}`, { details: { node: name } });
+  if (!node || node.state !== 'up') throw new SpaceError('NODE_UNAVAILABLE', message(node ? `is ${node.state}` : 'is not registered'), { details: { ...details, node: name } });
   return node;
 }
 

@@ -228,14 +228,14 @@ export function pickNode(nodes: NodeInfo[], self: string, need: PlacementNeed = 
  *
  * @example pickWarmNode(await nodeStates(store, 30_000), 'n1', '/minimal', 'gvisor')?.name // 'n2'
  */
-export function pickWarmNode(nodes: Pick<NodeInfo, 'name' | 'state' | 'draining' | 'drivers' | 'warm'>[], self: string, key: string, driver: string): Pick<NodeInfo, 'name'> | undefined {
-  let best: { name: string; ready: number } | undefined;
+export function pickWarmNode<N extends Pick<NodeInfo, 'name' | 'state' | 'draining' | 'drivers' | 'warm'>>(nodes: N[], self: string, key: string, driver: string): N | undefined {
+  let best: { node: N; ready: number } | undefined;
   for (const n of nodes) {
     const ready = n.warm?.[key] ?? 0;
     if (n.name === self || n.state !== 'up' || n.draining || n.drivers[0] !== driver || ready < 1) continue;
-    if (!best || ready > best.ready) best = { name: n.name, ready };
+    if (!best || ready > best.ready) best = { node: n, ready };
   }
-  return best && { name: best.name };
+  return best?.node;
 }
 
 /**

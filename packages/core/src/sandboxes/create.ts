@@ -30,12 +30,20 @@ export class Creates {
    */
   async poolShortHere(tenantId: string, opts: CreateSandboxOpts): Promise<string | undefined> {
     const t = await this.c.templates.resolve(tenantId, opts.template ?? 'minimal').catch(() => undefined);
-    if (!t || opts.volumes?.length) return undefined;
-    if ((opts.cpu ?? LIMITS.cpu.default) !== LIMITS.cpu.default || (opts.memoryMb ?? LIMITS.memoryMb.default) !== POOL_MEMORY_MB) return undefined;
-    if (opts.driver !== undefined && opts.driver !== this.c.driver.name) return undefined;
-    const disks = this.c.driver.disks;
-    if (opts.diskMb !== undefined && (!disks || opts.diskMb !== poolDiskMb(disks, t.rootfsBytes))) return undefined;
-    return this.c.pool.status(t).ready > 0 ? undefined : poolKey(t);
+    if (!t) return undefined;
+    let shaped: boolean;
+    try {
+      const driver = this.c.driver.get(opts.driver).name;
+      shaped = this.poolShaped(t, { cpu: range('cpu', opts.cpu), memoryMb: range('memoryMb', opts.memoryMb), driver, diskMb: diskSize(opts.diskMb, this.c.driver.disksOf(driver), t.rootfsBytes), mounts: opts.volumes?.length ?? 0 });
+    } catch {
+      return undefined; // bad input: the create itself says why
+    }
+    return shaped && this.c.pool.status(t).ready === 0 ? poolKey(t) : undefined;
+  }
+
+  /** Whether a create of these checked values can take a pooled sandbox of `t` (the pool's size, driver and disk; no volumes). */
+  private poolShaped(t: Template, v: { cpu: number; memoryMb: number; driver: string; diskMb: number | undefined; mounts: number }): boolean {
+    return !v.mounts && v.cpu === LIMITS.cpu.default && v.memoryMb === POOL_MEMORY_MB && v.driver === this.c.driver.name && v.diskMb === poolDiskMb(this.c.driver.disks, t.rootfsBytes);
   }
 
   /**
@@ -69,7 +77,7 @@ export class Creates {
     const t0 = performance.now();
     const fullEnv = this.c.hooks.egress.envOf(t.env, env, secrets);
     // A pooled sandbox already counts against the node: taking one needs no admission.
-    const poolable = !mounts.length && cpu === LIMITS.cpu.default && memoryMb === POOL_MEMORY_MB && driver === this.c.driver.name && diskMb === poolDiskMb(this.c.driver.disks, t.rootfsBytes);
+    const poolable = this.poolShaped(t, { cpu, memoryMb, driver, diskMb, mounts: mounts.length });
     let pooled = poolable ? this.c.pool.take(t) : undefined;
     let identityMs = 0;
     if (pooled && (Object.keys(env).length || trust)) {

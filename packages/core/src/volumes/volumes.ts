@@ -172,14 +172,23 @@ export class Volumes {
   async nodeOfMounts(tenantId: string, mounts: unknown): Promise<string | undefined> {
     if (!this.opts.node || !Array.isArray(mounts)) return undefined;
     const found = await Promise.all(mounts.map((m) => (typeof m === 'object' && m && typeof (m as { volume?: unknown }).volume === 'string' ? this.record(tenantId, (m as { volume: string }).volume).catch(() => undefined) : undefined)));
-    const vols = found.filter((v): v is VolumeRecord => !!v);
-    const nodes = [...new Set(vols.map((v) => (this.mine(v) ? this.opts.node! : v.node!)))];
-    if (nodes.length > 1) throw this.apart(vols);
-    return nodes[0] !== this.opts.node ? nodes[0] : undefined;
+    return this.keptOn(found.filter((v): v is VolumeRecord => !!v));
   }
 
-  private apart(vols: VolumeRecord[]): SpaceError {
-    return new SpaceError('VOLUMES_ON_DIFFERENT_NODES', `A sandbox mounts volumes kept on one node; these are on different nodes: ${vols.map((v) => `${v.name} on ${v.node ?? this.opts.node}`).join(', ')}`, { details: { field: 'volumes' } });
+  /**
+   * The node of E2B's volume `id` (any tenant's: its owner authenticates the request), when it
+   * is another node; undefined when this one, or no such volume.
+   */
+  async nodeOfId(id: string): Promise<string | undefined> {
+    const v = this.opts.node ? await this.opts.store.getVolumeById(id) : undefined;
+    return v && !this.mine(v) ? v.node : undefined;
+  }
+
+  /** The other node that keeps all of `vols` (undefined: this one); `VOLUMES_ON_DIFFERENT_NODES` when they are on several. */
+  private keptOn(vols: VolumeRecord[]): string | undefined {
+    const nodes = new Set(vols.map((v) => (this.mine(v) ? undefined : v.node)));
+    if (nodes.size > 1) throw new SpaceError('VOLUMES_ON_DIFFERENT_NODES', `A sandbox mounts volumes kept on one node; these are on different nodes: ${vols.map((v) => `${v.name} on ${v.node ?? this.opts.node}`).join(', ')}`, { details: { field: 'volumes' } });
+    return [...nodes][0];
   }
 
   private async key(v: VolumeRecord): Promise<Buffer> {
@@ -224,8 +233,9 @@ export class Volumes {
     const vols = (await this.opts.store.listVolumes(tenantId)).filter((v) => v.state === 'ready');
     const remote = vols.filter((v) => !this.mine(v));
     const users = new Map<string, Volume['mountedBy']>();
-    if (remote.length) {
-      for (const sb of await this.opts.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated'])) {
+    // Their holders run on their nodes: one indexed query per such node.
+    for (const node of new Set(remote.map((v) => v.node!))) {
+      for (const sb of await this.opts.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated'], { node })) {
         if (sb.tenantId !== tenantId) continue;
         for (const m of sb.volumes ?? []) users.set(m.volume, [...(users.get(m.volume) ?? []), { sandboxId: sb.id, path: m.path, readOnly: !!m.readOnly }]);
       }
@@ -299,10 +309,8 @@ export class Volumes {
       out.push({ volume: v.name, path: p, ...(m.readOnly === true ? { readOnly: true } : { readOnly: false }), volumeId: v.id });
     }
     // In a cluster: all kept here (a create of another node's volumes was forwarded there).
-    if (vols.some((v) => !this.mine(v))) {
-      if (new Set(vols.map((v) => (this.mine(v) ? this.opts.node : v.node))).size > 1) throw this.apart(vols);
-      this.local(vols.find((v) => !this.mine(v))!);
-    }
+    const elsewhere = this.keptOn(vols);
+    if (elsewhere) this.local(vols.find((v) => v.node === elsewhere)!);
     return out;
   }
 
@@ -500,15 +508,15 @@ export class Volumes {
     if (!host) return;
     await host.recover();
     // In a cluster: this node's sandboxes and volumes only (the others' are theirs to recover).
-    const live = (await this.opts.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated'])).filter((sb) => !this.opts.node || sb.node === this.opts.node);
+    const live = await this.opts.store.sandboxesInStates(['starting', 'running', 'paused', 'hibernated'], this.opts.node ? { node: this.opts.node } : undefined);
     for (const sb of live) {
       for (const m of sb.volumes ?? []) {
         const v = await this.opts.store.getVolume(sb.tenantId, m.volume);
         if (v) this.hold(v.id, sb.id, { path: m.path, readOnly: !!m.readOnly, active: sb.state !== 'hibernated' });
       }
     }
-    for (const v of await this.opts.store.listVolumes()) {
-      if (!this.mine(v)) continue;
+    const own = (await this.opts.store.listVolumes()).filter((v) => this.mine(v));
+    for (const v of own) {
       if (v.state === 'creating') {
         await host.remove(v.id);
         await this.opts.store.deleteDataKey(`volume/${v.id}`);
@@ -516,7 +524,7 @@ export class Volumes {
         this.opts.logger.warn({ volumeId: v.id, name: v.name }, 'a volume whose create was interrupted was removed');
       } else if (v.state === 'deleting') await this.finishRemove(v);
     }
-    const mineIds = new Set((await this.opts.store.listVolumes()).filter((v) => this.mine(v)).map((v) => v.id));
+    const mineIds = new Set(own.map((v) => v.id));
     for (const s of await this.opts.store.listVolumeSnapshots()) {
       if (s.state !== 'creating' || !mineIds.has(s.volumeId)) continue;
       await host.removeSnapshot(s.volumeId, s.id);
