@@ -20,6 +20,9 @@ const { values } = parseArgs({ options: { iterations: { type: 'string', default:
 const N = Number(values.iterations);
 const WAKES = Number(values.wakes);
 const MB = 100;
+// Single 100 MB downloads range 40–400 MB/s here, direct or not (the sandbox's leg stalls with
+// the host mostly idle: docs/ingress.md, "Throughput"): 9 alternating rounds each, medians.
+const ROUNDS = 9;
 
 const dataDir = mkdtempSync('/tmp/space-bench-ingress-');
 const spaced = await startSpaced(dataDir);
@@ -91,12 +94,20 @@ try {
     }
   }
 
-  // 3. Download throughput, 100 MB, alternating, 5 rounds each (single downloads swing ±40% here).
+  // 3. Download throughput, 100 MB, alternating. The daemon's CPU (all its threads, user and
+  //    system) while it relays is the steadier measure of what the ingress itself costs.
+  const daemonCpuMs = () => {
+    const f = readFileSync(`/proc/${spaced.child.pid}/stat`, 'utf8').split(') ')[1].split(' ');
+    return ((Number(f[11]) + Number(f[12])) * 1000) / 100; // utime, stime in clock ticks (100/s)
+  };
+  const relayCpu = [];
   const tput = { ingress: [], direct: [] };
-  for (let i = 0; i < 5; i++) {
+  for (let i = 0; i < ROUNDS; i++) {
     for (const side of ['ingress', 'direct']) {
+      const c = daemonCpuMs();
       const t = process.hrtime.bigint();
       const r = await get(side === 'ingress' ? viaIngress : direct, `/bytes/${MB * 1024 * 1024}`, agents[side]);
+      if (side === 'ingress') relayCpu.push((daemonCpuMs() - c) / MB);
       if (r.bytes !== MB * 1024 * 1024) throw new Error(`${side}: ${r.bytes} bytes`);
       tput[side].push((MB * 1000) / ms(t));
     }
@@ -105,8 +116,10 @@ try {
   // 3b. The same with curl as the client (it resolves *.localhost to loopback itself).
   const curl = (url, headers = []) => Number(execFileSync('curl', ['-s', '-f', '-o', '/dev/null', '-w', '%{speed_download}', ...headers, url], { encoding: 'utf8' })) / 1e6;
   const tputCurl = { ingress: [], direct: [] };
-  for (let i = 0; i < 5; i++) {
+  for (let i = 0; i < ROUNDS; i++) {
+    const c = daemonCpuMs();
     tputCurl.ingress.push(curl(`${p.url}bytes/${MB * 1024 * 1024}`, ['-H', `x-space-access-token: ${p.token}`]));
+    relayCpu.push((daemonCpuMs() - c) / MB);
     tputCurl.direct.push(curl(`http://${direct.host}:8080/bytes/${MB * 1024 * 1024}`));
   }
 
@@ -124,7 +137,7 @@ try {
   const hostAgents = { ingress: new http.Agent({ keepAlive: true, maxSockets: 1 }), direct: new http.Agent({ keepAlive: true, maxSockets: 1 }) };
   const hostTo = { ingress: { host: '127.0.0.1', port: relay.port, headers: { host: `8080-sb0123456789abcdefgh.localhost:${relay.port}`, 'x-space-access-token': 'bench' } }, direct: { host: '127.0.0.1', port: upstream.port, headers: { host: `127.0.0.1:${upstream.port}` } } };
   try {
-    for (let i = 0; i < 5; i++) {
+    for (let i = 0; i < ROUNDS; i++) {
       for (const side of ['ingress', 'direct']) {
         const t = process.hrtime.bigint();
         const r = await get(hostTo[side], `/bytes/${MB * 1024 * 1024}`, hostAgents[side]);
@@ -169,9 +182,11 @@ try {
     '|---|---|---|---|',
     `| small request, p50 ms | ${f(med(lat.ingress))} | ${f(med(lat.direct))} | ${f(med(lat.ingress) / med(lat.direct))}x |`,
     `| small request, p95 ms | ${f(quantile(lat.ingress, 95))} | ${f(quantile(lat.direct, 95))} | ${f(quantile(lat.ingress, 95) / quantile(lat.direct, 95))}x |`,
-    `| ${MB} MB download with node's http client, MB/s (median of 5) | ${f(med(tput.ingress), 0)} | ${f(med(tput.direct), 0)} | ${f(med(tput.ingress) / med(tput.direct))}x |`,
-    `| ${MB} MB download, node's client, from a host process instead of the sandbox (the ingress's own relay), MB/s (median of 5) | ${f(med(hostOnly.ingress), 0)} | ${f(med(hostOnly.direct), 0)} | ${f(med(hostOnly.ingress) / med(hostOnly.direct))}x |`,
-    `| ${MB} MB download with curl, MB/s (median of 5) | ${f(med(tputCurl.ingress), 0)} | ${f(med(tputCurl.direct), 0)} | ${f(med(tputCurl.ingress) / med(tputCurl.direct))}x |`,
+    `| ${MB} MB download with node's http client, MB/s (median of ${ROUNDS}) | ${f(med(tput.ingress), 0)} | ${f(med(tput.direct), 0)} | ${f(med(tput.ingress) / med(tput.direct))}x |`,
+    `| ${MB} MB download, node's client, from a host process instead of the sandbox (the ingress's own relay), MB/s (median of ${ROUNDS}) | ${f(med(hostOnly.ingress), 0)} | ${f(med(hostOnly.direct), 0)} | ${f(med(hostOnly.ingress) / med(hostOnly.direct))}x |`,
+    `| ${MB} MB download with curl, MB/s (median of ${ROUNDS}) | ${f(med(tputCurl.ingress), 0)} | ${f(med(tputCurl.direct), 0)} | ${f(med(tputCurl.ingress) / med(tputCurl.direct))}x |`,
+    `| ${MB} MB download, node's client and curl: slowest–fastest single download, MB/s | ${f(Math.min(...tput.ingress, ...tputCurl.ingress), 0)}–${f(Math.max(...tput.ingress, ...tputCurl.ingress), 0)} | ${f(Math.min(...tput.direct, ...tputCurl.direct), 0)}–${f(Math.max(...tput.direct, ...tputCurl.direct), 0)} |  |`,
+    `| the daemon's CPU per MB relayed (all threads, user + system; median of ${relayCpu.length} downloads), ms | ${f(med(relayCpu))} |  |  |`,
     `| WebSocket round trip, p50 ms | ${f(med(rtt.ingress))} | ${f(med(rtt.direct))} | ${f(med(rtt.ingress) / med(rtt.direct))}x |`,
     `| WebSocket round trip, p95 ms | ${f(quantile(rtt.ingress, 95))} | ${f(quantile(rtt.direct, 95))} | ${f(quantile(rtt.ingress, 95) / quantile(rtt.direct, 95))}x |`,
     '',
@@ -181,7 +196,7 @@ try {
   ];
   const table = lines.join('\n');
   console.log(table);
-  if (values.write) writeSection('ingress', 'Ingress', `Measured with \`node scripts/bench-ingress.mjs --iterations ${N} --wakes ${WAKES} --write\` (part of \`./space bench\`): one \`base\` sandbox running a Node server (test/streams-server.mjs) on port 8080, exposed privately, and for the wakes a second one running \`python3 -m http.server\` with \`autoResume\`; each measurement alternates the ingress (\`PORT-ID.localhost:PORT\`, with the token) and a direct connection from the host to the sandbox's address. Node's clients keep their connection alive, curl opens one per download; the ingress opens one connection to the sandbox per request and ends it with a reset (docs/ingress.md).\n\n${table}`);
+  if (values.write) writeSection('ingress', 'Ingress', `Measured with \`node scripts/bench-ingress.mjs --iterations ${N} --wakes ${WAKES} --write\` (part of \`./space bench\`): one \`base\` sandbox running a Node server (test/streams-server.mjs) on port 8080, exposed privately, and for the wakes a second one running \`python3 -m http.server\` with \`autoResume\`; each measurement alternates the ingress (\`PORT-ID.localhost:PORT\`, with the token) and a direct connection from the host to the sandbox's address. Node's clients keep their connection alive, curl opens one per download; the ingress opens one connection to the sandbox per request and ends it with a reset (docs/ingress.md). The daemon's CPU per MB relayed is read from /proc (all its threads, user and system); single downloads swing from ~40 to ~400 MB/s on either path with the host mostly idle in the slow ones, so the slowest and fastest are printed beside the medians (docs/ingress.md, \"Throughput\").\n\n${table}`);
 } finally {
   await stopSpaced(spaced);
   // With disks (the default) the pool stays mounted after the daemon: removeDataDir unmounts it.
