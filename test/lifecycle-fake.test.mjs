@@ -122,6 +122,12 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     assert.equal((await svc.wake(T, sb.id)).state, 'running');
     assert.equal(await out(sb.id, 'tick'), '2\n');
     assert.equal(await out(sb.id, 'cat /tmp/h.txt'), 'kept\n');
+    // Where the time went, step by step, in the events (the profile of issue 17, from any daemon).
+    const evs = await svc.events(T, sb.id);
+    const snap = evs.find((e) => e.type === 'snapshot')?.message ?? '';
+    assert.match(snap, /\(ms: quiesce \d+, checkpoint \d+, store \d+\)$/, snap);
+    const woken = evs.find((e) => e.type === 'woken')?.message ?? '';
+    assert.match(woken, /^woken from snapshot \S+ in \d+ ms \(ms: fetch \d+, spec \d+, (restore \d+, )?agent \d+\)$/, woken);
     await svc.kill(T, sb.id);
   });
 

@@ -59,6 +59,10 @@ describe('stateful sessions', () => {
     await sb.wake();
     assert.equal(sb.info.state, 'running');
     assert.equal((await sb.commands.run('cat /tmp/file')).stdout, 'before-hibernate');
+    // Each wake says where its time went, the gVisor driver's steps included.
+    const woken = (await sb.events()).filter((e) => e.type === 'woken').map((e) => e.message);
+    assert.equal(woken.length, 2, JSON.stringify(woken));
+    for (const m of woken) assert.match(m, /\(ms: fetch \d+, spec \d+, (disk \d+, )?network \d+, runtime \d+, (restore \d+, )?agent \d+\)$/, m);
     await sb.kill();
   });
 

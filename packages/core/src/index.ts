@@ -14,7 +14,8 @@ export type { BlobCollectionLock, BlobInfo, BlobStore } from './ports/blob-store
 export { SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, packSnapshot, readSnapshot } from './storage/snapshot-format.js';
 export type { SnapshotMeta } from './storage/snapshot-format.js';
 export type { VolumeHost, VolumeHostReport } from './ports/volume-host.js';
-export type { DriverCreateSpec, DriverDisks, DriverMount, DriverEvents, DriverReport, ImageFileCodec, RuntimeStatus, SandboxDriver, SandboxUsage } from './ports/driver.js';
+export type { DriverCreateSpec, DriverDisks, DriverMount, DriverEvents, DriverReport, ImageFileCodec, RestoreTimings, RuntimeStatus, SandboxDriver, SandboxUsage } from './ports/driver.js';
+export { Laps } from './laps.js';
 export type { ApiKeyRecord, MetadataStore, SandboxExpectation, SandboxPage, SandboxQuery, TenantCaRecord } from './ports/metadata-store.js';
 export { checkExpectation } from './ports/metadata-store.js';
 export { AgentCall, AgentChannel } from './agent/channel.js';

@@ -11,7 +11,7 @@ import { existsSync, promises as fs, openSync, closeSync, readFileSync, statSync
 import net from 'node:net';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
-import { CHECKPOINT_COMPLETE, SpaceError, randomString, readKernelFile, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage, type DriverDisks, type ImageFileCodec } from '@space/core';
+import { CHECKPOINT_COMPLETE, Laps, SpaceError, randomString, readKernelFile, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage, type DriverDisks, type ImageFileCodec, type RestoreTimings } from '@space/core';
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
@@ -254,24 +254,29 @@ export class GvisorDriver implements SandboxDriver {
     await this.runDetached(['run', '--detach', '--bundle', b.bundle, rid], b.log, b.netns);
   }
 
-  async restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void> {
+  async restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<RestoreTimings> {
     // In place, the checkpointed container still exists: start a new incarnation beside it.
     const old = existsSync(this.box(spec.id).dir) ? this.rid(spec.id) : undefined;
     // A running old incarnation (rollback) must not reconnect its agent to the new one's socket.
     // (One already being released is stopped; runsc would make us wait for its lock.)
     if (old && !this.retiring.has(old)) await tryRun(this.runsc, ['--root', this.stateDir, 'kill', old, 'KILL'], 10_000);
     const rid = newRid(spec.id);
+    const laps = new Laps();
     if (this.pool) {
       const mark = await this.diskMarkOf(imageDir);
       await this.setDiskTemplate(spec.id, mark.template);
       await this.pool.diskFromCopy(mark.copy, rid, this.diskBytes(spec));
+      laps.lap('diskMs');
     }
     else if (existsSync(path.join(imageDir, DISK_MARK))) throw new SpaceError('SNAPSHOT_CORRUPT', 'This image was taken with a disk (by a daemon with --disks on): start the daemon with --disks on to restore it');
     const b = await this.prepareBundle(spec, rid, signal);
     await fs.writeFile(b.ridFile, rid);
     this.rids.set(spec.id, rid);
+    laps.lap('prepareMs');
     await this.runDetached(['restore', '--image-path', imageDir, '--detach', '--bundle', b.bundle, rid], b.log, b.netns);
+    laps.lap('runtimeMs');
     if (old && old !== rid) this.releaseLater(spec.id, old);
+    return laps.ms;
   }
 
   /** Removes an old incarnation in the background; {@link destroy} waits for it. */

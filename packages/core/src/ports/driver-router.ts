@@ -4,7 +4,7 @@
  * holds it; which one that is comes from its create/restore, from core after a restart
  * ({@link DriverRouter.assign}), or from the drivers' own {@link SandboxDriver.list}.
  */
-import type { DriverCreateSpec, DriverEvents, DriverReport, ImageFileCodec, RuntimeStatus, SandboxDriver, SandboxUsage } from './driver.js';
+import type { DriverCreateSpec, DriverEvents, DriverReport, ImageFileCodec, RestoreTimings, RuntimeStatus, SandboxDriver, SandboxUsage } from './driver.js';
 import { SpaceError } from '../errors.js';
 
 /**
@@ -109,7 +109,7 @@ export class DriverRouter implements SandboxDriver {
     return d.create(spec, signal);
   }
 
-  restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void> {
+  restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<RestoreTimings | void> {
     const d = this.get(spec.driver);
     this.owner.set(spec.id, d);
     return d.restore(spec, imageDir, signal);

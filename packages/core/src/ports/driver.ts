@@ -119,6 +119,20 @@ export interface ImageFileCodec {
 export const CHECKPOINT_COMPLETE = '.space-complete';
 
 /**
+ * Where a driver's restore spent its time, in milliseconds (each optional: what the driver can
+ * tell). Reported in wake and snapshot events.
+ * @example { diskMs: 40, prepareMs: 55, runtimeMs: 310 }
+ */
+export interface RestoreTimings {
+  /** The sandbox's disk made from the image's copy. */
+  diskMs?: number;
+  /** The bundle, network namespace and link. */
+  prepareMs?: number;
+  /** The runtime's own restore command. */
+  runtimeMs?: number;
+}
+
+/**
  * One isolation technology (gVisor, microVM, ...). Every driver passes the shared conformance
  * suite (`@space/core`'s `conformance` tests) with explicit, reasoned skips.
  *
@@ -202,7 +216,7 @@ export interface SandboxDriver {
    * Boots a sandbox from a checkpoint image. `spec.id` may be the sandbox it was taken from
    * (in place: whatever runtime is left of it is removed first) or a new one (fork).
    */
-  restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<void>;
+  restore(spec: DriverCreateSpec, imageDir: string, signal?: AbortSignal): Promise<RestoreTimings | void>;
   /**
    * Releases the host resources of a checkpointed (stopped) sandbox in the background: the
    * runtime takes seconds to let go of a checkpointed container. {@link destroy} and

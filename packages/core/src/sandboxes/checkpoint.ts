@@ -7,6 +7,7 @@ import path from 'node:path';
 import type { AgentChannel } from '../agent/channel.js';
 import type { DriverCreateSpec } from '../ports/driver.js';
 import { SpaceError } from '../errors.js';
+import { Laps } from '../laps.js';
 import type { Intent } from '../ports/intent-journal.js';
 import { newSnapshotId, type Sandbox, type Snapshot, type SnapshotTrigger } from '../model.js';
 import { packSnapshot, readSnapshot } from '../storage/snapshot-format.js';
@@ -62,7 +63,7 @@ export class Checkpoints implements CheckpointHooks {
    * Disconnects the agent for good (a unix socket to the host cannot be checkpointed) and
    * checkpoints the sandbox into `imageDir`. Leaves `quiescing` set: the caller restores or retires.
    */
-  async quiesceAndCheckpoint(id: string, ch: AgentChannel, imageDir: string, injectFaults = true): Promise<void> {
+  async quiesceAndCheckpoint(id: string, ch: AgentChannel, imageDir: string, injectFaults = true, laps?: Laps): Promise<void> {
     const e = this.c.live.entry(id);
     e.quiescing = true;
     await this.c.driver.detachAgent(id);
@@ -79,7 +80,9 @@ export class Checkpoints implements CheckpointHooks {
       await this.c.driver.destroy(id);
       throw new Error('injected checkpoint failure');
     }
+    laps?.lap('quiesce');
     await this.c.faults.during(injectFaults ? 'snapshot:during-checkpoint' : '', this.c.driver.checkpoint(id, imageDir));
+    laps?.lap('checkpoint');
   }
 
   /**
@@ -122,8 +125,9 @@ export class Checkpoints implements CheckpointHooks {
     const intent = await this.c.journal.begin(sb.id, keepRunning ? 'snapshot' : 'hibernate', { step: 'checkpoint', snapshotId: id, imageDir, trigger, ...(name ? { name } : {}), keepRunning, wasPaused });
     await this.c.faults.fault('snapshot:after-intent');
     const t0 = performance.now();
+    const laps = new Laps();
     try {
-      await this.quiesceAndCheckpoint(sb.id, ch, imageDir);
+      await this.quiesceAndCheckpoint(sb.id, ch, imageDir, true, laps);
       this.c.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'checkpointed');
       await this.c.faults.fault('snapshot:after-checkpoint');
     } catch (err) {
@@ -143,9 +147,12 @@ export class Checkpoints implements CheckpointHooks {
     let downtimeMs = Math.round(performance.now() - t0);
     if (keepRunning) {
       try {
-        await this.c.faults.during('snapshot:during-restore', this.bootFromImage(sb, imageDir));
+        await this.c.faults.during('snapshot:during-restore', this.bootFromImage(sb, imageDir, laps));
         this.c.log.debug({ sandboxId: sb.id, ms: Math.round(performance.now() - t0) }, 'restored');
-        if (wasPaused) await this.c.driver.pause(sb.id);
+        if (wasPaused) {
+          await this.c.driver.pause(sb.id);
+          laps.lap('pause');
+        }
       } finally {
         e.quiescing = false;
       }
@@ -154,7 +161,7 @@ export class Checkpoints implements CheckpointHooks {
     }
     let snapshot: Snapshot;
     try {
-      snapshot = await this.storeImage(sb, intent, imageDir, downtimeMs);
+      snapshot = await this.storeImage(sb, intent, imageDir, downtimeMs, laps);
     } catch (err) {
       // The failure changes nothing of the sandbox: it runs on, or (hibernating) goes on from its image.
       if (!keepRunning) await this.continueFromImage(sb, imageDir, err);
@@ -186,7 +193,7 @@ export class Checkpoints implements CheckpointHooks {
    * records it and makes it the sandbox's newest. Idempotent: a snapshot already recorded is
    * returned as it is (recovery may call it twice).
    */
-  async storeImage(sb: Sandbox, intent: Intent, imageDir: string, downtimeMs: number): Promise<Snapshot> {
+  async storeImage(sb: Sandbox, intent: Intent, imageDir: string, downtimeMs: number, laps?: Laps): Promise<Snapshot> {
     const id = intent.snapshotId!;
     const existing = await this.c.store.getSnapshot(id);
     if (existing) {
@@ -225,15 +232,24 @@ export class Checkpoints implements CheckpointHooks {
     await this.c.store.insertSnapshot(snapshot);
     await this.c.faults.fault('snapshot:after-record');
     await this.c.store.updateSandbox(sb.id, { lastSnapshotId: id });
-    await this.c.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime`);
+    laps?.lap('store');
+    if (laps) this.c.log.info({ sandboxId: sb.id, snapshotId: id, trigger, downtimeMs, ms: laps.ms }, 'snapshot stored');
+    await this.c.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime${laps ? ` (ms: ${laps})` : ''}`);
     return snapshot;
   }
 
-  /** Restores `target` from an image directory and waits for its agent. */
-  async bootFromImage(target: Sandbox, imageDir: string): Promise<void> {
+  /**
+   * Restores `target` from an image directory and waits for its agent; `laps` gets the steps
+   * (the driver's: disk, network, runtime; then the agent's reconnect).
+   */
+  async bootFromImage(target: Sandbox, imageDir: string, laps?: Laps): Promise<void> {
     const connected = this.c.live.entry(target.id).waitAgent(this.c.bootTimeout(target.driver));
-    await this.c.driver.restore(await this.spec(target), imageDir);
+    const spec = await this.spec(target);
+    laps?.lap('spec');
+    const parts = await this.c.driver.restore(spec, imageDir);
+    laps?.split('restore', { disk: parts?.diskMs, network: parts?.prepareMs, runtime: parts?.runtimeMs });
     if (!(await connected)) throw new SpaceError('TIMEOUT', `The agent of ${target.id} did not reconnect within ${this.c.bootTimeout(target.driver)} ms after the restore`);
+    laps?.lap('agent');
   }
 
   /** Fetches a snapshot and unpacks it into a scratch directory, verifying it (SNAPSHOT_CORRUPT). */
@@ -249,8 +265,9 @@ export class Checkpoints implements CheckpointHooks {
   }
 
   /** Verifies `snap`, then replaces whatever runs as `target` with it. */
-  async restoreFrom(snap: Snapshot, target: Sandbox, imageDir?: string): Promise<void> {
+  async restoreFrom(snap: Snapshot, target: Sandbox, imageDir?: string, laps?: Laps): Promise<void> {
     const dir = imageDir ?? (await this.unpack(snap));
+    laps?.lap('fetch');
     const e = this.c.live.entry(target.id);
     e.quiescing = true;
     if (snap.sandboxId !== target.id) {
@@ -260,7 +277,7 @@ export class Checkpoints implements CheckpointHooks {
     try {
       e.channel?.destroy();
       e.channel = undefined;
-      await this.bootFromImage(target, dir);
+      await this.bootFromImage(target, dir, laps);
     } finally {
       e.quiescing = false;
       e.restoringFrom = undefined;

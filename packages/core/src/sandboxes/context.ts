@@ -11,6 +11,7 @@ import type { DriverCreateSpec } from '../ports/driver.js';
 import type { DriverRouter } from '../ports/driver-router.js';
 import type { Intent, Journal } from '../ports/intent-journal.js';
 import type { Logger } from '../logger.js';
+import type { Laps } from '../laps.js';
 import type { CreateTimings, EndReason, Sandbox, Snapshot, SnapshotTrigger, Template } from '../model.js';
 import type { WarmPool } from '../templates/warm-pool.js';
 import type { SecretAttachment } from '../records.js';
@@ -47,7 +48,7 @@ export interface CheckpointHooks {
   storeImage(sb: Sandbox, intent: Intent, imageDir: string, downtimeMs: number): Promise<Snapshot>;
   bootFromImage(target: Sandbox, imageDir: string): Promise<void>;
   unpack(snap: Snapshot): Promise<string>;
-  restoreFrom(snap: Snapshot, target: Sandbox, imageDir?: string): Promise<void>;
+  restoreFrom(snap: Snapshot, target: Sandbox, imageDir?: string, laps?: Laps): Promise<void>;
   ownSnapshot(sb: Sandbox, snapshotId: string): Promise<Snapshot>;
   deleteSnapshot(sn: Snapshot): Promise<void>;
 }

@@ -4,6 +4,7 @@
  */
 import { promises as fs } from 'node:fs';
 import { SpaceError } from '../errors.js';
+import { Laps } from '../laps.js';
 import { assertAllowed, type Sandbox, type Snapshot, type SnapshotPolicy } from '../model.js';
 import type { SandboxContext, SessionHooks } from './context.js';
 
@@ -216,8 +217,9 @@ export class Sessions implements SessionHooks {
     const t0 = Date.now();
     const intent = await this.c.journal.begin(id, 'wake', { step: 'restore', snapshotId: snap.id });
     await this.c.faults.fault('wake:after-intent');
+    const laps = new Laps();
     try {
-      await this.c.faults.during('wake:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, sb));
+      await this.c.faults.during('wake:during-restore', this.c.hooks.checkpoints.restoreFrom(snap, sb, undefined, laps));
     } catch (err) {
       // Still hibernated in its snapshot: whatever the restore left is removed.
       await this.c.driver.destroy(id).catch((e) => this.c.log.warn({ err: e, sandboxId: id }, 'cleanup after a failed wake failed'));
@@ -225,7 +227,8 @@ export class Sessions implements SessionHooks {
       throw err;
     }
     await this.c.faults.fault('wake:after-restore');
-    await this.c.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms`);
+    this.c.log.info({ sandboxId: id, snapshotId: snap.id, ms: laps.ms }, 'woken');
+    await this.c.event(id, 'woken', `woken from snapshot ${snap.id} in ${Date.now() - t0} ms (ms: ${laps})`);
     let woke: Sandbox;
     try {
       woke = await this.markWoken(sb);
