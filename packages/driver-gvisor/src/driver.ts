@@ -113,6 +113,8 @@ export class GvisorDriver implements SandboxDriver {
   private readonly rids = new Map<string, string>();
   private readonly releasing = new Map<string, Set<Promise<void>>>();
   private readonly retiring = new Set<string>();
+  /** Incarnations this daemon checkpointed: stopped by it, so a restore in their place need not kill them. */
+  private readonly checkpointed = new Set<string>();
   private versionP: Promise<string> | undefined;
   private runtimeDir = '';
   private readonly runsc: string;
@@ -259,7 +261,9 @@ export class GvisorDriver implements SandboxDriver {
     const old = existsSync(this.box(spec.id).dir) ? this.rid(spec.id) : undefined;
     // A running old incarnation (rollback) must not reconnect its agent to the new one's socket.
     // (One already being released is stopped; runsc would make us wait for its lock.)
-    if (old && !this.retiring.has(old)) await tryRun(this.runsc, ['--root', this.stateDir, 'kill', old, 'KILL'], 10_000);
+    // One this daemon checkpointed is stopped already: no kill (it was ~30 ms of every snapshot's downtime).
+    if (old && !this.retiring.has(old) && !this.checkpointed.has(old)) await tryRun(this.runsc, ['--root', this.stateDir, 'kill', old, 'KILL'], 10_000);
+    if (old) this.checkpointed.delete(old);
     const rid = newRid(spec.id);
     const laps = new Laps();
     if (this.pool) {
@@ -338,6 +342,7 @@ export class GvisorDriver implements SandboxDriver {
     }
     await this.raiseMemoryForCheckpoint(rid);
     await this.spawnOwnSession('sh', ['-c', script, 'sh', this.runsc, ...argv], this.box(id).log, 300_000, 'checkpoint', env);
+    this.checkpointed.add(rid);
   }
 
   /**
@@ -637,7 +642,10 @@ export class GvisorDriver implements SandboxDriver {
     this.servers.delete(id);
     await Promise.all([...(this.releasing.get(id) ?? [])]);
     this.releasing.delete(id);
-    for (const rid of new Set([this.rid(id), ...(await this.incarnations(id))])) await this.releaseRuntime(rid);
+    for (const rid of new Set([this.rid(id), ...(await this.incarnations(id))])) {
+      this.checkpointed.delete(rid);
+      await this.releaseRuntime(rid);
+    }
     this.rids.delete(id);
     await fs.rm(this.box(id).dir, { recursive: true, force: true });
   }
