@@ -88,6 +88,47 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     assert.deepEqual(await svc.snapshots(T, sb.id).catch(() => []), [], 'killing deletes its snapshots');
   });
 
+  it('calls made while a snapshot is being stored are answered: they wait out the downtime, not the store', async () => {
+    // A blob store whose snapshot writes hold until released: the store step of a snapshot of a
+    // disk holding a GiB takes seconds, and calls used to wait for all of it.
+    let storing;
+    let release;
+    const held = new Promise((r) => (release = r));
+    const blobs = Object.create(h.blobs);
+    blobs.put = async (key, data) => {
+      if (key.startsWith(`snapshots/${T}/`)) {
+        storing?.();
+        await held;
+      }
+      return h.blobs.put(key, data);
+    };
+    const slow = service({ blobs });
+    await svc.shutdown();
+    await slow.start();
+    try {
+      const sb = await slow.create(T, {});
+      await h.run(slow, sb.id, 'write /tmp/a.txt one');
+      const stored = new Promise((r) => (storing = r));
+      const snap = slow.snapshot(T, sb.id);
+      await stored; // checkpointed, restored, and now storing
+      // (Bounded, so that the old behaviour fails rather than hangs: the call takes milliseconds.)
+      let timer;
+      const waited = new Promise((r) => (timer = setTimeout(() => r('still waiting after 15 s'), 15_000)));
+      assert.equal(await Promise.race([h.out(slow, sb.id, 'cat /tmp/a.txt'), waited]), 'one\n', 'a call during the store is answered');
+      clearTimeout(timer);
+      await h.run(slow, sb.id, 'write /tmp/b.txt two');
+      release();
+      assert.equal((await snap).sandboxId, sb.id);
+      assert.equal(await h.out(slow, sb.id, 'cat /tmp/b.txt'), 'two\n', 'what the call wrote is there');
+      await slow.kill(T, sb.id);
+    } finally {
+      release();
+      await slow.shutdown();
+      svc = service();
+      await svc.start();
+    }
+  });
+
   it('a snapshot the work directory has no room for is refused before the sandbox is touched (CAPACITY_EXHAUSTED)', { skip: process.getuid?.() !== 0 && 'mounting a small tmpfs needs root' }, async () => {
     const sb = await svc.create(T, {});
     await out(sb.id, 'tick');

@@ -106,13 +106,18 @@ export class Checkpoints implements CheckpointHooks {
     const ch = await this.c.hooks.agents.channel(sb.id);
     const release = this.c.live.entry(sb.id).closeGate();
     try {
-      return await this.takeSnapshotGated(sb, ch, trigger, name, keepRunning, wasPaused);
+      return await this.takeSnapshotGated(sb, ch, trigger, name, keepRunning, wasPaused, release);
     } finally {
       release();
     }
   }
 
-  private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
+  /**
+   * The snapshot, with agent calls held at the gate: until the sandbox runs again (`openGate`,
+   * when it keeps running: calls then wait out the downtime only, not the store, which takes
+   * seconds for a disk holding a GiB), or until the end (hibernate: no agent comes back).
+   */
+  private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean, openGate: () => void): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
     try {
       await this.assertSnapshottable(ch, sb.id, `sandbox ${sb.id}`);
     } catch (err) {
@@ -157,6 +162,7 @@ export class Checkpoints implements CheckpointHooks {
         e.quiescing = false;
       }
       downtimeMs = Math.round(performance.now() - t0);
+      openGate();
       await this.c.faults.fault('snapshot:after-restore');
     }
     let snapshot: Snapshot;

@@ -60,9 +60,10 @@ export class LiveSandbox {
   closeGate(): () => void {
     if (this.gate) return () => {};
     let open!: () => void;
-    this.gate = new Promise<void>((r) => (open = r));
+    const gate = (this.gate = new Promise<void>((r) => (open = r)));
+    // Idempotent: a second call must not open a gate closed since by someone else.
     return () => {
-      this.gate = undefined;
+      if (this.gate === gate) this.gate = undefined;
       open();
     };
   }
