@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, renameSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { parseSizeMb } from '../packages/api/dist/index.js';
@@ -89,12 +89,22 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     // The scan can fail: the pool's image, read through the open vault, holds the file.
     execFileSync('btrfs', ['filesystem', 'sync', mnt]);
     assert.ok([...contentsAtRest(path.join(fx.dataDir, 'disks', 'vault', 'files'))].some(([, buf]) => buf.indexOf(marker) !== -1), 'the pool image holds the file in plaintext behind the vault');
+    // The disk's stream is an object of its own beside the snapshot's, read only without the copy:
+    // with the copy here, a rollback does not need it (a wake of a sandbox holding a GiB fetched that GiB).
+    const diskObject = path.join(fx.dataDir, 'blobs', 'snapshots', s1.tenantId, `${s1.id}.disk`);
+    assert.ok(existsSync(diskObject), 'the disk is stored beside the snapshot');
+    renameSync(diskObject, `${diskObject}.away`);
+    await sb.rollback(s1.id);
+    assert.equal(await sb.files.read('/tmp/kept.txt'), marker.repeat(1000));
+    renameSync(`${diskObject}.away`, diskObject);
+    await sb.files.write('/tmp/kept.txt', 'changed');
     // The node loses its copy (a new pool, another node): the stored stream is received again.
     execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s1.id)]);
     await sb.rollback(s1.id);
     assert.equal(await sb.files.read('/tmp/kept.txt'), marker.repeat(1000));
     assert.ok(existsSync(path.join(mnt, 'copies', s1.id)), 'the copy is back in the pool');
     await sb.kill();
+    assert.ok(!existsSync(diskObject), "the disk's object goes with its snapshot");
   });
 
   it('forks ×2 diverge and leave the parent unchanged; a fork of 1 GiB of files adds < 50 MiB to the pool', async () => {

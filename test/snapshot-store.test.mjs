@@ -3,11 +3,11 @@
 // losing what a write under way needs, and objects of the first (one object per chunk) format.
 import assert from 'node:assert/strict';
 import { createHmac, randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
-import { DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider } from '../packages/core/dist/index.js';
+import { DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, deleteImage, getImage, putImage } from '../packages/core/dist/index.js';
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 
@@ -128,5 +128,60 @@ describe('snapshot store', () => {
     await assert.rejects(readAll(await blobs.get('snapshots/t4/old')), (e) => e.code === 'SNAPSHOT_CORRUPT' && /snapshots\/t4\/old/.test(e.message));
     await blobs.delete('snapshots/t4/old');
     assert.equal(await blobs.gc(async () => live.slice(0, 3)), 2);
+  });
+
+  it("an image's attachment is stored beside it, read back only when a restore needs it, deleted with it, and collected once its object is gone", async () => {
+    // What a disk's stream is to a snapshot (driver-gvisor's DiskStream): bytes a mark file stands for.
+    const img = mkdtempSync(path.join(dir, 'img-'));
+    writeFileSync(path.join(img, 'state.bin'), randomBytes(10_000));
+    writeFileSync(path.join(img, 'mark.json'), '{"copy":"c1"}');
+    const attached = randomBytes(300_000);
+    let needed = false;
+    const applied = [];
+    const att = {
+      name: 'test-attachment-v1',
+      suffix: 'att',
+      open: async (src) => (path.basename(src) === 'mark.json' ? Readable.from([attached]) : undefined),
+      needed: async () => needed,
+      apply: async (src, bytes) => void applied.push([readFileSync(src, 'utf8'), await readAll(bytes)]),
+    };
+    const readers = { codecNamed: () => undefined, attachmentNamed: (n) => (n === att.name ? att : undefined) };
+    const meta = (id) => ({ id, sandboxId: 'sb1', tenantId: 't5', template: 'x', driver: 'fake', driverVersion: '1', createdAt: new Date().toISOString() });
+    const put = await putImage(blobs, 'snapshots/t5/sn1', img, meta('sn1'), { codecs: [], attachments: [att] });
+    assert.deepEqual(put.meta.attachments, [{ file: 'mark.json', name: 'test-attachment-v1', key: 'att', size: attached.length }]);
+    assert.ok(put.sizeBytes > attached.length + 10_000, 'the size counts the object and its attachment');
+    assert.ok((await readAll(await blobs.get('snapshots/t5/sn1.att'))).equals(attached), 'stored apart, under the object key and its suffix');
+    const unpack = async (readWith = readers) => {
+      const out = mkdtempSync(path.join(dir, 'out-'));
+      await getImage(blobs, 'snapshots/t5/sn1', 'sn1', out, 2 ** 30, readWith);
+      return out;
+    };
+    const out = await unpack();
+    assert.equal(readFileSync(path.join(out, 'mark.json'), 'utf8'), '{"copy":"c1"}', 'the mark is stored as written');
+    assert.deepEqual(applied, [], 'what it stands for is here: the attachment is not read');
+    needed = true;
+    await unpack();
+    assert.equal(applied.length, 1);
+    assert.equal(applied[0][0], '{"copy":"c1"}');
+    assert.ok(applied[0][1].equals(attached), 'a restore that needs it gets the bytes as stored');
+    await assert.rejects(unpack({ codecNamed: () => undefined, attachmentNamed: () => undefined }), (e) => e.code === 'DRIVER_UNAVAILABLE' && /test-attachment-v1/.test(e.message));
+    // Bytes that fail half-way (btrfs send exiting badly) fail the snapshot and leave nothing.
+    const failing = { ...att, open: async (src) => (path.basename(src) === 'mark.json' ? Readable.from((async function* () { yield randomBytes(5000); throw new Error('btrfs send failed'); })()) : undefined) };
+    await assert.rejects(putImage(blobs, 'snapshots/t5/sn2', img, meta('sn2'), { codecs: [], attachments: [failing] }), /btrfs send failed/);
+    assert.equal(await blobs.stat('snapshots/t5/sn2'), undefined);
+    assert.equal(await blobs.stat('snapshots/t5/sn2.att'), undefined);
+    // Collection, by a daemon that did not write them (after a restart), of objects older than a
+    // minute: the attachment of a named object stays; one whose object is gone (a crash between
+    // the two writes) goes.
+    await blobs.put('snapshots/t5/sn3.att', Readable.from([randomBytes(50_000)]));
+    const old = new Date(Date.now() - 10 * 60_000);
+    for (const k of ['sn1', 'sn1.att', 'sn3.att']) utimesSync(path.join(dir, 'blobs', 'snapshots', 't5', k), old, old);
+    const restarted = new DedupBlobStore(encrypted, keys);
+    await restarted.gc(async () => ['snapshots/t1/a', 'snapshots/t1/b', 'snapshots/t2/a', 'snapshots/t5/sn1']);
+    assert.equal(await blobs.stat('snapshots/t5/sn3.att'), undefined, 'an attachment without its object is collected');
+    assert.ok((await readAll(await restarted.get('snapshots/t5/sn1.att'))).equals(attached), "a named object's attachment and its packs stay");
+    await deleteImage(blobs, 'snapshots/t5/sn1', ['att', 'other']);
+    assert.equal(await blobs.stat('snapshots/t5/sn1'), undefined);
+    assert.equal(await blobs.stat('snapshots/t5/sn1.att'), undefined, 'deleted with its object');
   });
 });

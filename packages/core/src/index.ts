@@ -14,7 +14,7 @@ export type { BlobCollectionLock, BlobInfo, BlobStore } from './ports/blob-store
 export { SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, packSnapshot, readSnapshot } from './storage/snapshot-format.js';
 export type { SnapshotMeta } from './storage/snapshot-format.js';
 export type { VolumeHost, VolumeHostReport } from './ports/volume-host.js';
-export type { DriverCreateSpec, DriverDisks, DriverMount, DriverEvents, DriverReport, ImageFileCodec, RestoreTimings, RuntimeStatus, SandboxDriver, SandboxUsage } from './ports/driver.js';
+export type { DriverCreateSpec, DriverDisks, DriverMount, DriverEvents, DriverReport, ImageAttachment, ImageFileCodec, ImageForms, ImageReaders, RestoreTimings, RuntimeStatus, SandboxDriver, SandboxUsage } from './ports/driver.js';
 export { Laps } from './laps.js';
 export type { ApiKeyRecord, MetadataStore, SandboxExpectation, SandboxPage, SandboxQuery, TenantCaRecord } from './ports/metadata-store.js';
 export { checkExpectation } from './ports/metadata-store.js';
@@ -41,6 +41,7 @@ export type { DataKeyRecord, KeyProvider, TenantKey } from './security/keys.js';
 export type { NodeRecord, PortExposure, VolumeRecord, VolumeSnapshotRecord } from './records.js';
 export { EncryptedBlobStore, ENCRYPTION_CHUNK } from './storage/encrypted-blobs.js';
 export { DedupBlobStore, PACK_TARGET, cutPoint } from './storage/dedup-blobs.js';
+export { deleteImage, getImage, putImage } from './storage/image-objects.js';
 export { AsyncQueue, KeyedSerial } from './async-queue.js';
 export { Volumes, VOLUME_NAME_RE, checkMountPath } from './volumes/volumes.js';
 export type { ResolvedMount, VolumesOptions } from './volumes/volumes.js';

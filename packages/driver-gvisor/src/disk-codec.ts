@@ -1,19 +1,24 @@
 /**
  * A disk's files into the snapshot store. A checkpoint image made with disks holds a small
  * mark (`space-disk.json`: the copy of the disk taken with it, and the template it grew from);
- * the copy itself stays in the node's pool, plaintext like the live disk. This codec stores the
- * mark as the mark followed by a `btrfs send` stream of the copy against its template — every
- * file the sandbox changed, in btrfs's own format — so that a snapshot in the store (encrypted
- * under the tenant's key, deduplicated by content) holds the disk too, and restores where the
- * copy is gone: its decode writes the mark back and, when the pool lacks the copy, receives it.
+ * the copy itself stays in the node's pool. {@link DiskStream} stores, beside the snapshot, a
+ * `btrfs send` stream of the copy against its template — every file the sandbox changed, in
+ * btrfs's own format — so that the snapshot in the store (encrypted under the tenant's key,
+ * deduplicated by content) holds the disk too, and restores where the copy is gone: the stream
+ * is received again. It is piped from `btrfs send` into the store as it comes, and read only by a
+ * restore that lacks the copy: a wake or a fork on the node that took the snapshot fetches the
+ * mark alone.
  *
- * Stored form: `SPACEDSK` (8 bytes), u32 length of the mark, the mark (as written), the stream.
+ * Snapshots stored before (format 2) hold the stream inside the image, after the mark:
+ * {@link DiskCodec} reads them. Its form: `SPACEDSK` (8 bytes), u32 length of the mark, the
+ * mark (as written), the stream.
  */
 import { spawn } from 'node:child_process';
-import { createReadStream, createWriteStream, existsSync, promises as fs } from 'node:fs';
+import { createReadStream, existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
+import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { SpaceError, type ImageFileCodec } from '@space/core';
+import { SpaceError, type ImageAttachment, type ImageFileCodec } from '@space/core';
 import type { DiskPool } from './disk-pool.js';
 
 /** In a checkpoint image made with disks: `{ "copy": id, "template": name }`. */
@@ -41,10 +46,59 @@ export function parseDiskMark(text: string): DiskMark {
   return { copy: m.copy, template: m.template };
 }
 
+/** What a restore of an image with a disk needs: the pool (SNAPSHOT_CORRUPT without one). */
+function poolFor(pool: DiskPool | undefined): DiskPool {
+  if (!pool) throw new SpaceError('SNAPSHOT_CORRUPT', 'This image was taken with a disk (by a daemon with --disks on): start the daemon with --disks on to restore it');
+  return pool;
+}
+
 /**
+ * The disk of a snapshot, stored apart from its image (see the module's comment).
+ *
+ * @example
+ * const disks = new DiskStream(() => pool);
+ * const bytes = await disks.open(`${img}/space-disk.json`);            // btrfs send of the copy against its template
+ * if (await disks.needed(`${dir}/space-disk.json`)) await disks.apply(`${dir}/space-disk.json`, stored);
+ */
+export class DiskStream implements ImageAttachment {
+  readonly name = 'gvisor-disk-btrfs-send-v2';
+  readonly suffix = 'disk';
+
+  constructor(
+    /** The pool, once the driver has opened it. */
+    private readonly pool: () => DiskPool | undefined,
+    /** Per stream: a disk of a few GiB of changes takes a while. */
+    private readonly timeoutMs = 30 * 60_000,
+  ) {}
+
+  async open(src: string): Promise<Readable | undefined> {
+    const pool = this.pool();
+    if (!pool || path.basename(src) !== DISK_MARK) return undefined;
+    const mark = parseDiskMark(await fs.readFile(src, 'utf8'));
+    const parent = pool.templatePath(mark.template);
+    const copy = pool.copyPath(mark.copy);
+    if (!parent || !existsSync(copy)) throw new SpaceError('DRIVER_FAILED', `The disk copy ${mark.copy} or its template ${mark.template} is missing from the pool: the snapshot cannot be stored`);
+    return btrfsOutput(['send', '-q', '-p', parent, copy], this.timeoutMs);
+  }
+
+  async needed(src: string): Promise<boolean> {
+    const mark = parseDiskMark(await fs.readFile(src, 'utf8'));
+    return !existsSync(poolFor(this.pool()).copyPath(mark.copy));
+  }
+
+  async apply(src: string, bytes: Readable): Promise<void> {
+    const mark = parseDiskMark(await fs.readFile(src, 'utf8'));
+    await receiveCopy(poolFor(this.pool()), mark, bytes, this.timeoutMs);
+  }
+}
+
+/**
+ * Reads the disks of snapshots stored before {@link DiskStream} (the stream inside the image):
+ * decode only; new snapshots store their disks apart.
+ *
  * @example
  * const codec = new DiskCodec(() => pool);
- * await codec.encode(`${img}/space-disk.json`, `${img}.stored/space-disk.json`); // mark + btrfs send stream
+ * await codec.decode(`${dir}/space-disk.json.stored`, `${dir}/space-disk.json`); // the mark; the copy received if missing
  */
 export class DiskCodec implements ImageFileCodec {
   readonly name = 'gvisor-disk-btrfs-send-v1';
@@ -56,22 +110,9 @@ export class DiskCodec implements ImageFileCodec {
     private readonly timeoutMs = 30 * 60_000,
   ) {}
 
-  async encode(src: string, dest: string): Promise<boolean> {
-    const pool = this.pool();
-    if (!pool || path.basename(src) !== DISK_MARK) return false;
-    const text = await fs.readFile(src);
-    const mark = parseDiskMark(text.toString('utf8'));
-    const parent = pool.templatePath(mark.template);
-    const copy = pool.copyPath(mark.copy);
-    if (!parent || !existsSync(copy)) throw new SpaceError('DRIVER_FAILED', `The disk copy ${mark.copy} or its template ${mark.template} is missing from the pool: the snapshot cannot be stored`);
-    const head = Buffer.alloc(12);
-    MAGIC.copy(head, 0);
-    head.writeUInt32BE(text.length, 8);
-    const out = createWriteStream(dest, { mode: 0o600 });
-    out.write(head);
-    out.write(text);
-    await this.btrfs(['send', '-q', '-p', parent, copy], { stdout: out });
-    return true;
+  /** Never: new snapshots store the disk apart ({@link DiskStream}). */
+  async encode(): Promise<boolean> {
+    return false;
   }
 
   async decode(src: string, dest: string): Promise<void> {
@@ -88,57 +129,92 @@ export class DiskCodec implements ImageFileCodec {
     } finally {
       await fh.close();
     }
-    const pool = this.pool();
-    if (!pool) throw new SpaceError('SNAPSHOT_CORRUPT', 'This image was taken with a disk (by a daemon with --disks on): start the daemon with --disks on to restore it');
-    if (!existsSync(pool.copyPath(mark.copy))) await this.receive(pool, mark, src, 12 + text.length);
+    const pool = poolFor(this.pool());
+    if (!existsSync(pool.copyPath(mark.copy))) await receiveCopy(pool, mark, createReadStream(src, { start: 12 + text.length }), this.timeoutMs);
     await fs.writeFile(dest, text, { mode: 0o600 });
   }
+}
 
-  /**
-   * Makes the copy again from the stored stream: received under a scratch directory and moved
-   * into place when complete, so a crash never leaves a partial copy that looks whole.
-   */
-  private async receive(pool: DiskPool, mark: DiskMark, src: string, offset: number): Promise<void> {
-    if (!pool.templatePath(mark.template)) throw new SpaceError('SNAPSHOT_CORRUPT', `The disk of this snapshot grew from template files (${mark.template}) this node's pool does not hold; create a sandbox of that template here first`);
-    const scratch = await fs.mkdtemp(path.join(path.dirname(pool.copyPath(mark.copy)), '.recv-'));
+/**
+ * Makes the copy of `mark` again from a stored stream: received under a scratch directory and
+ * moved into place when complete, so a crash (or a stream that turns out corrupt at its end)
+ * never leaves a partial copy that looks whole.
+ */
+async function receiveCopy(pool: DiskPool, mark: DiskMark, stream: Readable, timeoutMs: number): Promise<void> {
+  if (!pool.templatePath(mark.template)) throw new SpaceError('SNAPSHOT_CORRUPT', `The disk of this snapshot grew from template files (${mark.template}) this node's pool does not hold; create a sandbox of that template here first`);
+  const scratch = await fs.mkdtemp(path.join(path.dirname(pool.copyPath(mark.copy)), '.recv-'));
+  try {
+    await btrfs(['receive', '-q', '-e', scratch], timeoutMs, { stdin: stream });
+    const got = (await fs.readdir(scratch))[0];
+    if (!got) throw new SpaceError('SNAPSHOT_CORRUPT', 'The stored disk stream holds no subvolume');
+    // A read-only subvolume cannot be renamed: a snapshot of it takes its place (no bytes copied).
+    await btrfs(['subvolume', 'snapshot', '-r', path.join(scratch, got), pool.copyPath(mark.copy)], timeoutMs);
+    await btrfs(['subvolume', 'delete', path.join(scratch, got)], timeoutMs);
+  } catch (err) {
+    for (const d of await fs.readdir(scratch).catch(() => [] as string[])) await btrfs(['subvolume', 'delete', path.join(scratch, d)], timeoutMs).catch(() => {});
+    if (err instanceof SpaceError) throw err;
+    throw new SpaceError('SNAPSHOT_CORRUPT', `The stored disk could not be received: ${(err as Error).message}`, { cause: err });
+  } finally {
+    await fs.rmdir(scratch).catch(() => {});
+  }
+}
+
+/** Runs btrfs (stdin from a stream, if given); rejects with its stderr. */
+function btrfs(args: string[], timeoutMs: number, io: { stdin?: Readable } = {}): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    const child = spawn('btrfs', args, { stdio: [io.stdin ? 'pipe' : 'ignore', 'ignore', 'pipe'] });
+    const stderr = tail(child.stderr!);
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    const piping = io.stdin ? pipeline(io.stdin, child.stdin!) : Promise.resolve();
+    // Judged once btrfs has exited (below); a pipe that breaks first (btrfs ending early, or
+    // killed as the daemon stops: "Premature close") must not be an unhandled rejection meanwhile.
+    piping.catch(() => {});
+    child.on('error', (err) => {
+      clearTimeout(timer);
+      reject(cannotRun(err));
+    });
+    child.on('close', (code, sig) => {
+      clearTimeout(timer);
+      // A stream that fails at its end (its checksum) fails the receive even if btrfs took it.
+      piping.then(
+        () => (code === 0 ? resolve() : reject(new Error(`btrfs ${args[0]} failed (${sig ?? `exit ${code}`}): ${stderr()}`))),
+        (err: unknown) => reject(code === 0 ? err : new Error(`btrfs ${args[0]} failed (${sig ?? `exit ${code}`}): ${stderr()}`)),
+      );
+    });
+  });
+}
+
+/**
+ * btrfs's standard output as a stream that ends only once btrfs has exited well, and errors
+ * otherwise: a reader never takes a cut-off stream for a whole one. Destroying it kills btrfs.
+ */
+function btrfsOutput(args: string[], timeoutMs: number): Readable {
+  const child = spawn('btrfs', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const stderr = tail(child.stderr!);
+  const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+  const exited = new Promise<void>((resolve, reject) => {
+    child.on('error', (err) => reject(cannotRun(err)));
+    child.on('close', (code, sig) => (code === 0 ? resolve() : reject(new SpaceError('DRIVER_FAILED', `btrfs ${args[0]} failed (${sig ?? `exit ${code}`}): ${stderr()}`))));
+  }).finally(() => clearTimeout(timer));
+  exited.catch(() => {}); // judged at the stream's end (below)
+  async function* output(): AsyncGenerator<Buffer> {
     try {
-      await this.btrfs(['receive', '-q', '-e', scratch], { stdin: createReadStream(src, { start: offset }) });
-      const got = (await fs.readdir(scratch))[0];
-      if (!got) throw new SpaceError('SNAPSHOT_CORRUPT', 'The stored disk stream holds no subvolume');
-      // A read-only subvolume cannot be renamed: a snapshot of it takes its place (no bytes copied).
-      await this.btrfs(['subvolume', 'snapshot', '-r', path.join(scratch, got), pool.copyPath(mark.copy)]);
-      await this.btrfs(['subvolume', 'delete', path.join(scratch, got)]);
-    } catch (err) {
-      for (const d of await fs.readdir(scratch).catch(() => [] as string[])) await this.btrfs(['subvolume', 'delete', path.join(scratch, d)]).catch(() => {});
-      if (err instanceof SpaceError) throw err;
-      throw new SpaceError('SNAPSHOT_CORRUPT', `The stored disk could not be received: ${(err as Error).message}`, { cause: err });
+      for await (const chunk of child.stdout!) yield chunk as Buffer;
+      await exited;
     } finally {
-      await fs.rmdir(scratch).catch(() => {});
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
     }
   }
+  return Readable.from(output(), { objectMode: false });
+}
 
-  /** Runs btrfs with a stream as its input or output; rejects with its stderr. */
-  private btrfs(args: string[], io: { stdin?: NodeJS.ReadableStream; stdout?: NodeJS.WritableStream } = {}): Promise<void> {
-    return new Promise<void>((resolve, reject) => {
-      const child = spawn('btrfs', args, { stdio: [io.stdin ? 'pipe' : 'ignore', io.stdout ? 'pipe' : 'ignore', 'pipe'] });
-      let stderr = '';
-      child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()).length > 4096 && (stderr = stderr.slice(-4096)));
-      const timer = setTimeout(() => child.kill('SIGKILL'), this.timeoutMs);
-      const piping = Promise.all([io.stdin ? pipeline(io.stdin, child.stdin!) : undefined, io.stdout ? pipeline(child.stdout!, io.stdout) : undefined]);
-      // Judged once btrfs has exited (below); a pipe that breaks first (btrfs ending early, or
-      // killed as the daemon stops: "Premature close") must not be an unhandled rejection meanwhile.
-      piping.catch(() => {});
-      child.on('error', (err) => {
-        clearTimeout(timer);
-        reject(new SpaceError('DRIVER_FAILED', `btrfs cannot run: ${err.message} (apt-get install btrfs-progs)`, { cause: err }));
-      });
-      child.on('close', (code, sig) => {
-        clearTimeout(timer);
-        piping.then(
-          () => (code === 0 ? resolve() : reject(new Error(`btrfs ${args[0]} failed (${sig ?? `exit ${code}`}): ${stderr.trim()}`))),
-          (err: unknown) => reject(code === 0 ? err : new Error(`btrfs ${args[0]} failed (${sig ?? `exit ${code}`}): ${stderr.trim()}`)),
-        );
-      });
-    });
-  }
+/** The last 4 KiB a stream wrote, trimmed, as a function to call once it has ended. */
+function tail(r: Readable): () => string {
+  let text = '';
+  r.on('data', (d: Buffer) => (text += d.toString()).length > 4096 && (text = text.slice(-4096)));
+  return () => text.trim();
+}
+
+function cannotRun(err: Error): SpaceError {
+  return new SpaceError('DRIVER_FAILED', `btrfs cannot run: ${err.message} (apt-get install btrfs-progs)`, { cause: err });
 }

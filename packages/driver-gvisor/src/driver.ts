@@ -11,14 +11,14 @@ import { existsSync, promises as fs, openSync, closeSync, readFileSync, statSync
 import net from 'node:net';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
-import { CHECKPOINT_COMPLETE, Laps, SpaceError, randomString, readKernelFile, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage, type DriverDisks, type ImageFileCodec, type RestoreTimings } from '@space/core';
+import { CHECKPOINT_COMPLETE, Laps, SpaceError, randomString, readKernelFile, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage, type DriverDisks, type ImageAttachment, type ImageFileCodec, type RestoreTimings } from '@space/core';
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
 import { AGENT_ARGV, RUNTIME, ensureRuntime } from '@space/core';
 import { StatefileCodec } from './statefile-codec.js';
 import { DiskPool, type DiskUsage } from './disk-pool.js';
-import { DISK_MARK, DiskCodec, parseDiskMark, type DiskMark } from './disk-codec.js';
+import { DISK_MARK, DiskCodec, DiskStream, parseDiskMark, type DiskMark } from './disk-codec.js';
 
 /** Options of {@link GvisorDriver}. */
 export interface GvisorDriverOptions {
@@ -106,8 +106,10 @@ export class GvisorDriver implements SandboxDriver {
   }
   /** runsc's state file stored with its blocks decompressed, so consecutive snapshots deduplicate. */
   readonly imageCodec = new StatefileCodec();
-  /** The state file's codec; with disks, the disk copy's too (its files into the encrypted store). */
+  /** The state file's codec; with disks, the reader of disks stored inside images (snapshots from before {@link imageAttachments}). */
   readonly imageCodecs: readonly ImageFileCodec[];
+  /** With disks: the disk copy's files, stored beside the snapshot (into the encrypted store). */
+  readonly imageAttachments: readonly ImageAttachment[];
   private events?: DriverEvents;
   private readonly servers = new Map<string, net.Server>();
   private readonly rids = new Map<string, string>();
@@ -133,6 +135,7 @@ export class GvisorDriver implements SandboxDriver {
       if (this.disks.defaultMb > this.disks.maxMb) throw new SpaceError('CONFIG_INVALID', `The default disk (${this.disks.defaultMb} MiB) is larger than the largest allowed (${this.disks.maxMb} MiB): lower --disk-default or raise --disk-max`);
     }
     this.imageCodecs = opts.disks ? [new DiskCodec(() => this.pool), this.imageCodec] : [this.imageCodec];
+    this.imageAttachments = opts.disks ? [new DiskStream(() => this.pool)] : [];
   }
 
   /** The disk pool; throws before {@link init}. */

@@ -4,7 +4,7 @@
  * holds it; which one that is comes from its create/restore, from core after a restart
  * ({@link DriverRouter.assign}), or from the drivers' own {@link SandboxDriver.list}.
  */
-import type { DriverCreateSpec, DriverEvents, DriverReport, ImageFileCodec, RestoreTimings, RuntimeStatus, SandboxDriver, SandboxUsage } from './driver.js';
+import type { DriverCreateSpec, DriverEvents, DriverReport, ImageAttachment, ImageFileCodec, ImageForms, RestoreTimings, RuntimeStatus, SandboxDriver, SandboxUsage } from './driver.js';
 import { SpaceError } from '../errors.js';
 
 /**
@@ -60,6 +60,27 @@ export class DriverRouter implements SandboxDriver {
   codecNamed(codec: string): ImageFileCodec | undefined {
     for (const d of this.byName.values()) for (const c of d.imageCodecs ?? []) if (c.name === codec) return c;
     return undefined;
+  }
+
+  /** The image attachments of driver `name` (see {@link ImageAttachment}), in the order they are tried. */
+  attachmentsOf(name: string): readonly ImageAttachment[] {
+    return this.get(name).imageAttachments ?? [];
+  }
+
+  /** The attachment called `name` of any enabled driver (to restore what snapshots recorded). */
+  attachmentNamed(name: string): ImageAttachment | undefined {
+    for (const d of this.byName.values()) for (const a of d.imageAttachments ?? []) if (a.name === name) return a;
+    return undefined;
+  }
+
+  /** How images of driver `name` are stored (see image-objects.ts; the router itself reads them). */
+  imageForms(name: string): ImageForms {
+    return { codecs: this.codecOf(name), attachments: this.attachmentsOf(name) };
+  }
+
+  /** Every enabled driver's attachment suffixes: the objects a stored image may have beside it. */
+  attachmentSuffixes(): string[] {
+    return [...new Set([...this.byName.values()].flatMap((d) => (d.imageAttachments ?? []).map((a) => a.suffix)))];
   }
 
   /** The disks of driver `name` (see {@link SandboxDriver.disks}); undefined when it keeps files in memory. */

@@ -3,7 +3,7 @@
  * first process and hands core a byte stream to that agent; core speaks the protocol.
  * Drivers import core; core imports no driver.
  */
-import type { Duplex } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 import type { EndReason } from '../model.js';
 
 /** What a driver needs to boot one sandbox. */
@@ -115,6 +115,55 @@ export interface ImageFileCodec {
   decode(src: string, dest: string): Promise<void>;
 }
 
+/**
+ * Bytes an image file stands for that are stored as an object of their own beside the snapshot
+ * (`<snapshot key>.<suffix>`), streamed from where they are straight into the blob store, and
+ * read back only when a restore needs them: e.g. a disk's files, which the node keeps in a local
+ * copy named by a small mark file in the image. A snapshot's fetch then reads the image alone (a
+ * wake of a sandbox holding a GiB on its disk fetched that GiB, to find its copy in the pool).
+ * The image file itself is stored as it is (no {@link ImageFileCodec}).
+ *
+ * @example
+ * const bytes = await attachment.open(`${imageDir}/space-disk.json`); // a btrfs send stream, or undefined
+ * if (bytes) await blobs.put(`${key}.${attachment.suffix}`, bytes);
+ * // restoring, after the image is unpacked:
+ * if (await attachment.needed(file)) await attachment.apply(file, await blobs.get(`${key}.${attachment.suffix}`));
+ */
+export interface ImageAttachment {
+  /** Recorded in every snapshot that used it; a new incompatible form needs a new name. */
+  readonly name: string;
+  /** The end of the object's key (`<snapshot key>.<suffix>`): 1 to 32 of a-z, 0-9 and '-'. */
+  readonly suffix: string;
+  /**
+   * The bytes to store for image file `src`, or undefined when it is not a file this attachment
+   * takes. The stream errors (and the snapshot fails) when they cannot be read whole.
+   */
+  open(src: string): Promise<Readable | undefined>;
+  /** Whether restoring unpacked image file `src` needs the stored bytes (what they make is not on this node). */
+  needed(src: string): Promise<boolean>;
+  /**
+   * Makes what image file `src` stands for from the stored bytes; nothing half-made is left on a
+   * failure. Rejects with `SNAPSHOT_CORRUPT` when the bytes do not make it.
+   */
+  apply(src: string, bytes: Readable): Promise<void>;
+}
+
+/** How a driver stores its image files (see DriverRouter.imageForms): codecs, and attachments. */
+export interface ImageForms {
+  /** Codecs to store image files with, in the order they are tried. */
+  codecs: readonly ImageFileCodec[];
+  /** Attachments to store image files' bytes apart with, in the order they are tried. */
+  attachments: readonly ImageAttachment[];
+}
+
+/** What reads the stored images of any enabled driver (the DriverRouter is one). */
+export interface ImageReaders {
+  /** The codec called `name` (to read what a snapshot recorded). */
+  codecNamed(name: string): ImageFileCodec | undefined;
+  /** The attachment called `name` (to restore what a snapshot recorded). */
+  attachmentNamed(name: string): ImageAttachment | undefined;
+}
+
 /** Written into a checkpoint image directory once the image is complete (see {@link SandboxDriver.checkpoint}). */
 export const CHECKPOINT_COMPLETE = '.space-complete';
 
@@ -156,6 +205,8 @@ export interface SandboxDriver {
    * through the first codec that takes it; none: as they are.
    */
   readonly imageCodecs?: readonly ImageFileCodec[];
+  /** Image files whose bytes are stored apart (see {@link ImageAttachment}); each file goes to the first that takes it. */
+  readonly imageAttachments?: readonly ImageAttachment[];
   /**
    * Present when sandboxes get disks: their files live on a bounded disk, captured with each
    * checkpoint (kept by the driver under the image directory's name, until {@link forgetImage}).

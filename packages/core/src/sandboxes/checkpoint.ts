@@ -10,7 +10,7 @@ import { SpaceError } from '../errors.js';
 import { Laps } from '../laps.js';
 import type { Intent } from '../ports/intent-journal.js';
 import { newSnapshotId, type Sandbox, type Snapshot, type SnapshotTrigger } from '../model.js';
-import { packSnapshot, readSnapshot } from '../storage/snapshot-format.js';
+import { deleteImage, getImage, putImage } from '../storage/image-objects.js';
 import type { CheckpointHooks, SandboxContext } from './context.js';
 
 /** Room a checkpoint needs beyond the sandbox's memory limit: the runtime's own state files. */
@@ -207,7 +207,8 @@ export class Checkpoints implements CheckpointHooks {
       return existing;
     }
     const createdAt = new Date().toISOString();
-    const { stream, meta } = await packSnapshot(imageDir, {
+    const blobKey = `snapshots/${sb.tenantId}/${id}`;
+    const { meta, sizeBytes } = await putImage(this.c.blobs, blobKey, imageDir, {
       id,
       sandboxId: sb.id,
       tenantId: sb.tenantId,
@@ -216,9 +217,7 @@ export class Checkpoints implements CheckpointHooks {
       driverVersion: await this.c.driver.versionOf(sb.driver),
       ...(sb.fromSnapshotId ? { parentSnapshotId: sb.fromSnapshotId } : {}),
       createdAt,
-    }, this.c.driver.codecOf(sb.driver));
-    const blobKey = `snapshots/${sb.tenantId}/${id}`;
-    const sizeBytes = await this.c.blobs.put(blobKey, stream);
+    }, this.c.driver.imageForms(sb.driver));
     await this.c.faults.fault('snapshot:after-blob');
     const trigger = intent.trigger ?? 'manual';
     const snapshot: Snapshot = {
@@ -262,7 +261,7 @@ export class Checkpoints implements CheckpointHooks {
   async unpack(snap: Snapshot): Promise<string> {
     const dir = path.join(this.c.workDir, `r-${snap.id}-${Math.random().toString(36).slice(2, 8)}`);
     try {
-      await readSnapshot(snap.id, await this.c.blobs.get(snap.blobKey), dir, this.c.maxSnapshotBytes, (name) => this.c.driver.codecNamed(name));
+      await getImage(this.c.blobs, snap.blobKey, snap.id, dir, this.c.maxSnapshotBytes, this.c.driver);
       return dir;
     } catch (err) {
       await fs.rm(dir, { recursive: true, force: true });
@@ -302,7 +301,7 @@ export class Checkpoints implements CheckpointHooks {
   async deleteSnapshot(sn: Snapshot): Promise<void> {
     // Record first, bytes second: a crash in between leaves an unreferenced blob, never a listed snapshot without bytes.
     await this.c.store.deleteSnapshot(sn.id);
-    await this.c.blobs.delete(sn.blobKey);
+    await deleteImage(this.c.blobs, sn.blobKey, this.c.driver.attachmentSuffixes());
     await this.c.driver.forgetImage(sn.id);
   }
 }

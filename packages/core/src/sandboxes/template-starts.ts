@@ -10,7 +10,7 @@ import { SpaceError } from '../errors.js';
 import { LIMITS, newSandboxId, type CreateTimings, type Sandbox, type Template, type TemplateImage, type TemplateStart } from '../model.js';
 import { POOL_MEMORY_MB, poolDiskMb } from '../templates/warm-pool.js';
 import type { Progress } from '../ports/rootfs-builder.js';
-import { packSnapshot, readSnapshot } from '../storage/snapshot-format.js';
+import { deleteImage, getImage, putImage } from '../storage/image-objects.js';
 import { templateImageBlobKey, type TemplateImageStore } from '../templates/template-service.js';
 import type { SandboxContext, StartHooks } from './context.js';
 import { sendIdentity } from './identity.js';
@@ -144,18 +144,19 @@ export class TemplateStarts implements StartHooks {
   templateImages(): TemplateImageStore {
     return {
       save: async (t, image, dir) => {
-        const { stream } = await packSnapshot(
+        await putImage(
+          this.c.blobs,
+          templateImageBlobKey(t.tenantId, image.key),
           dir,
           { id: image.key, sandboxId: image.sourceId, tenantId: t.tenantId || '_builtin', template: t.name, driver: this.c.driver.name, driverVersion: await this.c.driver.version(), createdAt: image.createdAt },
-          this.c.driver.codecOf(this.c.driver.name),
+          this.c.driver.imageForms(this.c.driver.name),
         );
-        await this.c.blobs.put(templateImageBlobKey(t.tenantId, image.key), stream);
       },
       load: async (t, image, dir) => {
         const key = templateImageBlobKey(t.tenantId, image.key);
         if (!(await this.c.blobs.stat(key))) return false;
         try {
-          await readSnapshot(image.key, await this.c.blobs.get(key), dir, this.c.maxSnapshotBytes, (name) => this.c.driver.codecNamed(name));
+          await getImage(this.c.blobs, key, image.key, dir, this.c.maxSnapshotBytes, this.c.driver);
           return true;
         } catch (err) {
           if (err instanceof SpaceError && (err.code === 'KEY_REVOKED' || err.code === 'KEY_DESTROYED')) throw err;
@@ -164,7 +165,7 @@ export class TemplateStarts implements StartHooks {
         }
       },
       drop: async (t, image) => {
-        await this.c.blobs.delete(templateImageBlobKey(t.tenantId, image.key));
+        await deleteImage(this.c.blobs, templateImageBlobKey(t.tenantId, image.key), this.c.driver.attachmentSuffixes());
         await this.c.driver.forgetImage(image.key);
       },
     };

@@ -19,8 +19,9 @@
  * storing a few shared chunks twice).
  *
  * Garbage collection deletes packs no manifest references (a pack lives as long as any of its
- * chunks does). Writers and the collector exclude each other (a pack is never deleted while a
- * write that may reference it runs); a write a crash interrupted leaves only unreferenced
+ * chunks does), and objects no record names; an object `<key>.<suffix>` (an image's
+ * attachment) lives as long as object `<key>`. Writers and the collector exclude each other (a
+ * pack is never deleted while a write that may reference it runs); a write a crash interrupted leaves only unreferenced
  * packs, which the next collection removes. Objects written by the first version of this store
  * (one object per chunk, manifest `v: 1`) are still read and collected.
  */
@@ -131,6 +132,12 @@ async function readAll(r: Readable): Promise<Buffer> {
   const parts: Buffer[] = [];
   for await (const c of r) parts.push(c as Buffer);
   return Buffer.concat(parts);
+}
+
+/** The object whose attachment `key` is (`<object key>.<suffix>`: a dot in its last part), if it is one. */
+function attachmentOwner(key: string): string | undefined {
+  const dot = key.lastIndexOf('.');
+  return dot > key.lastIndexOf('/') + 1 ? key.slice(0, dot) : undefined;
 }
 
 /** The names under `chunks/<tenant>/` a manifest keeps alive. */
@@ -507,6 +514,12 @@ export class DedupBlobStore implements BlobStore {
         for (const dir of (await this.inner.list?.(kind)) ?? []) {
           for (const k of (await this.inner.list?.(dir)) ?? []) {
             if (live.has(k)) continue;
+            // An attachment (`<key>.<suffix>`, image-objects.ts) lives as long as its object.
+            const owner = attachmentOwner(k);
+            if (owner && live.has(owner)) {
+              live.add(k);
+              continue;
+            }
             const info = await this.inner.stat(k);
             if (!info) continue;
             if (Date.now() - Date.parse(info.createdAt) < RECENT_MS) {

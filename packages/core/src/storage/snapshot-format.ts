@@ -12,6 +12,9 @@
  *
  * Version 2 added `files[].codec`: the file is stored in the form the driver's
  * {@link ImageFileCodec} of that name wrote, and decoded (verified bit for bit) on unpacking.
+ * Version 3 added `attachments`: bytes an image file stands for, stored as objects of their own
+ * beside the snapshot's (see ImageAttachment and image-objects.ts); written only by a
+ * snapshot that has some (others stay version 2, readable by daemons from before).
  *
  * `metadata.payloadSha256` covers the payload; {@link readSnapshot} verifies both hashes and all
  * sizes while unpacking, and refuses with `SNAPSHOT_CORRUPT` before anything is restored.
@@ -25,7 +28,10 @@ import { SpaceError } from '../errors.js';
 import { CHECKPOINT_COMPLETE, type ImageFileCodec } from '../ports/driver.js';
 
 export const SNAPSHOT_MAGIC = Buffer.from('SPACESNP');
-export const SNAPSHOT_FORMAT_VERSION = 2;
+/** The newest format written (a snapshot without attachments is written as version 2). */
+export const SNAPSHOT_FORMAT_VERSION = 3;
+/** An ImageAttachment's key suffix. */
+const SUFFIX = /^[a-z0-9-]{1,32}$/;
 const MAX_META = 64 * 1024;
 const FIXED = 8 + 2 + 4 + 32;
 
@@ -41,6 +47,11 @@ export interface SnapshotMeta {
   createdAt: string;
   /** Files of the runtime's image directory, in payload order; `size` is the stored size, `codec` the stored form's (none: as written). */
   files: { name: string; size: number; codec?: string }[];
+  /**
+   * Image files whose bytes are stored apart, as `<this object's key>.<key>` (version 3): the
+   * attachment's name, its key suffix, and the stored size.
+   */
+  attachments?: { file: string; name: string; key: string; size: number }[];
   payloadSize: number;
   payloadSha256: string;
 }
@@ -48,7 +59,8 @@ export interface SnapshotMeta {
 /**
  * Packs a runtime image directory into a snapshot stream (hashing it first). Each file goes
  * through the first of `codecs` that takes it and is stored in its encoded form (written beside
- * `imageDir`, which stays as it is, and removed once the stream has been read).
+ * `imageDir`, which stays as it is, and removed once the stream has been read); a file named in
+ * `meta.attachments` is stored as it is.
  *
  * @example
  * const { stream, meta } = await packSnapshot(imageDir, { id, sandboxId, ... }, driver.imageCodecs);
@@ -66,7 +78,7 @@ export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'f
       let p = path.join(imageDir, name);
       if (!(await fs.stat(p)).isFile()) continue;
       let used: string | undefined;
-      for (const codec of codecs) {
+      for (const codec of meta.attachments?.some((a) => a.file === name) ? [] : codecs) {
         await fs.mkdir(encodedDir, { recursive: true });
         const enc = path.join(encodedDir, name);
         if (await codec.encode(p, enc)) {
@@ -87,7 +99,7 @@ export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'f
   const metaBuf = Buffer.from(JSON.stringify(full));
   const head = Buffer.alloc(FIXED);
   SNAPSHOT_MAGIC.copy(head, 0);
-  head.writeUInt16BE(SNAPSHOT_FORMAT_VERSION, 8);
+  head.writeUInt16BE(full.attachments?.length ? 3 : 2, 8);
   head.writeUInt32BE(metaBuf.length, 10);
   createHash('sha256').update(metaBuf).digest().copy(head, 14);
   async function* body(): AsyncGenerator<Buffer> {
@@ -129,7 +141,7 @@ export async function readSnapshot(id: string, src: Readable, imageDir: string, 
   if (!(await need(FIXED))) throw corrupt(id, 'truncated header');
   if (!buf.subarray(0, 8).equals(SNAPSHOT_MAGIC)) throw corrupt(id, 'bad magic');
   const version = buf.readUInt16BE(8);
-  if (version !== 1 && version !== SNAPSHOT_FORMAT_VERSION) throw corrupt(id, `unsupported format version ${version}`);
+  if (version < 1 || version > SNAPSHOT_FORMAT_VERSION) throw corrupt(id, `unsupported format version ${version}${version > SNAPSHOT_FORMAT_VERSION ? ' (written by a newer daemon)' : ''}`);
   const metaLen = buf.readUInt32BE(10);
   if (metaLen > MAX_META) throw corrupt(id, `metadata of ${metaLen} bytes exceeds ${MAX_META}`);
   const metaHash = Buffer.from(buf.subarray(14, FIXED));
@@ -145,6 +157,10 @@ export async function readSnapshot(id: string, src: Readable, imageDir: string, 
   if (meta.id !== id) throw corrupt(id, `it holds snapshot ${String(meta.id)}`);
   if (!Array.isArray(meta.files) || meta.payloadSize > maxPayload || meta.files.reduce((a, f) => a + f.size, 0) !== meta.payloadSize) throw corrupt(id, 'inconsistent sizes');
   for (const f of meta.files) if (typeof f.name !== 'string' || !/^[A-Za-z0-9._-]{1,128}$/.test(f.name)) throw corrupt(id, 'bad file name');
+  if (meta.attachments !== undefined) {
+    const ok = version >= 3 && Array.isArray(meta.attachments) && meta.attachments.every((a) => meta.files.some((f) => f.name === a.file && f.codec === undefined) && typeof a.name === 'string' && typeof a.key === 'string' && SUFFIX.test(a.key) && Number.isSafeInteger(a.size) && a.size >= 0);
+    if (!ok) throw corrupt(id, 'bad attachments');
+  }
   const decoders = new Map<string, ImageFileCodec>();
   for (const f of meta.files) {
     if (f.codec === undefined) continue;
