@@ -67,6 +67,8 @@ describe('sandbox disks: SIGKILL of the daemon', { timeout: 20 * 60_000 }, () =>
     ['snapshot', 'snapshot:during-checkpoint'],
     ['snapshot', 'snapshot:after-checkpoint'],
     ['snapshot', 'snapshot:during-restore'],
+    ['snapshot', 'snapshot:during-store'],
+    ['hibernate', 'snapshot:during-store'],
     ['hibernate', 'snapshot:during-checkpoint'],
     ['wake', 'wake:during-restore'],
     ['rollback', 'rollback:during-restore'],
@@ -76,6 +78,8 @@ describe('sandbox disks: SIGKILL of the daemon', { timeout: 20 * 60_000 }, () =>
       let sb = await Sandbox.create({ ...d.conn, template: 'minimal', diskMb: 1024 });
       ids.add(sb.id);
       await sb.files.write('/tmp/a', 'a');
+      // Enough on the disk that the store of its stream is under way when the daemon dies.
+      if (point === 'snapshot:during-store') await sb.commands.run('head -c 67108864 /dev/urandom > /tmp/big', { timeoutMs: 120_000 });
       let snap;
       if (op === 'rollback') {
         snap = await sb.snapshot();

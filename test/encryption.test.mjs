@@ -137,9 +137,10 @@ describe('encryption at rest, bring your own key', () => {
     try {
       const meta = await unpackSnapshot(fx.dataDir, snap.id, dir);
       await sb.kill();
-      // With a disk (the default on a node of its own) the snapshot carries its btrfs stream too.
+      // With a disk (the default on a node of its own) the snapshot names its btrfs stream, stored beside it.
       const disk = existsSync(path.join(fx.dataDir, 'disks', 'mnt', 'disks'));
-      assert.deepEqual(meta.files.map((f) => [f.name, f.codec]), [['checkpoint.img', codec.name], ...(disk ? [['space-disk.json', 'gvisor-disk-btrfs-send-v1']] : [])], 'the snapshot records the codec');
+      assert.deepEqual(meta.files.map((f) => [f.name, f.codec]), [['checkpoint.img', codec.name], ...(disk ? [['space-disk.json', undefined]] : [])], 'the snapshot records the codec');
+      assert.deepEqual(meta.attachments?.map((a) => [a.file, a.name, a.key]), disk ? [['space-disk.json', 'gvisor-disk-btrfs-send-v2', 'disk']] : undefined, 'and the disk stream stored apart');
       const stored = meta.files.find((f) => f.name === 'checkpoint.img');
       const img = path.join(dir, 'checkpoint.img');
       const original = readFileSync(img);

@@ -60,8 +60,9 @@ export async function unpackSnapshot(dataDir, snapshotId, dir) {
     const keys = new KeyService({ store, providers: [new LocalKeyProvider(path.join(dataDir, 'keys'))], nodeKey: { provider: 'local', ref: 'node.key' }, logger: silent });
     const blobs = new DedupBlobStore(new EncryptedBlobStore(new LocalBlobStore(path.join(dataDir, 'blobs')), keys, store), keys);
     const codec = new StatefileCodec();
-    // A snapshot of a sandbox with a disk (--disks on) holds its disk as the mark and the btrfs
-    // send stream of its files: kept as stored (receiving it needs the daemon's pool).
+    // A snapshot of a sandbox with a disk (--disks on) holds a mark naming the disk's copy; its
+    // btrfs send stream is an object beside it (format 3), or, in snapshots from before, follows
+    // the mark in the image: kept as stored (receiving it needs the daemon's pool).
     const disk = { name: 'gvisor-disk-btrfs-send-v1', decode: (src, dest) => copyFile(src, dest), encode: async () => false };
     return await readSnapshot(snap.id, await blobs.get(snap.blobKey), dir, 2 ** 34, (name) => (name === codec.name ? codec : name === disk.name ? disk : undefined));
   } finally {

@@ -208,7 +208,7 @@ export class Checkpoints implements CheckpointHooks {
     }
     const createdAt = new Date().toISOString();
     const blobKey = `snapshots/${sb.tenantId}/${id}`;
-    const { meta, sizeBytes } = await putImage(this.c.blobs, blobKey, imageDir, {
+    const { meta, sizeBytes } = await this.c.faults.during('snapshot:during-store', putImage(this.c.blobs, blobKey, imageDir, {
       id,
       sandboxId: sb.id,
       tenantId: sb.tenantId,
@@ -217,7 +217,7 @@ export class Checkpoints implements CheckpointHooks {
       driverVersion: await this.c.driver.versionOf(sb.driver),
       ...(sb.fromSnapshotId ? { parentSnapshotId: sb.fromSnapshotId } : {}),
       createdAt,
-    }, this.c.driver.imageForms(sb.driver));
+    }, this.c.driver.imageForms(sb.driver)));
     await this.c.faults.fault('snapshot:after-blob');
     const trigger = intent.trigger ?? 'manual';
     const snapshot: Snapshot = {
