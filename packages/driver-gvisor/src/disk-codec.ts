@@ -198,14 +198,13 @@ function btrfsOutput(args: string[], timeoutMs: number): Readable {
   }).finally(() => clearTimeout(timer));
   exited.catch(() => {}); // judged at the stream's end (below)
   async function* output(): AsyncGenerator<Buffer> {
-    try {
-      for await (const chunk of child.stdout!) yield chunk as Buffer;
-      await exited;
-    } finally {
-      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-    }
+    for await (const chunk of child.stdout!) yield chunk as Buffer;
+    await exited;
   }
-  return Readable.from(output(), { objectMode: false });
+  const stream = Readable.from(output(), { objectMode: false });
+  // Destroyed before its end (read or not: a store that failed first): btrfs goes too.
+  stream.once('close', () => child.exitCode === null && child.signalCode === null && child.kill('SIGKILL'));
+  return stream;
 }
 
 /** The last 4 KiB a stream wrote, trimmed, as a function to call once it has ended. */

@@ -28,7 +28,11 @@ export async function putImage(blobs: BlobStore, key: string, imageDir: string, 
         for (const a of forms.attachments) {
           const bytes = await a.open(path.join(imageDir, name));
           if (!bytes) continue;
-          attachments.push({ file: name, name: a.name, key: a.suffix, size: await blobs.put(`${key}.${a.suffix}`, bytes) });
+          // Recorded before the put, so that a failure deletes whatever of it was stored.
+          const entry = { file: name, name: a.name, key: a.suffix, size: 0 };
+          attachments.push(entry);
+          // A store that fails (a revoked key) may leave the stream unread: its producer stops with it.
+          entry.size = await blobs.put(`${key}.${a.suffix}`, bytes).finally(() => bytes.destroy());
           break;
         }
       }
