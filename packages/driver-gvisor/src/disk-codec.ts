@@ -46,6 +46,11 @@ export function parseDiskMark(text: string): DiskMark {
   return { copy: m.copy, template: m.template };
 }
 
+/** Reads and checks the mark in image file `file`. */
+async function readDiskMark(file: string): Promise<DiskMark> {
+  return parseDiskMark(await fs.readFile(file, 'utf8'));
+}
+
 /** What a restore of an image with a disk needs: the pool (SNAPSHOT_CORRUPT without one). */
 function poolFor(pool: DiskPool | undefined): DiskPool {
   if (!pool) throw new SpaceError('SNAPSHOT_CORRUPT', 'This image was taken with a disk (by a daemon with --disks on): start the daemon with --disks on to restore it');
@@ -74,7 +79,7 @@ export class DiskStream implements ImageAttachment {
   async open(src: string): Promise<Readable | undefined> {
     const pool = this.pool();
     if (!pool || path.basename(src) !== DISK_MARK) return undefined;
-    const mark = parseDiskMark(await fs.readFile(src, 'utf8'));
+    const mark = await readDiskMark(src);
     const parent = pool.templatePath(mark.template);
     const copy = pool.copyPath(mark.copy);
     if (!parent || !existsSync(copy)) throw new SpaceError('DRIVER_FAILED', `The disk copy ${mark.copy} or its template ${mark.template} is missing from the pool: the snapshot cannot be stored`);
@@ -82,12 +87,12 @@ export class DiskStream implements ImageAttachment {
   }
 
   async needed(src: string): Promise<boolean> {
-    const mark = parseDiskMark(await fs.readFile(src, 'utf8'));
+    const mark = await readDiskMark(src);
     return !existsSync(poolFor(this.pool()).copyPath(mark.copy));
   }
 
   async apply(src: string, bytes: Readable): Promise<void> {
-    const mark = parseDiskMark(await fs.readFile(src, 'utf8'));
+    const mark = await readDiskMark(src);
     await receiveCopy(poolFor(this.pool()), mark, bytes, this.timeoutMs);
   }
 }

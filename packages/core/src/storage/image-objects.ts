@@ -5,13 +5,11 @@
  * crash leaves at most objects nothing names, which the collector removes (an attachment lives as
  * long as the object whose key it extends: dedup-blobs.ts).
  */
-import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SpaceError } from '../errors.js';
 import type { BlobStore } from '../ports/blob-store.js';
-import { CHECKPOINT_COMPLETE, type ImageForms, type ImageReaders } from '../ports/driver.js';
-import { packSnapshot, readSnapshot, type SnapshotMeta } from './snapshot-format.js';
-
+import type { ImageForms, ImageReaders } from '../ports/driver.js';
+import { imageEntries, packSnapshot, readSnapshot, type SnapshotMeta } from './snapshot-format.js';
 
 /**
  * Stores image directory `imageDir` as object `key` and its attachments. Returns the image's
@@ -24,7 +22,7 @@ export async function putImage(blobs: BlobStore, key: string, imageDir: string, 
   const attachments: NonNullable<SnapshotMeta['attachments']> = [];
   try {
     if (forms.attachments.length) {
-      for (const name of (await fs.readdir(imageDir)).filter((n) => n !== CHECKPOINT_COMPLETE).sort()) {
+      for (const name of await imageEntries(imageDir)) {
         for (const a of forms.attachments) {
           const bytes = await a.open(path.join(imageDir, name));
           if (!bytes) continue;

@@ -56,6 +56,12 @@ export interface SnapshotMeta {
   payloadSha256: string;
 }
 
+/** The names of a runtime image directory's entries that are part of the image, in payload order. */
+export async function imageEntries(imageDir: string): Promise<string[]> {
+  // The runtime's completion mark (see SandboxDriver.checkpoint) says something about the directory, not the image.
+  return (await fs.readdir(imageDir)).filter((n) => n !== CHECKPOINT_COMPLETE).sort();
+}
+
 /**
  * Packs a runtime image directory into a snapshot stream (hashing it first). Each file goes
  * through the first of `codecs` that takes it and is stored in its encoded form (written beside
@@ -67,8 +73,7 @@ export interface SnapshotMeta {
  * await blobs.put(key, stream);
  */
 export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256'>, codecs: readonly ImageFileCodec[] = []): Promise<{ stream: Readable; meta: SnapshotMeta }> {
-  // The runtime's completion mark (see SandboxDriver.checkpoint) says something about the directory, not the image.
-  const names = (await fs.readdir(imageDir)).filter((n) => n !== CHECKPOINT_COMPLETE).sort();
+  const names = await imageEntries(imageDir);
   const files: SnapshotMeta['files'] = [];
   const sources: string[] = [];
   const encodedDir = `${imageDir}.stored`;
