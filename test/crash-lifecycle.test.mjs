@@ -250,13 +250,19 @@ describe('crash-proof lifecycle: SIGKILL of the daemon at any instant', { timeou
     });
     for (const l of leftovers(dataDir, [])) assert.ok([...live].some((id) => l.startsWith(`runsc container ${id}-`)), `${l} belongs to no session`);
     assert.deepEqual(readdirSync(workDirOf(dataDir)), [], 'no scratch image is left in the work directory');
-    // Snapshot bytes: one manifest per listed snapshot (the collection at each start removes the rest).
+    // Snapshot bytes: one manifest per listed snapshot, and beside it at most its attachments
+    // (`<id>.disk`, the disk's stream): the collection at each start removes the rest.
     const listed = new Set();
     for (const id of live) for (const s of await (await Sandbox.connect(id, d.conn)).snapshots()) listed.add(s.id);
     const dir = path.join(dataDir, 'blobs', 'snapshots');
     const stored = () => (existsSync(dir) ? readdirSync(dir) : []).flatMap((t) => readdirSync(path.join(dir, t))).sort();
     await kill();
     await start();
-    await eventually(() => JSON.stringify(stored()) === JSON.stringify([...listed].sort()));
+    const manifests = () => stored().filter((n) => !n.includes('.'));
+    const strayAttachments = () => stored().filter((n) => n.includes('.') && !listed.has(n.slice(0, n.indexOf('.'))));
+    await eventually(() => JSON.stringify(manifests()) === JSON.stringify([...listed].sort()) && strayAttachments().length === 0).catch((err) => {
+      throw new Error(`${err.message}: listed ${[...listed].sort().join(', ')}; stored ${stored().join(', ')}`);
+    });
+    assert.ok(stored().some((n) => n.endsWith('.disk')) || listed.size === 0, 'snapshots of sandboxes with disks store their disk beside them');
   });
 });
