@@ -52,6 +52,7 @@ export type { EgressLogEntry, EgressLogPage, EgressPolicy, HeaderRule, SecretAtt
 export type { SandboxNetwork } from './ports/driver.js';
 export { CHECKPOINT_COMPLETE } from './ports/driver.js';
 export { mountPoints, readKernelFile, run, tryRun } from './exec.js';
+export { createNetns } from './netns.js';
 export type { RunResult } from './exec.js';
 export { AGENT_ARGV, RUNTIME, ensureRuntime } from './agent/runtime.js';
 export { EVERY_PORT, MAX_EXPOSURE_S, checkHostHeader } from './sandboxes/ports.js';

@@ -11,7 +11,7 @@ import { existsSync, promises as fs, openSync, closeSync, readFileSync, statSync
 import net from 'node:net';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
-import { CHECKPOINT_COMPLETE, Laps, SpaceError, randomString, readKernelFile, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage, type DriverDisks, type ImageAttachment, type ImageFileCodec, type RestoreTimings } from '@space/core';
+import { CHECKPOINT_COMPLETE, Laps, createNetns, SpaceError, randomString, readKernelFile, run, tryRun, type DriverCreateSpec, type DriverEvents, type SandboxNetwork, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxUsage, type DriverDisks, type ImageAttachment, type ImageFileCodec, type RestoreTimings } from '@space/core';
 import { AGENT_RUNTIME_DIR, AGENT_SOCKET_DIR, AGENT_SOCKET_NAME } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
@@ -458,9 +458,7 @@ export class GvisorDriver implements SandboxDriver {
     await fs.mkdir(b.bundle, { recursive: true, mode: 0o700 });
     await fs.mkdir(b.sock, { recursive: true, mode: 0o700 });
     await this.listen(spec.id);
-    await run('ip', ['netns', 'add', b.netns]);
-    await run('ip', ['-n', b.netns, 'link', 'set', 'lo', 'up']);
-    await this.opts.network?.attach(spec.id, b.netns, SANDBOX_IF);
+    await createNetns(b.netns, this.opts.network && { network: this.opts.network, id: spec.id, ifname: SANDBOX_IF });
     signal?.throwIfAborted();
     const nproc = this.opts.maxProcesses ?? Math.min(1024, Math.max(32, Math.floor(spec.memoryMb / 4)));
     const preload = path.join(b.dir, 'ld.so.preload');

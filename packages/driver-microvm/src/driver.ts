@@ -16,7 +16,7 @@ import { spawn } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
-import { CHECKPOINT_COMPLETE, SpaceError, randomString, readKernelFile, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
+import { CHECKPOINT_COMPLETE, SpaceError, createNetns, randomString, readKernelFile, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
 import { SERIAL_OPEN_MAGIC, type SerialOpen } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 import { GuestBuilder } from './guest.js';
@@ -316,13 +316,10 @@ export class MicrovmDriver implements SandboxDriver {
     b.generation++;
     b.detached = false;
     const netns = `${NETNS_PREFIX}${rid}`;
-    await run('ip', ['netns', 'add', netns]);
-    await run('ip', ['-n', netns, 'link', 'set', 'lo', 'up']);
-    if (config.network) {
-      if (!this.opts.network) throw new SpaceError('DRIVER_FAILED', 'This snapshot was taken with a sandbox network and the daemon runs without one (--egress off)');
-      await this.opts.network.attach(id, netns, SANDBOX_IF);
-      b.open.net = await this.bridge(netns);
-    } else delete b.open.net;
+    if (config.network && !this.opts.network) throw new SpaceError('DRIVER_FAILED', 'This snapshot was taken with a sandbox network and the daemon runs without one (--egress off)');
+    await createNetns(netns, config.network && this.opts.network ? { network: this.opts.network, id, ifname: SANDBOX_IF } : undefined);
+    if (config.network) b.open.net = await this.bridge(netns);
+    else delete b.open.net;
     signal?.throwIfAborted();
     const { accel } = await this.accel();
     const ram: RamBacking = incoming?.ram ? { path: incoming.ram, shared: false } : { path: this.freshRam(rid), shared: true };

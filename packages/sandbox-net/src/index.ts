@@ -18,7 +18,6 @@
  * sandbox-side rule is missing.
  */
 import { createHash } from 'node:crypto';
-import { promises as fs } from 'node:fs';
 import net from 'node:net';
 import { SpaceError, parseCidr, run, tryRun, type SandboxNetwork } from '@space/core';
 
@@ -29,6 +28,20 @@ export interface SandboxNetOptions {
   /** TCP port of the egress proxy. @default 3128 */
   proxyPort?: number;
 }
+
+/**
+ * A link's set-up, run by `sh -c` with: netns, host interface, "1" to create the namespace,
+ * the host side's `ip -b` lines, the sandbox side's, and the sandbox side's nft rules.
+ */
+const LINK_SCRIPT = [
+  'set -e',
+  'if [ -n "$3" ]; then ip netns add "$1"; fi',
+  'printf %s "$4" | ip -b -',
+  '{ echo 1 > "/proc/sys/net/ipv6/conf/$2/disable_ipv6"; } 2>/dev/null || true',
+  'printf %s "$6" | nsenter --net="/run/netns/$1" nft -f - &',
+  'printf %s "$5" | ip -n "$1" -b -',
+  'wait $!',
+].join('\n');
 
 /** The default range of sandbox links. */
 export const DEFAULT_SANDBOX_RANGE = '10.231.0.0/16';
@@ -178,30 +191,32 @@ export class SandboxNet implements SandboxNetwork {
     }
   }
 
-  async attach(id: string, netns: string, ifname: string): Promise<string> {
+  async attach(id: string, netns: string, ifname: string, opts: { create?: boolean } = {}): Promise<string> {
     const known = this.links.get(netns);
     if (known) return known.address;
     const adopted = this.found.get(netns);
     if (adopted !== undefined) {
       this.found.delete(netns);
       // (Again, in case a daemon of an older SPACE wrote them: the rules are part of the link.)
-      await this.sandboxRules(netns, ifname, this.addresses(adopted));
+      await run('nsenter', [`--net=/run/netns/${netns}`, 'nft', '-f', '-'], 10_000, this.sandboxRules(ifname, this.addresses(adopted)));
       return this.register(netns, id, adopted);
     }
     const index = this.allocate();
     const hostIf = this.hostIf(index);
     const a = this.addresses(index);
     try {
-      await run('ip', ['-b', '-'], 10_000, [`link add ${hostIf} type veth peer name ${ifname} netns ${netns}`, `addr add ${a.host}/30 dev ${hostIf}`, ''].join('\n'));
-      // No IPv6 on the host end: it would give the sandbox a link-local path to the host.
-      await fs.writeFile(`/proc/sys/net/ipv6/conf/${hostIf}/disable_ipv6`, '1').catch(() => {});
-      await Promise.all([
-        run('ip', ['link', 'set', hostIf, 'up'], 10_000),
-        run('ip', ['-n', netns, '-b', '-'], 10_000, [`addr add ${a.sandbox}/30 dev ${ifname}`, `link set ${ifname} up`, `route add ${this.proxyAddress}/32 via ${a.host} dev ${ifname}`, ''].join('\n')),
-        this.sandboxRules(netns, ifname, a),
-      ]);
+      // One helper process for the whole set-up (each process the daemon starts costs it
+      // 6–9 ms): the namespace when asked, the pair with the host end up, then the sandbox end
+      // and its rules side by side. The host end has no IPv6 (it would give the sandbox a
+      // link-local path to the host): turned off before the sandbox end is up, so before the
+      // pair has a carrier and the kernel would give it an address.
+      await run('sh', ['-c', LINK_SCRIPT, 'space-link', netns, hostIf, opts.create ? '1' : '',
+        [`link add ${hostIf} type veth peer name ${ifname} netns ${netns}`, `addr add ${a.host}/30 dev ${hostIf}`, `link set ${hostIf} up`, ''].join('\n'),
+        ['link set lo up', `addr add ${a.sandbox}/30 dev ${ifname}`, `link set ${ifname} up`, `route add ${this.proxyAddress}/32 via ${a.host} dev ${ifname}`, ''].join('\n'),
+        this.sandboxRules(ifname, a)], 10_000);
     } catch (err) {
       await tryRun('ip', ['link', 'del', hostIf], 5_000);
+      if (opts.create) await tryRun('ip', ['netns', 'del', netns], 5_000);
       this.used.delete(index);
       throw err;
     }
@@ -209,13 +224,14 @@ export class SandboxNet implements SandboxNetwork {
   }
 
   /**
-   * The sandbox side's rules (replaced whole, so idempotent): ARP, new connections to the egress
-   * proxy, and answers to connections the host opened (the ingress): any packet to the host end
-   * but a bare SYN, so nothing inside can open a connection to the host this way. The host's
-   * table lets in only packets of connections the host opened (conntrack), see {@link init}.
+   * The sandbox side's rules, as an nft script run inside its namespace (replaced whole, so
+   * idempotent): ARP, new connections to the egress proxy, and answers to connections the host
+   * opened (the ingress): any packet to the host end but a bare SYN, so nothing inside can open a
+   * connection to the host this way. The host's table lets in only packets of connections the
+   * host opened (conntrack), see {@link init}.
    */
-  private sandboxRules(netns: string, ifname: string, a: { host: string; sandbox: string }): Promise<unknown> {
-    return run('ip', ['netns', 'exec', netns, 'nft', '-f', '-'], 10_000, [
+  private sandboxRules(ifname: string, a: { host: string; sandbox: string }): string {
+    return [
       'table netdev space',
       'delete table netdev space',
       'table netdev space {',
@@ -227,7 +243,7 @@ export class SandboxNet implements SandboxNetwork {
       '  }',
       '}',
       '',
-    ].join('\n'));
+    ].join('\n');
   }
 
   /** The address of sandbox `id`'s newest link (where the ingress connects), if it has one. */

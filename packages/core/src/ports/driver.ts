@@ -42,8 +42,12 @@ export interface DriverMount {
  * const address = await network.attach('sb1', 'space-sb1-abcd1234', 'eth0');
  */
 export interface SandboxNetwork {
-  /** Gives netns `netns` (of sandbox `id`) its link, named `ifname` inside; resolves to the sandbox's address. */
-  attach(id: string, netns: string, ifname: string): Promise<string>;
+  /**
+   * Gives netns `netns` (of sandbox `id`) its link, named `ifname` inside; resolves to the
+   * sandbox's address. With `create`, the namespace does not exist yet: it is made (loopback
+   * up) in the same helper run as the link (see {@link createNetns}).
+   */
+  attach(id: string, netns: string, ifname: string, opts?: { create?: boolean }): Promise<string>;
   /** Forgets the link of `netns` (after the driver deleted the namespace, which removes the link). */
   detach(netns: string): Promise<void>;
   /** The address of sandbox `id`'s newest link, where the ingress connects (undefined without one). */
