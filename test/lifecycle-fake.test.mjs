@@ -166,7 +166,7 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     // Where the time went, step by step, in the events (the profile of issue 17, from any daemon).
     const evs = await svc.events(T, sb.id);
     const snap = evs.find((e) => e.type === 'snapshot')?.message ?? '';
-    assert.match(snap, /\(ms: quiesce \d+, checkpoint \d+, store \d+\)$/, snap);
+    assert.match(snap, /\(ms: checks \d+, quiesce \d+, checkpoint \d+, store \d+\)$/, snap);
     const woken = evs.find((e) => e.type === 'woken')?.message ?? '';
     assert.match(woken, /^woken from snapshot \S+ in \d+ ms \(ms: fetch \d+, spec \d+, (restore \d+, )?agent \d+\)$/, woken);
     await svc.kill(T, sb.id);
