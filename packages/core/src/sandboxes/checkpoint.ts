@@ -94,8 +94,8 @@ export class Checkpoints implements CheckpointHooks {
    * without (hibernate), the caller finishes the returned intent once the sandbox is retired.
    */
   async takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
-    // Refuse before touching anything when the image may not fit.
     const laps = new Laps();
+    // Refuse before touching anything when the image may not fit.
     await this.assertRoomForImage(sb);
     const wasPaused = sb.state === 'paused';
     if (wasPaused) await this.c.driver.resume(sb.id);
