@@ -107,6 +107,33 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     assert.ok(!existsSync(diskObject), "the disk's object goes with its snapshot");
   });
 
+  it("a snapshot of a disk nothing wrote to since the last one copies that one's stream; each restores on its own", async () => {
+    const sb = await fx.create({ template: 'minimal', diskMb: 1024 });
+    await sb.files.write('/tmp/a.txt', 'one');
+    const s1 = await sb.snapshot();
+    const s2 = await sb.snapshot(); // nothing written since s1
+    await sb.files.write('/tmp/a.txt', 'two');
+    const s3 = await sb.snapshot();
+    assert.equal((await sb.commands.run('rm /tmp/a.txt')).exitCode, 0); // a change that writes no data: a deletion
+    const s4 = await sb.snapshot();
+    const said = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message);
+    const line = (s) => said.find((m) => m.includes(`snapshot ${s.id} `)) ?? '';
+    assert.match(line(s2), new RegExp(`disk unchanged since ${s1.id}, stored once`));
+    for (const s of [s1, s3, s4]) assert.doesNotMatch(line(s), /unchanged since/, `${s.id} changed its disk (or had no snapshot before)`);
+    // Each stream stands alone: s1 goes (and the collector with it), then s2 restores from the
+    // store without the node's copy.
+    const del = await fetch(`${fx.url}/v1/sandboxes/${sb.id}/snapshots/${s1.id}`, { method: 'DELETE', headers: { authorization: `Bearer ${fx.key}` } });
+    assert.equal(del.status, 204);
+    await fetch(`${fx.url}/v1/admin/gc`, { method: 'POST', headers: { authorization: `Bearer ${fx.key}` } });
+    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s2.id)]);
+    await sb.rollback(s2.id);
+    assert.equal(await sb.files.read('/tmp/a.txt'), 'one');
+    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s4.id)]);
+    await sb.rollback(s4.id);
+    assert.equal((await sb.commands.run('test -e /tmp/a.txt')).exitCode, 1, 'the deletion was stored, not s3\'s file');
+    await sb.kill();
+  });
+
   it('forks ×2 diverge and leave the parent unchanged; a fork of 1 GiB of files adds < 50 MiB to the pool', async () => {
     const parent = await fx.create({ template: 'minimal', diskMb: 2048 });
     const w = await parent.commands.run('dd if=/dev/zero of=/tmp/data bs=1M count=1024 2>&1 && echo base > /tmp/who');

@@ -184,4 +184,48 @@ describe('snapshot store', () => {
     assert.equal(await blobs.stat('snapshots/t5/sn1'), undefined);
     assert.equal(await blobs.stat('snapshots/t5/sn1.att'), undefined, 'deleted with its object');
   });
+
+  it('an attachment unchanged since an earlier image is a copy of its object: no pass over its bytes, and it outlives the earlier one', async () => {
+    const img = mkdtempSync(path.join(dir, 'img-'));
+    writeFileSync(path.join(img, 'state.bin'), randomBytes(10_000));
+    writeFileSync(path.join(img, 'mark.json'), '{"copy":"c2"}');
+    const attached = randomBytes(400_000);
+    let opened = 0;
+    let unchanged = false;
+    const att = {
+      name: 'test-attachment-v1',
+      suffix: 'att',
+      open: async (src) => (path.basename(src) === 'mark.json' ? (opened++, Readable.from([attached])) : undefined),
+      unchangedSince: async (src, earlier) => unchanged && path.basename(src) === 'mark.json' && earlier === 'sn10',
+      needed: async () => true,
+      apply: async () => {},
+    };
+    const meta = (id) => ({ id, sandboxId: 'sb1', tenantId: 't6', template: 'x', driver: 'fake', driverVersion: '1', createdAt: new Date().toISOString() });
+    const forms = { codecs: [], attachments: [att] };
+    const first = await putImage(blobs, 'snapshots/t6/sn10', img, meta('sn10'), forms);
+    assert.deepEqual([opened, first.copied], [1, []]);
+    // The attachment says it changed: stored as before, even with an earlier image named.
+    const again = await putImage(blobs, 'snapshots/t6/sn11', img, meta('sn11'), forms, { id: 'sn10', key: 'snapshots/t6/sn10' });
+    assert.deepEqual([opened, again.copied], [2, []]);
+    unchanged = true;
+    const packsBefore = packs('t6').length;
+    const copy = await putImage(blobs, 'snapshots/t6/sn12', img, meta('sn12'), forms, { id: 'sn10', key: 'snapshots/t6/sn10' });
+    assert.deepEqual([opened, copy.copied], [2, ['att']], 'unchanged: copied, never opened');
+    assert.deepEqual(copy.meta.attachments, [{ file: 'mark.json', name: 'test-attachment-v1', key: 'att', size: attached.length }]);
+    assert.equal(copy.sizeBytes, first.sizeBytes, 'the same bytes, as the snapshot counts them');
+    assert.equal(packs('t6').length, packsBefore + 1, 'one new pack: the image, not the attachment');
+    // The earlier image goes, and a collection by a daemon that did not write either: the copy stays whole.
+    await deleteImage(blobs, 'snapshots/t6/sn10', ['att']);
+    await deleteImage(blobs, 'snapshots/t6/sn11', ['att']);
+    const old = new Date(Date.now() - 10 * 60_000);
+    for (const k of ['sn12', 'sn12.att']) utimesSync(path.join(dir, 'blobs', 'snapshots', 't6', k), old, old);
+    assert.ok((await new DedupBlobStore(encrypted, keys).gc(async () => ['snapshots/t1/a', 'snapshots/t1/b', 'snapshots/t2/a', 'snapshots/t6/sn12'])) > 0, 'the earlier images\' own packs went');
+    assert.ok((await readAll(await blobs.get('snapshots/t6/sn12.att'))).equals(attached));
+    // The earlier image is gone now: the bytes are stored anew.
+    const anew = await putImage(blobs, 'snapshots/t6/sn13', img, meta('sn13'), forms, { id: 'sn10', key: 'snapshots/t6/sn10' });
+    assert.deepEqual([opened, anew.copied], [3, []]);
+    assert.ok((await readAll(await blobs.get('snapshots/t6/sn13.att'))).equals(attached));
+    await assert.rejects(blobs.copy('snapshots/t6/sn13.att', 'snapshots/t7/sn13.att'), (e) => e.code === 'INTERNAL', 'copies stay within a tenant');
+    await assert.rejects(blobs.copy('snapshots/t6/nope.att', 'snapshots/t6/sn14.att'), (e) => e.code === 'SNAPSHOT_NOT_FOUND');
+  });
 });

@@ -86,6 +86,29 @@ export class DiskStream implements ImageAttachment {
     return btrfsOutput(['send', '-q', '-p', parent, copy], this.timeoutMs);
   }
 
+  /**
+   * Whether this image's disk copy holds exactly what image `earlier`'s copy held: an incremental
+   * `btrfs send` of one against the other (metadata only, a few milliseconds where the trees are
+   * shared) carries no change. Then `earlier`'s stored stream makes this copy too, and the
+   * snapshot store copies it instead of reading the disk again (an idle sandbox with a GiB on its
+   * disk: a rolling snapshot or hibernate no longer sends and hashes that GiB each time). Both
+   * copies are of one sandbox's disk, so they grew from the same template (the stream's parent).
+   */
+  async unchangedSince(src: string, earlier: string): Promise<boolean> {
+    const pool = this.pool();
+    if (!pool || path.basename(src) !== DISK_MARK) return false;
+    try {
+      const mark = await readDiskMark(src);
+      const before = pool.copyPath(earlier);
+      const copy = pool.copyPath(mark.copy);
+      if (earlier === mark.copy || !existsSync(before) || !existsSync(copy)) return false;
+      const stream = await readAtMost(btrfsOutput(['send', '-q', '--no-data', '-p', before, copy], this.timeoutMs), UNCHANGED_MAX);
+      return stream !== undefined && sendsNothing(stream);
+    } catch {
+      return false; // (the whole stream is sent instead)
+    }
+  }
+
   async needed(src: string): Promise<boolean> {
     const mark = await readDiskMark(src);
     return !existsSync(poolFor(this.pool()).copyPath(mark.copy));
@@ -210,6 +233,49 @@ function btrfsOutput(args: string[], timeoutMs: number): Readable {
   // Destroyed before its end (read or not: a store that failed first): btrfs goes too.
   stream.once('close', () => child.exitCode === null && child.signalCode === null && child.kill('SIGKILL'));
   return stream;
+}
+
+/** A `btrfs send` stream with no change in it is ~125 bytes; one this long has changes. */
+const UNCHANGED_MAX = 4096;
+const SEND_MAGIC = Buffer.from('btrfs-stream\0');
+/** btrfs send commands (uapi send.h): the one an incremental stream starts with, and its end. */
+const SEND_SNAPSHOT = 2;
+const SEND_END = 21;
+
+/**
+ * Whether a `btrfs send -p` stream changes nothing: its header, then only the command naming
+ * the snapshot and its parent, then the end (each command: u32 length, u16 command, u32 CRC,
+ * then its attributes).
+ *
+ * @example
+ * sendsNothing(await readAtMost(btrfsOutput(['send', '--no-data', '-p', a, b], 30_000), 4096)); // true when a and b hold the same
+ */
+export function sendsNothing(stream: Buffer): boolean {
+  if (stream.length < SEND_MAGIC.length + 4 || !stream.subarray(0, SEND_MAGIC.length).equals(SEND_MAGIC)) return false;
+  const seen: number[] = [];
+  for (let at = SEND_MAGIC.length + 4; at < stream.length; ) {
+    if (at + 10 > stream.length) return false;
+    seen.push(stream.readUInt16LE(at + 4));
+    at += 10 + stream.readUInt32LE(at);
+    if (at > stream.length) return false;
+  }
+  return seen.length === 2 && seen[0] === SEND_SNAPSHOT && seen[1] === SEND_END;
+}
+
+/** A stream's bytes when it ends within `max` (and without error); undefined once it passes `max` (destroyed then). */
+async function readAtMost(r: Readable, max: number): Promise<Buffer | undefined> {
+  const parts: Buffer[] = [];
+  let n = 0;
+  try {
+    for await (const c of r) {
+      parts.push(c as Buffer);
+      n += (c as Buffer).length;
+      if (n > max) return undefined;
+    }
+  } finally {
+    r.destroy();
+  }
+  return Buffer.concat(parts);
 }
 
 /** The last 4 KiB a stream wrote, trimmed, as a function to call once it has ended. */

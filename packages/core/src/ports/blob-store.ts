@@ -39,6 +39,12 @@ export interface BlobStore {
    */
   assertWritable?(key: string): Promise<void>;
   delete(key: string): Promise<void>;
+  /**
+   * Stores under `to` what `from` holds where the store can do so without moving the bytes (a
+   * deduplicating store writes a second manifest); returns the size. Stores without it are
+   * written with `put`. Rejects with `SNAPSHOT_NOT_FOUND` when `from` is not stored.
+   */
+  copy?(from: string, to: string): Promise<number>;
   /** Keys directly under `prefix` (a "directory" such as `chunks/<tenant>`). */
   list?(prefix: string): Promise<string[]>;
 }

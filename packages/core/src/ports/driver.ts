@@ -143,6 +143,15 @@ export interface ImageAttachment {
    * takes. The stream errors (and the snapshot fails) when they cannot be read whole.
    */
   open(src: string): Promise<Readable | undefined>;
+  /**
+   * Whether image file `src` stands for exactly what the same file of image `earlier` (an
+   * earlier snapshot's id, on this node) stood for, so that the object stored for that one serves
+   * this one too and nothing is opened. False whenever it cannot tell.
+   *
+   * @example
+   * if (await attachment.unchangedSince?.(`${imageDir}/space-disk.json`, 'sn2')) await blobs.copy('snapshots/t/sn2.disk', 'snapshots/t/sn3.disk');
+   */
+  unchangedSince?(src: string, earlier: string): Promise<boolean>;
   /** Whether restoring unpacked image file `src` needs the stored bytes (what they make is not on this node). */
   needed(src: string): Promise<boolean>;
   /**

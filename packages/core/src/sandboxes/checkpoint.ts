@@ -218,7 +218,11 @@ export class Checkpoints implements CheckpointHooks {
     // price: it shares no chunks with the session's other snapshots (docs/architecture.md).
     const asWritten = intent.op === 'hibernate' || intent.trigger === 'fork';
     const forms = this.c.driver.imageForms(sb.driver);
-    const { meta, sizeBytes } = await this.c.faults.during('snapshot:during-store', putImage(this.c.blobs, blobKey, imageDir, {
+    // The sandbox's newest snapshot before this one: what it stored beside its image (a disk's
+    // stream) serves this one too where nothing changed since (the driver checks).
+    const before = forms.attachments.length && sb.lastSnapshotId && sb.lastSnapshotId !== id ? await this.c.store.getSnapshot(sb.lastSnapshotId) : undefined;
+    const earlier = before?.sandboxId === sb.id && before.blobKey ? { id: before.id, key: before.blobKey } : undefined;
+    const { meta, sizeBytes, copied } = await this.c.faults.during('snapshot:during-store', putImage(this.c.blobs, blobKey, imageDir, {
       id,
       sandboxId: sb.id,
       tenantId: sb.tenantId,
@@ -227,7 +231,7 @@ export class Checkpoints implements CheckpointHooks {
       driverVersion: await this.c.driver.versionOf(sb.driver),
       ...(sb.fromSnapshotId ? { parentSnapshotId: sb.fromSnapshotId } : {}),
       createdAt,
-    }, asWritten ? { ...forms, codecs: [] } : forms));
+    }, asWritten ? { ...forms, codecs: [] } : forms, earlier));
     await this.c.faults.fault('snapshot:after-blob');
     const trigger = intent.trigger ?? 'manual';
     const snapshot: Snapshot = {
@@ -249,7 +253,8 @@ export class Checkpoints implements CheckpointHooks {
     await this.c.store.updateSandbox(sb.id, { lastSnapshotId: id });
     laps?.lap('store');
     if (laps) this.c.log.info({ sandboxId: sb.id, snapshotId: id, trigger, downtimeMs, ms: laps.ms }, 'snapshot stored');
-    await this.c.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime${laps ? ` (ms: ${laps})` : ''}`);
+    const unchanged = copied.length && earlier ? `; ${copied.join(', ')} unchanged since ${earlier.id}, stored once` : '';
+    await this.c.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime${laps ? ` (ms: ${laps})` : ''}${unchanged}`);
     return snapshot;
   }
 

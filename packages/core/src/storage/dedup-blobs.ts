@@ -134,6 +134,21 @@ async function readAll(r: Readable): Promise<Buffer> {
   return Buffer.concat(parts);
 }
 
+/** The first bytes of a stored manifest's JSON (of a v2 one, the first piece decompressed; empty when it is not one). */
+async function manifestHead(raw: Buffer): Promise<Buffer> {
+  if (!raw.subarray(0, MANIFEST_V2.length).equals(MANIFEST_V2)) return raw.subarray(0, 64);
+  const d = zlib.createBrotliDecompress();
+  d.end(raw.subarray(MANIFEST_V2.length));
+  try {
+    for await (const piece of d) return (piece as Buffer).subarray(0, 64);
+  } catch {
+    // not brotli: the full parse says what is wrong
+  } finally {
+    d.destroy();
+  }
+  return Buffer.alloc(0);
+}
+
 /** The object whose attachment `key` is (`<object key>.<suffix>`: a dot in its last part), if it is one. */
 function attachmentOwner(key: string): string | undefined {
   const dot = key.lastIndexOf('.');
@@ -221,130 +236,171 @@ export class DedupBlobStore implements BlobStore {
   }
 
   async put(key: string, data: Readable): Promise<number> {
-    if (!this.shared) return this.putHere(key, data);
+    return this.writing(() => this.putHere(key, data));
+  }
+
+  /**
+   * Stores under `to` what object `from` of the same tenant holds, without reading its bytes: a
+   * new manifest naming the same chunks (a few milliseconds where a put of the bytes would chunk,
+   * hash and compress them all). Each key then lives on its own: deleting one leaves the other
+   * whole. Rejects with `SNAPSHOT_NOT_FOUND` when `from` is not stored.
+   *
+   * @example
+   * await blobs.copy('snapshots/acme/sn1.disk', 'snapshots/acme/sn2.disk'); // 1073741824
+   */
+  async copy(from: string, to: string): Promise<number> {
+    const tenant = tenantOfKey(to);
+    if (tenantOfKey(from) !== tenant) throw new SpaceError('INTERNAL', `Objects are copied within a tenant only (${from} to ${to})`);
+    return this.writing(async () => {
+      // (The encrypting store would answer for a deleted object that its data key is missing.)
+      if (!(await this.inner.stat(from))) throw new SpaceError('SNAPSHOT_NOT_FOUND', `Object ${from} is not stored`);
+      const raw = await readAll(await this.inner.get(from));
+      // The size leads the manifest's JSON (as put writes it): a GiB's manifest is ~16 MiB of
+      // JSON, which need not be parsed to be copied (the inner store authenticated its bytes).
+      const lead = /^\{"v":[12],"size":(\d+),/.exec((await manifestHead(raw)).toString('latin1'));
+      const size = lead ? Number(lead[1]) : (await DedupBlobStore.parseManifest(from, raw)).size;
+      await this.inner.put(to, Readable.from([raw]));
+      this.recent.set(to, Date.now());
+      // (The chunks are in the tenant's index already: the manifest copied names no new pack.)
+      return size;
+    });
+  }
+
+  /**
+   * Runs a write (a put or a copy) apart from collections: this store's own, and with a shared
+   * lock every node's — whose collection since this store's indexes were read may have deleted
+   * packs they name, so they are read again.
+   */
+  private writing<T>(fn: () => Promise<T>): Promise<T> {
+    const here = async (): Promise<T> => {
+      while (this.collecting) await this.collecting.catch(() => {});
+      this.writers++;
+      try {
+        return await fn();
+      } finally {
+        this.writers--;
+        if (this.writers === 0) for (const w of this.idle.splice(0)) w();
+      }
+    };
+    if (!this.shared) return here();
     return this.shared.writing(async (generation) => {
-      // Another node collected since these indexes were read: some packs they name may be gone.
       if (generation !== this.generation) {
         this.indexes.clear();
         this.generation = generation;
       }
-      return this.putHere(key, data);
+      return here();
     });
   }
 
-  /** A put, kept apart from this store's own collections. */
+  /** A put, within {@link writing}. */
   private async putHere(key: string, data: Readable): Promise<number> {
-    while (this.collecting) await this.collecting.catch(() => {});
-    this.writers++;
-    try {
-      const tenant = tenantOfKey(key);
-      const index = await this.index(tenant);
-      const whole = createHash('sha256');
-      const packs: string[] = [];
-      const packNo = new Map<string, number>();
-      const chunks: ManifestV2['chunks'] = [];
-      let open: { name: string; parts: Buffer[]; size: number; holds: Map<string, Located> } | undefined;
-      let size = 0;
-      const packIndex = (name: string): number => {
-        let i = packNo.get(name);
-        if (i === undefined) {
-          i = packs.push(name) - 1;
-          packNo.set(name, i);
-        }
-        return i;
-      };
-      // Packs are compressed and stored while chunking goes on, at most two at a time.
-      const storing = new Set<Promise<void>>();
-      const flush = async (): Promise<void> => {
-        if (!open) return;
-        const p = open;
-        open = undefined;
-        const done: Promise<void> = (async () => {
-          const body = await compress(Buffer.concat(p.parts), PACK_COMPRESSION);
-          await this.inner.put(`chunks/${tenant}/${p.name}`, Readable.from([body]));
-          // Only a stored pack may be found by later writes.
-          for (const [id, at] of p.holds) index.set(id, at);
-        })();
-        storing.add(done);
-        done.then(() => storing.delete(done), () => {});
-        if (storing.size >= 2) await Promise.race(storing);
-      };
-      const place = async (id: string, chunk: Buffer, known: Located | undefined): Promise<void> => {
-        if (known) {
-          chunks.push([id, chunk.length, packIndex(known.pack), known.offset]);
-          return;
-        }
-        const inOpen = open?.holds.get(id);
-        if (open && inOpen) {
-          chunks.push([id, chunk.length, packIndex(open.name), inOpen.offset]);
-          return;
-        }
-        if (!open) open = { name: `p${randomBytes(16).toString('hex')}`, parts: [], size: 0, holds: new Map() };
-        open.holds.set(id, { pack: open.name, offset: open.size, size: chunk.length });
-        chunks.push([id, chunk.length, packIndex(open.name), open.size]);
-        open.parts.push(chunk);
-        open.size += chunk.length;
-        if (open.size >= PACK_TARGET) await flush();
-      };
-      // Chunks are placed a segment at a time. A segment that would read more than
-      // SEGMENT_PACKS stored packs stores the chunks of the packs it needs least again, in the
-      // new pack: otherwise every snapshot would read a pack of each earlier snapshot for the
-      // few chunks it still shares with it, and reads would slow down as a session goes on.
-      let segment: { id: string; chunk: Buffer; known: Located | undefined }[] = [];
-      let segmentBytes = 0;
-      const placeSegment = async (): Promise<void> => {
-        const need = new Map<string, number>();
-        for (const e of segment) if (e.known) need.set(e.known.pack, (need.get(e.known.pack) ?? 0) + e.chunk.length);
-        const keep = new Set([...need].sort((a, b) => b[1] - a[1]).slice(0, SEGMENT_PACKS).map(([name]) => name));
-        for (const e of segment) await place(e.id, e.chunk, e.known && keep.has(e.known.pack) ? e.known : undefined);
-        segment = [];
-        segmentBytes = 0;
-      };
-      const store = async (chunk: Buffer): Promise<void> => {
-        const id = await this.chunkId(tenant, chunk);
-        segment.push({ id, chunk, known: index.get(id) });
-        segmentBytes += chunk.length;
-        if (segmentBytes >= SEGMENT) await placeSegment();
-      };
-      let buf: Buffer = Buffer.alloc(0);
-      for await (const piece of data) {
-        const b = piece as Buffer;
-        whole.update(b);
-        size += b.length;
-        buf = buf.length ? Buffer.concat([buf, b]) : b;
-        for (let cut = cutPoint(buf, false); cut > 0; cut = cutPoint(buf, false)) {
-          await store(buf.subarray(0, cut));
-          buf = buf.subarray(cut);
-        }
+    const tenant = tenantOfKey(key);
+    const index = await this.index(tenant);
+    const whole = createHash('sha256');
+    const packs: string[] = [];
+    const packNo = new Map<string, number>();
+    const chunks: ManifestV2['chunks'] = [];
+    let open: { name: string; parts: Buffer[]; size: number; holds: Map<string, Located> } | undefined;
+    let size = 0;
+    const packIndex = (name: string): number => {
+      let i = packNo.get(name);
+      if (i === undefined) {
+        i = packs.push(name) - 1;
+        packNo.set(name, i);
       }
-      while (buf.length) {
-        const cut = cutPoint(buf, true);
+      return i;
+    };
+    // Packs are compressed and stored while chunking goes on, at most two at a time.
+    const storing = new Set<Promise<void>>();
+    const flush = async (): Promise<void> => {
+      if (!open) return;
+      const p = open;
+      open = undefined;
+      const done: Promise<void> = (async () => {
+        const body = await compress(Buffer.concat(p.parts), PACK_COMPRESSION);
+        await this.inner.put(`chunks/${tenant}/${p.name}`, Readable.from([body]));
+        // Only a stored pack may be found by later writes.
+        for (const [id, at] of p.holds) index.set(id, at);
+      })();
+      storing.add(done);
+      done.then(() => storing.delete(done), () => {});
+      if (storing.size >= 2) await Promise.race(storing);
+    };
+    const place = async (id: string, chunk: Buffer, known: Located | undefined): Promise<void> => {
+      if (known) {
+        chunks.push([id, chunk.length, packIndex(known.pack), known.offset]);
+        return;
+      }
+      const inOpen = open?.holds.get(id);
+      if (open && inOpen) {
+        chunks.push([id, chunk.length, packIndex(open.name), inOpen.offset]);
+        return;
+      }
+      if (!open) open = { name: `p${randomBytes(16).toString('hex')}`, parts: [], size: 0, holds: new Map() };
+      open.holds.set(id, { pack: open.name, offset: open.size, size: chunk.length });
+      chunks.push([id, chunk.length, packIndex(open.name), open.size]);
+      open.parts.push(chunk);
+      open.size += chunk.length;
+      if (open.size >= PACK_TARGET) await flush();
+    };
+    // Chunks are placed a segment at a time. A segment that would read more than
+    // SEGMENT_PACKS stored packs stores the chunks of the packs it needs least again, in the
+    // new pack: otherwise every snapshot would read a pack of each earlier snapshot for the
+    // few chunks it still shares with it, and reads would slow down as a session goes on.
+    let segment: { id: string; chunk: Buffer; known: Located | undefined }[] = [];
+    let segmentBytes = 0;
+    const placeSegment = async (): Promise<void> => {
+      const need = new Map<string, number>();
+      for (const e of segment) if (e.known) need.set(e.known.pack, (need.get(e.known.pack) ?? 0) + e.chunk.length);
+      const keep = new Set([...need].sort((a, b) => b[1] - a[1]).slice(0, SEGMENT_PACKS).map(([name]) => name));
+      for (const e of segment) await place(e.id, e.chunk, e.known && keep.has(e.known.pack) ? e.known : undefined);
+      segment = [];
+      segmentBytes = 0;
+    };
+    const store = async (chunk: Buffer): Promise<void> => {
+      const id = await this.chunkId(tenant, chunk);
+      segment.push({ id, chunk, known: index.get(id) });
+      segmentBytes += chunk.length;
+      if (segmentBytes >= SEGMENT) await placeSegment();
+    };
+    let buf: Buffer = Buffer.alloc(0);
+    for await (const piece of data) {
+      const b = piece as Buffer;
+      whole.update(b);
+      size += b.length;
+      buf = buf.length ? Buffer.concat([buf, b]) : b;
+      for (let cut = cutPoint(buf, false); cut > 0; cut = cutPoint(buf, false)) {
         await store(buf.subarray(0, cut));
         buf = buf.subarray(cut);
       }
-      await placeSegment();
-      await flush();
-      await Promise.all(storing);
-      const manifest: ManifestV2 = { v: 2, size, sha256: whole.digest('hex'), packs, chunks };
-      const packed = await compress(Buffer.from(JSON.stringify(manifest)), MANIFEST_COMPRESSION);
-      await this.inner.put(key, Readable.from([Buffer.concat([MANIFEST_V2, packed])]));
-      this.recent.set(key, Date.now());
-      return size;
-    } finally {
-      this.writers--;
-      if (this.writers === 0) for (const w of this.idle.splice(0)) w();
     }
+    while (buf.length) {
+      const cut = cutPoint(buf, true);
+      await store(buf.subarray(0, cut));
+      buf = buf.subarray(cut);
+    }
+    await placeSegment();
+    await flush();
+    await Promise.all(storing);
+    const manifest: ManifestV2 = { v: 2, size, sha256: whole.digest('hex'), packs, chunks };
+    const packed = await compress(Buffer.from(JSON.stringify(manifest)), MANIFEST_COMPRESSION);
+    await this.inner.put(key, Readable.from([Buffer.concat([MANIFEST_V2, packed])]));
+    this.recent.set(key, Date.now());
+    return size;
   }
 
   /** The manifest stored at `key` (decrypted and authenticated by the inner store). */
   private async manifest(key: string): Promise<Manifest> {
+    return DedupBlobStore.parseManifest(key, await readAll(await this.inner.get(key)));
+  }
+
+  /** Object `key`'s manifest from its stored bytes `raw`; SNAPSHOT_CORRUPT when it is not one. */
+  private static async parseManifest(key: string, raw: Buffer): Promise<Manifest> {
     let m: Manifest;
     try {
-      const raw = await readAll(await this.inner.get(key));
       const json = raw.subarray(0, MANIFEST_V2.length).equals(MANIFEST_V2) ? await decompress(raw.subarray(MANIFEST_V2.length)) : raw;
       m = JSON.parse(json.toString()) as Manifest;
-    } catch (err) {
-      if (err instanceof SpaceError) throw err;
+    } catch {
       throw corrupt(key, 'its manifest is not readable');
     }
     if ((m.v !== 1 && m.v !== 2) || !Array.isArray(m.chunks) || (m.v === 2 && !Array.isArray(m.packs))) throw corrupt(key, 'unknown manifest');

@@ -13,21 +13,47 @@ import { imageEntries, packSnapshot, readSnapshot, type SnapshotMeta } from './s
 
 /**
  * Stores image directory `imageDir` as object `key` and its attachments. Returns the image's
- * metadata and the bytes stored (object and attachments, before deduplication).
+ * metadata, the bytes stored (object and attachments, before deduplication) and the suffixes of
+ * the attachments `copied`: one that stands for what it stood for in image `earlier` is a copy
+ * of that one's object.
  *
  * @example
  * const { sizeBytes } = await putImage(blobs, `snapshots/acme/${id}`, imageDir, { id, sandboxId, ... }, driverRouter.imageForms('gvisor'));
  */
-export async function putImage(blobs: BlobStore, key: string, imageDir: string, meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256' | 'attachments'>, forms: ImageForms): Promise<{ meta: SnapshotMeta; sizeBytes: number }> {
+export async function putImage(
+  blobs: BlobStore,
+  key: string,
+  imageDir: string,
+  meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256' | 'attachments'>,
+  forms: ImageForms,
+  /** An earlier image of the same sandbox on this node (its id and key), whose attachments may serve this one. */
+  earlier?: { id: string; key: string },
+): Promise<{ meta: SnapshotMeta; sizeBytes: number; copied: string[] }> {
   const attachments: NonNullable<SnapshotMeta['attachments']> = [];
+  const copied: string[] = [];
   try {
     if (forms.attachments.length) {
       for (const name of await imageEntries(imageDir)) {
         for (const a of forms.attachments) {
-          const bytes = await a.open(path.join(imageDir, name));
-          if (!bytes) continue;
-          // Recorded before the put, so that a failure deletes whatever of it was stored.
+          const file = path.join(imageDir, name);
+          // Recorded before the write, so that a failure deletes whatever of it was stored.
           const entry = { file: name, name: a.name, key: a.suffix, size: 0 };
+          // What an earlier snapshot of the sandbox stored already (a disk nothing wrote to
+          // since): its object is copied, which costs a manifest, not a pass over the bytes.
+          if (earlier && blobs.copy && (await a.unchangedSince?.(file, earlier.id))) {
+            attachments.push(entry);
+            // The earlier snapshot went meanwhile (retention), or its object cannot be read:
+            // the bytes are stored anew (a store that cannot write them fails that put).
+            const size = await blobs.copy(`${earlier.key}.${a.suffix}`, `${key}.${a.suffix}`).catch(() => undefined);
+            if (size !== undefined) {
+              entry.size = size;
+              copied.push(a.suffix);
+              break;
+            }
+            attachments.pop();
+          }
+          const bytes = await a.open(file);
+          if (!bytes) continue;
           attachments.push(entry);
           // A store that fails (a revoked key) may leave the stream unread: its producer stops with it.
           entry.size = await blobs.put(`${key}.${a.suffix}`, bytes).finally(() => bytes.destroy());
@@ -37,7 +63,7 @@ export async function putImage(blobs: BlobStore, key: string, imageDir: string, 
     }
     const { stream, meta: full } = await packSnapshot(imageDir, { ...meta, ...(attachments.length ? { attachments } : {}) }, forms.codecs);
     const size = await blobs.put(key, stream);
-    return { meta: full, sizeBytes: size + attachments.reduce((n, a) => n + a.size, 0) };
+    return { meta: full, sizeBytes: size + attachments.reduce((n, a) => n + a.size, 0), copied };
   } catch (err) {
     // Nothing names what was stored; it goes now (or with the next collection).
     for (const a of attachments) await blobs.delete(`${key}.${a.key}`).catch(() => {});
