@@ -33,6 +33,26 @@ function bareBundle(name) {
   writeFileSync(path.join(b, 'config.json'), JSON.stringify(bareOciConfig({ rootfs: templateRootfs(TEMPLATES_DIR, 'minimal'), runtimeDir, name })));
   return b;
 }
+// The same bare container as SPACE's sandboxes must run it: with a network (a netns with a veth,
+// `--network=sandbox`, and the /proc/sys/net/core tmpfs this runsc needs on a 6.x kernel). A
+// SPACE image holds its network stack: restored bare, it needs one too. The netns is made once
+// (SPACE makes one per restore: counted against it).
+const bareNs = `spbs-${process.pid}`;
+const bareNsSetup = [
+  ['ip', ['netns', 'add', bareNs]],
+  ['ip', ['-b', '-'], `link add spbs${process.pid % 100000} type veth peer name eth0 netns ${bareNs}\naddr add 10.254.250.1/30 dev spbs${process.pid % 100000}\nlink set spbs${process.pid % 100000} up\n`],
+  ['ip', ['-n', bareNs, '-b', '-'], 'addr add 10.254.250.2/30 dev eth0\nlink set eth0 up\nlink set lo up\n'],
+];
+const RN = (...a) => spawnSync('unshare', ['-m', '--propagation', 'private', 'sh', '-c', `nsenter --net=/var/run/netns/${bareNs} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, 'runsc', '--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
+const RNcheckpoint = (img, id) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', 'checkpoint', '--image-path', img, id], { stdio: 'ignore' });
+function bareNetBundle(name) {
+  const b = path.join(bareRoot, name);
+  mkdirSync(b, { recursive: true });
+  const cfg = bareOciConfig({ rootfs: templateRootfs(TEMPLATES_DIR, 'minimal'), runtimeDir, name });
+  cfg.linux.namespaces = cfg.linux.namespaces.map((n) => (n.type === 'network' ? { type: 'network', path: `/var/run/netns/${bareNs}` } : n));
+  writeFileSync(path.join(b, 'config.json'), JSON.stringify(cfg));
+  return b;
+}
 const dirSize = (d) => readdirSync(d).reduce((a, f) => a + statSync(path.join(d, f)).size, 0);
 /** Bytes of every file under `d`. */
 const treeSize = (d) => readdirSync(d, { withFileTypes: true }).reduce((a, e) => a + (e.isDirectory() ? treeSize(path.join(d, e.name)) : statSync(path.join(d, e.name)).size), 0);
@@ -103,12 +123,29 @@ try {
     t = now(); R('restore', '--image-path', img, '--detach', '--bundle', bareBundle(next), next); brs.push(now() - t);
     cur = next;
   }
-  add('hibernate (API)', hib, 'bare `runsc checkpoint`', bcp, '≤ 2x bare');
-  await addSteps(/^snapshot \S+ \(hibernate\)/);
-  add('wake (API, until the agent answers)', wake, 'bare `runsc restore`', brs, '≤ 1.5x bare');
-  await addSteps(/^woken from/);
   spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'kill', cur, 'KILL'], { stdio: 'ignore' });
   spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'delete', '--force', cur], { stdio: 'ignore' });
+  // The networked bare container, checkpointed and restored as many times.
+  const ncp = [], nrs = [];
+  for (const [cmd, args, input] of bareNsSetup) spawnSync(cmd, args, { input, stdio: ['pipe', 'ignore', 'ignore'] });
+  cur = 'n0';
+  RN('run', '--detach', '--bundle', bareNetBundle(cur), cur);
+  for (let i = 0; i < N; i++) {
+    const img = path.join(bareRoot, `nh${i}`);
+    let t = now(); RNcheckpoint(img, cur); ncp.push(now() - t);
+    spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'delete', '--force', cur], { stdio: 'ignore' });
+    const next = `n${i + 1}`;
+    t = now(); RN('restore', '--image-path', img, '--detach', '--bundle', bareNetBundle(next), next); nrs.push(now() - t);
+    cur = next;
+  }
+  spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'kill', cur, 'KILL'], { stdio: 'ignore' });
+  spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'delete', '--force', cur], { stdio: 'ignore' });
+  add('hibernate (API)', hib, 'bare `runsc checkpoint`', bcp, '≤ 2x bare');
+  add('  the same, against the bare container with a network', hib, 'bare `runsc checkpoint`, netns + veth, `--network=sandbox`', ncp, '≤ 2x bare');
+  await addSteps(/^snapshot \S+ \(hibernate\)/);
+  add('wake (API, until the agent answers)', wake, 'bare `runsc restore`', brs, '≤ 1.5x bare');
+  add('  the same, against the bare container with a network', wake, 'bare `runsc restore`, netns + veth, `--network=sandbox`', nrs, '≤ 1.5x bare');
+  await addSteps(/^woken from/);
 
   // fork into 1, 4, 10: until every copy has answered a command
   const forks = [];
@@ -132,7 +169,7 @@ try {
   const table = lines.join('\n');
   console.log(table);
   if (values.write) {
-    writeSection('sessions', 'Stateful sessions: pause, snapshot, hibernate, fork (issue 4)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-sessions.mjs --write\` (part of \`./space bench\`). The bare baseline is a runsc container with the same rootfs and node runtime, idle, without agent or API.\n\n${table}`);
+    writeSection('sessions', 'Stateful sessions: pause, snapshot, hibernate, fork (issue 4)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-sessions.mjs --write\` (part of \`./space bench\`). The bare baseline is a runsc container with the same rootfs and node runtime, idle, without agent or API; for hibernate and wake also the same container with a network (a netns with a veth, \`--network=sandbox\`: what a SPACE image needs to restore, since it holds its network stack), made once for all its restores.\n\n${table}`);
   }
 } finally {
   const st = path.join(bareRoot, 'state');
@@ -140,6 +177,7 @@ try {
     spawnSync('runsc', ['--root', st, 'kill', id, 'KILL'], { stdio: 'ignore' });
     spawnSync('runsc', ['--root', st, 'delete', '--force', id], { stdio: 'ignore' });
   }
+  spawnSync('ip', ['netns', 'del', bareNs], { stdio: 'ignore' });
   await stopSpaced(spaced);
   rmSync(dataDir, { recursive: true, force: true });
 }
