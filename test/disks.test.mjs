@@ -119,6 +119,8 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     const said = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message);
     const line = (s) => said.find((m) => m.includes(`snapshot ${s.id} `)) ?? '';
     assert.match(line(s2), new RegExp(`disk unchanged since ${s1.id}, stored once`));
+    // The disk's pending writes go out before the sandbox stops, not in its downtime.
+    for (const s of [s1, s2, s3, s4]) assert.match(line(s), /\(ms: flush \d+, checks \d+, quiesce/, line(s));
     for (const s of [s1, s3, s4]) assert.doesNotMatch(line(s), /unchanged since/, `${s.id} changed its disk (or had no snapshot before)`);
     // Each stream stands alone: s1 goes (and the collector with it), then s2 restores from the
     // store without the node's copy.

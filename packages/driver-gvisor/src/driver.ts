@@ -321,6 +321,21 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   /**
+   * With disks: syncfs of the pool (`sync -f`) while the sandbox runs. The checkpoint takes a
+   * read-only btrfs snapshot of the stopped disk, which writes out every dirty page of it first;
+   * through the vault's software AES that was ~2.3 s of downtime after a 200 MB write, and
+   * 0.16 s with the data flushed before (measured, docs/disks.md). A flush that fails or runs
+   * past its time only leaves that work to the checkpoint.
+   */
+  async flush(id: string): Promise<boolean> {
+    if (!this.pool) return false;
+    const disk = this.pool.diskPath(this.rid(id));
+    if (!existsSync(disk)) return false;
+    await tryRun('sync', ['-f', disk], FLUSH_TIMEOUT_MS);
+    return true;
+  }
+
+  /**
    * `runsc checkpoint` killed half-way leaves the container stopped with a partial image
    * (measured: killed 20 ms in, 746 bytes and a dead sandbox). So it does not run as a child
    * that dies with the daemon (or its process group, or its pipes): it runs in a session of
@@ -747,6 +762,9 @@ async function removeCgroup(dir: string): Promise<void> {
     await new Promise((r) => setTimeout(r, 100 * (attempt + 1)));
   }
 }
+
+/** How long a snapshot waits for a sandbox's disk to be written out before it stops it (then the checkpoint does the rest). */
+const FLUSH_TIMEOUT_MS = 120_000;
 
 /** Names of images (and so of their disk copies): snapshot ids, template image keys. */
 const IMAGE_ID = /^[a-z0-9][a-z0-9._-]{0,127}$/;

@@ -160,6 +160,11 @@ export class DriverRouter implements SandboxDriver {
     return this.of(id).detachAgent(id);
   }
 
+  async flush(id: string): Promise<boolean> {
+    const d = this.of(id);
+    return d.flush ? d.flush(id) : false;
+  }
+
   checkpoint(id: string, imageDir: string): Promise<void> {
     return this.of(id).checkpoint(id, imageDir);
   }

@@ -261,6 +261,17 @@ export interface SandboxDriver {
    */
   detachAgent(id: string): Promise<void>;
   /**
+   * Writes out what the sandbox has written to its storage and the host still holds in memory,
+   * while the sandbox runs: a checkpoint's own flush happens while it is stopped, so a snapshot
+   * taken just after a large write would otherwise freeze it for as long as the write-back takes
+   * (200 MB on a disk here: 2.7 s of downtime, 0.5 s after a flush). Resolves true when there
+   * was storage to flush. Optional: a driver whose sandboxes keep their files in memory has none.
+   *
+   * @example
+   * if (await driver.flush?.('sb123')) laps.lap('flush');
+   */
+  flush?(id: string): Promise<boolean>;
+  /**
    * Saves the whole sandbox (memory, processes, filesystem) into `imageDir`. The sandbox is
    * stopped afterwards (a restore brings it back). The agent must be quiesced first.
    *

@@ -97,6 +97,8 @@ export class Checkpoints implements CheckpointHooks {
     const laps = new Laps();
     // Refuse before touching anything when the image may not fit.
     await this.assertRoomForImage(sb);
+    // The sandbox's pending writes go out while it runs, not in its downtime.
+    if (await this.c.driver.flush(sb.id)) laps.lap('flush');
     const wasPaused = sb.state === 'paused';
     if (wasPaused) await this.c.driver.resume(sb.id);
     // Refuse before stopping anything if the snapshot could not be stored (e.g. a revoked key).
