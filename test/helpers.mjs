@@ -156,12 +156,13 @@ export function closeDiskPool(dataDir) {
     disks = readdirSync(path.join(mnt, 'disks')).map((d) => `disk ${d}`);
     execFileSync('umount', [mnt]);
   }
-  // The vault the pool's image is kept in: its loop device lets go a moment after the pool's unmount.
+  // The vault the pool's image is kept in: its loop device lets go a moment after the pool's
+  // unmount — on a loaded host more than the 5 s this once waited (a CI run failed so, 2026-12-06).
   for (let i = 0; mounted(vault); i++) {
     try {
       execFileSync('umount', [vault], { stdio: 'pipe' });
     } catch (err) {
-      if (i >= 100) throw err;
+      if (i >= 600) throw err;
       execFileSync('sleep', ['0.05']);
     }
   }
