@@ -41,16 +41,15 @@ export async function putImage(
           // What an earlier snapshot of the sandbox stored already (a disk nothing wrote to
           // since): its object is copied, which costs a manifest, not a pass over the bytes.
           if (earlier && blobs.copy && (await a.unchangedSince?.(file, earlier.id))) {
-            attachments.push(entry);
             // The earlier snapshot went meanwhile (retention), or its object cannot be read:
-            // the bytes are stored anew (a store that cannot write them fails that put).
+            // the bytes are stored anew (a store that cannot write them fails that put). A
+            // failed copy wrote nothing (its one write is the store's atomic put).
             const size = await blobs.copy(`${earlier.key}.${a.suffix}`, `${key}.${a.suffix}`).catch(() => undefined);
             if (size !== undefined) {
-              entry.size = size;
+              attachments.push({ ...entry, size });
               copied.push(a.suffix);
               break;
             }
-            attachments.pop();
           }
           const bytes = await a.open(file);
           if (!bytes) continue;
