@@ -3,13 +3,15 @@
 // fork; the guest clock and RNG after a restore; a VMM crash; bad configuration; a cluster
 // node's lease keeper stopping its VMs when the daemon is SIGKILLed.
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startDaemon } from '../packages/server/dist/index.js';
 import { Sandbox, Templates, Volumes } from '../packages/sdk/dist/index.js';
-import { qmp } from '../packages/driver-microvm/dist/index.js';
-import { eventually, leftovers, startSpaced, startTestDaemon } from './helpers.mjs';
+import { MicrovmDriver, qmp } from '../packages/driver-microvm/dist/index.js';
+import { AgentChannel } from '../packages/core/dist/index.js';
+import { templateRootfs } from '../scripts/bench-lib.mjs';
+import { TEMPLATES_DIR, eventually, leftovers, startSpaced, startTestDaemon } from './helpers.mjs';
 import { startPostgres } from './postgres.mjs';
 
 const CACHE = process.env.SPACE_MICROVM_CACHE_DIR ?? '/var/cache/space/microvm';
@@ -79,6 +81,16 @@ describe('microvm driver: full-machine snapshots', () => {
       assert.equal(await fresh(c, `n${i}`), `echo:n${i}`);
       assert.equal((await c.commands.run('hostname')).stdout.trim(), c.id);
     }
+    // The parent was restored (from its template, then from its snapshots), so it ran on a
+    // private mapping of an image's RAM; its fork image still has a RAM file of its own (the
+    // loader), which both copies map copy-on-write: they share the pages neither has changed.
+    const rams = copies.map((c) => JSON.parse(readFileSync(path.join(fx.dataDir, 'microvm', 'boxes', c.id, 'ram.json'), 'utf8')));
+    assert.deepEqual(rams.map((r) => r.shared), [false, false]);
+    assert.equal(rams[0].path, rams[1].path, 'both copies map the one RAM file of the fork image');
+    const smaps = copies.map((c) => readFileSync(`/proc/${readFileSync(path.join(fx.dataDir, 'microvm', 'boxes', c.id, 'qemu.pid'), 'utf8').trim()}/smaps_rollup`, 'utf8'));
+    const kb = (re) => smaps.reduce((a, t) => a + Number(re.exec(t)[1]), 0);
+    assert.ok(kb(/^Pss:\s+(\d+) kB/m) < 0.8 * kb(/^Rss:\s+(\d+) kB/m), `the copies share pages: PSS ${kb(/^Pss:\s+(\d+) kB/m)} kB, RSS ${kb(/^Rss:\s+(\d+) kB/m)} kB`);
+    assert.deepEqual(readdirSync(path.join(fx.dataDir, 'microvm', 'boxes')).filter((d) => d.endsWith('.load')), [], 'no loader left');
     // Each restore reseeds the guest kernel's pool: copies of one machine draw different numbers.
     const rand = await Promise.all(copies.map(async (c) => (await c.commands.run('head -c 16 /dev/urandom | od -An -tx1')).stdout));
     assert.notEqual(rand[0], rand[1]);
@@ -143,6 +155,63 @@ describe('microvm driver: full-machine snapshots', () => {
     assert.equal(info.endReason, 'crashed');
     assert.match(info.endDetail, /VM stopped/);
     await sb.kill();
+  });
+});
+
+describe('microvm driver: the RAM of a restored VM\'s checkpoint', () => {
+  it('a loader that fails leaves the whole stream in the image, and the VM restores from it', async () => {
+    const dir = mkdtempSync('/tmp/spt-vmram-');
+    const driver = new MicrovmDriver({ dataDir: dir, cacheDir: CACHE, failRamLoader: true });
+    const hellos = new Map();
+    const channels = new Map();
+    driver.bind({
+      agentConnected(id, stream) {
+        const ch = new AgentChannel(stream);
+        ch.once('event', (ev) => {
+          if (ev.event !== 'hello') return;
+          channels.set(id, ch);
+          hellos.get(id)?.();
+        });
+      },
+    });
+    const hello = (id) => new Promise((r) => hellos.set(id, r));
+    const id = 'sbvmram';
+    const spec = { id, template: 'minimal', rootfs: templateRootfs(TEMPLATES_DIR, 'minimal'), cpu: 1, memoryMb: 192, env: {} };
+    const checkpoint = async (img) => {
+      const ch = channels.get(id);
+      await driver.detachAgent(id);
+      const closed = new Promise((r) => ch.once('close', r));
+      await ch.unary({ op: 'quiesce' }, 10_000);
+      await closed;
+      await driver.checkpoint(id, img);
+      await driver.retire(id);
+      return Object.fromEntries(readdirSync(img).map((f) => [f, statSync(path.join(img, f)).size]));
+    };
+    try {
+      await driver.init();
+      let h = hello(id);
+      await driver.create(spec);
+      await h;
+      const booted = await checkpoint(path.join(dir, 'i1'));
+      assert.ok(booted.ram > 0 && booted.memory < 4 << 20, `a booted VM's image: its RAM file and a small stream (${JSON.stringify(booted)})`);
+      h = hello(id);
+      await driver.restore(spec, path.join(dir, 'i1'));
+      await h;
+      await channels.get(id).unary({ op: 'mkdir', path: '/tmp/made-before' }, 10_000);
+      const restored = await checkpoint(path.join(dir, 'i2'));
+      assert.equal(restored.ram, undefined, 'no RAM file when the loader failed');
+      assert.ok(restored.memory > 16 << 20, `the stream carries the RAM (${restored.memory} bytes)`);
+      h = hello(id);
+      await driver.restore(spec, path.join(dir, 'i2'));
+      await h;
+      assert.equal((await channels.get(id).unary({ op: 'stat', path: '/tmp/made-before' }, 10_000)).entry.type, 'dir', 'the guest as it was saved');
+      assert.deepEqual(readdirSync(path.join(dir, 'microvm', 'boxes')).filter((d) => d.endsWith('.load')), [], 'no loader left');
+      assert.deepEqual(readdirSync('/dev/shm').filter((f) => f.includes('.load-')), [], 'no loader RAM left');
+    } finally {
+      await driver.destroy(id);
+      await driver.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -50,8 +50,16 @@ export interface MicrovmDriverOptions {
    * @default "space-vmm"
    */
   vmmUser?: string | null;
+  /**
+   * For tests: the loader that gives a restored VM's image a RAM file of its own fails once it
+   * has loaded the machine, so checkpoints take the fallback (the whole stream, no RAM file).
+   * @default false
+   */
+  failRamLoader?: boolean;
 }
 
+/** Names the box of an image's RAM loader (`<sandbox id>.load`; see ownRam). */
+const LOADER_SUFFIX = '.load';
 /** Host memory QEMU needs beyond the guest's RAM (device model, TCG translation cache). */
 const VMM_OVERHEAD_MB = 160;
 const CGROUP_ROOT = '/sys/fs/cgroup';
@@ -154,6 +162,8 @@ export class MicrovmDriver implements SandboxDriver {
 
   async init(): Promise<void> {
     await fs.mkdir(this.boxesDir, { recursive: true, mode: 0o700 });
+    // A loader a daemon died with (see ownRam): its image was never marked complete.
+    for (const d of await fs.readdir(this.boxesDir)) if (d.endsWith(LOADER_SUFFIX)) await this.destroy(d);
     const user = this.opts.vmmUser === undefined ? 'space-vmm' : this.opts.vmmUser;
     if (user) this.vmmUser = await ensureSystemUser(user);
     this.runtimeDir = await ensureRuntime(this.opts.runtimeDir ?? path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, [AGENT_HELPER, AGENT_COMPAT_LIB]);
@@ -324,7 +334,20 @@ export class MicrovmDriver implements SandboxDriver {
     const { accel } = await this.accel();
     const ram: RamBacking = incoming?.ram ? { path: incoming.ram, shared: false } : { path: this.freshRam(rid), shared: true };
     await fs.writeFile(p.ram, JSON.stringify(ram));
-    const args = [
+    const args = this.vmmArgs(id, config, ram, accel, p, !!incoming);
+    await fs.writeFile(p.config, JSON.stringify(config));
+    const pid = await this.spawnVmm(netns, args, p);
+    await this.cgroup(rid, pid, config.memoryMb, cpuQuota);
+    if (incoming) await this.receive(p, incoming.memory, !!incoming.ram);
+    void this.connectAgent(id, b.generation);
+  }
+
+  /**
+   * QEMU's command line for an incarnation of `id` (or a loader of its image) with its RAM in
+   * `ram`; `incoming` waits for a saved machine, `hold` keeps the loaded machine stopped.
+   */
+  private vmmArgs(id: string, config: VmConfig, ram: RamBacking, accel: 'kvm' | 'tcg', p: ReturnType<MicrovmDriver['paths']>, incoming: boolean, hold = false): string[] {
+    return [
       '-name', `space-${id},process=space-vm-${id}`,
       '-M', 'microvm,pit=off,pic=off,isa-serial=on,rtc=on,memory-backend=ram0',
       '-object', `memory-backend-file,id=ram0,size=${config.memoryMb}M,mem-path=${ram.path},share=${ram.shared ? 'on' : 'off'}`,
@@ -349,12 +372,9 @@ export class MicrovmDriver implements SandboxDriver {
       '-sandbox', `on,obsolete=deny,elevateprivileges=${this.vmmUser ? 'allow' : 'deny'},spawn=deny,resourcecontrol=deny`,
       ...(this.vmmUser ? ['-runas', this.vmmUser.name] : []),
       ...(incoming ? ['-incoming', 'defer'] : []),
+      // A loader (see ownRam) only holds the machine: its guest never runs.
+      ...(hold ? ['-S'] : []),
     ];
-    await fs.writeFile(p.config, JSON.stringify(config));
-    const pid = await this.spawnVmm(netns, args, p);
-    await this.cgroup(rid, pid, config.memoryMb, cpuQuota);
-    if (incoming) await this.receive(p, incoming.memory, !!incoming.ram);
-    void this.connectAgent(id, b.generation);
   }
 
   /**
@@ -412,11 +432,7 @@ export class MicrovmDriver implements SandboxDriver {
 
   /** Streams a saved machine into a VM started with `-incoming defer`, then runs it. */
   private async receive(p: ReturnType<MicrovmDriver['paths']>, file: string, ramFromFile: boolean): Promise<void> {
-    await qmp(p.qmp, [
-      // With the image's RAM mapped from its file, the stream carries only the devices.
-      { execute: 'migrate-set-capabilities', arguments: { capabilities: [{ capability: 'x-ignore-shared', state: ramFromFile }] } },
-      { execute: 'migrate-incoming', arguments: { uri: `unix:${p.migrate}` } },
-    ]);
+    await this.listenIncoming(p, ramFromFile);
     const sock = await connectRetry(p.migrate, 10_000);
     // QEMU closes its end as soon as it has read the end of the stream, which can be before
     // this side sees its own write finish: whether the load worked is QEMU's to say, below.
@@ -430,11 +446,25 @@ export class MicrovmDriver implements SandboxDriver {
       sock.on('close', () => resolve());
       rs.pipe(sock);
     });
+    await this.loaded(p, true);
+  }
+
+  /** Has a VM started with `-incoming defer` listen for a saved machine on its migration socket. */
+  private async listenIncoming(p: ReturnType<MicrovmDriver['paths']>, ramFromFile: boolean): Promise<void> {
+    await qmp(p.qmp, [
+      // With the image's RAM mapped from its file, the stream carries only the devices.
+      { execute: 'migrate-set-capabilities', arguments: { capabilities: [{ capability: 'x-ignore-shared', state: ramFromFile }] } },
+      { execute: 'migrate-incoming', arguments: { uri: `unix:${p.migrate}` } },
+    ]);
+  }
+
+  /** Waits until the VM has loaded the machine streamed in; then runs it, or (`run` false) leaves it stopped. */
+  private async loaded(p: ReturnType<MicrovmDriver['paths']>, run: boolean): Promise<void> {
     for (let i = 0; ; i++) {
       const st = (await qmp(p.qmp, [{ execute: 'query-status' }]).catch(() => [undefined]))[0] as { status: string } | undefined;
       if (!st) throw new SpaceError('DRIVER_FAILED', `QEMU could not load the machine state: ${(await logTail(p.log)) || 'it exited'}`);
       if (st.status !== 'inmigrate') {
-        if (st.status !== 'running') await qmp(p.qmp, [{ execute: 'cont' }]);
+        if (run && st.status !== 'running') await qmp(p.qmp, [{ execute: 'cont' }]);
         return;
       }
       if (i > 3000) throw new SpaceError('DRIVER_FAILED', 'QEMU did not finish loading the snapshot within 60 s');
@@ -556,9 +586,39 @@ export class MicrovmDriver implements SandboxDriver {
   async checkpoint(id: string, imageDir: string): Promise<void> {
     const p = this.paths(id);
     await fs.mkdir(imageDir, { recursive: true, mode: 0o700 });
-    const out = path.join(imageDir, 'memory');
+    const memory = path.join(imageDir, 'memory');
+    const config = JSON.parse(await fs.readFile(p.config, 'utf8')) as VmConfig;
+    // A VM writing into its own RAM file: the stream skips the RAM, which is copied as a file
+    // (sparse) and mapped copy-on-write by every restore. A VM on a private mapping of an
+    // image's RAM has its changes in anonymous pages: its stream carries all of it, and goes
+    // through a loader that gives the image a RAM file of its own (ownRam).
+    const ram = JSON.parse(await fs.readFile(p.ram, 'utf8').catch(() => '{"path":"","shared":false}')) as RamBacking;
+    let ramFile = ram.shared && existsSync(ram.path);
+    if (ramFile) {
+      await qmp(p.qmp, [{ execute: 'stop' }]);
+      await this.save(p, memory, true);
+      // The guest is stopped, so its RAM file no longer changes.
+      await run('cp', ['--sparse=always', ram.path, path.join(imageDir, 'ram')], 300_000);
+    } else {
+      ramFile = await this.ownRam(id, p, config, imageDir);
+      // The loader failed: the whole stream, RAM included, as before there was one.
+      if (!ramFile) await this.save(p, memory, false);
+    }
+    await fs.writeFile(path.join(imageDir, 'vm.json'), JSON.stringify({ ...config, ramFile }));
+    // The stream ends in the daemon: a daemon that dies before this line leaves the VM stopped
+    // (not quit) and no mark, and the next daemon continues the VM.
+    await fs.writeFile(path.join(imageDir, CHECKPOINT_COMPLETE), new Date().toISOString());
+    // A checkpointed sandbox is stopped; a restore brings it back.
+    await qmp(p.qmp, [{ execute: 'quit' }]).catch(() => {});
+  }
+
+  /**
+   * Saves the stopped machine of the VMM at `p` into the file `out`: QEMU streams it to a unix
+   * socket the daemon holds (QEMU runs with spawn=deny, so no `exec:` migration). With
+   * `ignoreShared`, RAM that lives in a shared file is left out of the stream.
+   */
+  private async save(p: ReturnType<MicrovmDriver['paths']>, out: string, ignoreShared: boolean): Promise<void> {
     await fs.rm(p.migrate, { force: true });
-    // The daemon receives the stream itself: QEMU runs with spawn=deny, so no `exec:` migration.
     let done!: Promise<void>;
     const server = net.createServer({ allowHalfOpen: false }, (sock) => {
       server.close();
@@ -572,38 +632,84 @@ export class MicrovmDriver implements SandboxDriver {
     });
     // QEMU runs as its own user by now: the socket must be its to connect to.
     if (this.vmmUser) await fs.chown(p.migrate, this.vmmUser.uid, this.vmmUser.gid);
-    // A VM writing into its own RAM file: the stream skips the RAM, which is copied as a file
-    // (sparse) and mapped copy-on-write by every restore. A VM on a private mapping of an
-    // image's RAM has its changes in anonymous pages: the stream carries all of it.
-    const ram = JSON.parse(await fs.readFile(p.ram, 'utf8').catch(() => '{"path":"","shared":false}')) as RamBacking;
-    const ramFile = ram.shared && existsSync(ram.path);
     try {
-      await qmp(p.qmp, [
-        { execute: 'stop' },
-        { execute: 'migrate-set-capabilities', arguments: { capabilities: [{ capability: 'x-ignore-shared', state: ramFile }] } },
-        { execute: 'migrate-set-parameters', arguments: { 'max-bandwidth': 64 * 1024 ** 3 } },
-        { execute: 'migrate', arguments: { uri: `unix:${p.migrate}` } },
-      ]);
-      for (let i = 0; ; i++) {
-        const [m] = (await qmp(p.qmp, [{ execute: 'query-migrate' }])) as { status?: string; 'error-desc'?: string }[];
-        if (m?.status === 'completed') break;
-        if (m?.status === 'failed' || m?.status === 'cancelled') throw new SpaceError('DRIVER_FAILED', `QEMU could not save the machine: ${m['error-desc'] ?? m.status}`);
-        if (i > 15_000) throw new SpaceError('DRIVER_FAILED', 'QEMU did not finish saving the machine within 300 s');
-        await sleep(20);
-      }
+      await this.migrate(p, p.migrate, ignoreShared);
       await done;
     } finally {
       server.close();
     }
-    // The guest is stopped, so its RAM file no longer changes.
-    if (ramFile) await run('cp', ['--sparse=always', ram.path, path.join(imageDir, 'ram')], 300_000);
-    const config = JSON.parse(await fs.readFile(p.config, 'utf8')) as VmConfig;
-    await fs.writeFile(path.join(imageDir, 'vm.json'), JSON.stringify({ ...config, ramFile }));
-    // The stream ends in the daemon: a daemon that dies before this line leaves the VM stopped
-    // (not quit) and no mark, and the next daemon continues the VM.
-    await fs.writeFile(path.join(imageDir, CHECKPOINT_COMPLETE), new Date().toISOString());
-    // A checkpointed sandbox is stopped; a restore brings it back.
-    await qmp(p.qmp, [{ execute: 'quit' }]).catch(() => {});
+  }
+
+  /** Has the VMM at `p` stream its stopped machine to the unix socket `target`, and waits until it is sent. */
+  private async migrate(p: ReturnType<MicrovmDriver['paths']>, target: string, ignoreShared: boolean): Promise<void> {
+    await qmp(p.qmp, [
+      { execute: 'migrate-set-capabilities', arguments: { capabilities: [{ capability: 'x-ignore-shared', state: ignoreShared }] } },
+      { execute: 'migrate-set-parameters', arguments: { 'max-bandwidth': 64 * 1024 ** 3 } },
+      { execute: 'migrate', arguments: { uri: `unix:${target}` } },
+    ]);
+    for (let i = 0; ; i++) {
+      const [m] = (await qmp(p.qmp, [{ execute: 'query-migrate' }])) as { status?: string; 'error-desc'?: string }[];
+      if (m?.status === 'completed') return;
+      if (m?.status === 'failed' || m?.status === 'cancelled') throw new SpaceError('DRIVER_FAILED', `QEMU could not save the machine: ${m['error-desc'] ?? m.status}`);
+      if (i > 15_000) throw new SpaceError('DRIVER_FAILED', 'QEMU did not finish saving the machine within 300 s');
+      await sleep(20);
+    }
+  }
+
+  /**
+   * Saves VM `id`, which runs on a private mapping of its image's RAM (a restored VM), into an
+   * image whose RAM is a file of its own, as a booted VM's image is: a loader QEMU, whose guest
+   * never runs, takes the whole machine streamed straight from the VM into a fresh RAM file
+   * (share=on, on tmpfs), saves it again without the RAM, and the RAM file is copied into the
+   * image. Restores of the image then map that file copy-on-write, so forks of a restored VM
+   * share their unchanged pages instead of each loading a full copy. Leaves the VM stopped.
+   * Returns false (and the image directory without `memory` or `ram`) when the loader fails.
+   */
+  private async ownRam(id: string, p: ReturnType<MicrovmDriver['paths']>, config: VmConfig, imageDir: string): Promise<boolean> {
+    const lid = `${id}${LOADER_SUFFIX}`;
+    const lp = this.paths(lid);
+    const rid = newRid(lid);
+    const memory = path.join(imageDir, 'memory');
+    const ramPath = path.join(imageDir, 'ram');
+    let stopped = false;
+    try {
+      await fs.mkdir(lp.dir, { recursive: true, mode: 0o700 });
+      await fs.mkdir(lp.vmm, { recursive: true, mode: 0o700 });
+      if (this.vmmUser) await fs.chown(lp.vmm, this.vmmUser.uid, this.vmmUser.gid);
+      await fs.writeFile(lp.rid, rid);
+      const netns = `${NETNS_PREFIX}${rid}`;
+      await createNetns(netns);
+      // The machine's network device must have the backend it was saved with (a tap: the
+      // offloads it negotiated); this tap is joined to nothing.
+      if (config.network) await run('ip', ['-n', netns, 'tuntap', 'add', 'tap0', 'mode', 'tap'], 10_000);
+      const { accel } = await this.accel();
+      // RAM loaded into tmpfs: page faults on a disk file's shared mapping cost ~4x.
+      const pid = await this.spawnVmm(netns, this.vmmArgs(lid, config, { path: this.freshRam(rid), shared: true }, accel, lp, true, true), lp);
+      await this.cgroup(rid, pid, config.memoryMb, 1);
+      await this.listenIncoming(lp, false);
+      await qmp(p.qmp, [{ execute: 'stop' }]);
+      stopped = true;
+      // QEMU to QEMU (both run as the VMM user): the stream never passes through the daemon.
+      await this.migrate(p, lp.migrate, false);
+      await this.loaded(lp, false);
+      if (this.opts.failRamLoader) throw new SpaceError('DRIVER_FAILED', 'failRamLoader is set');
+      await this.save(lp, memory, true);
+      await qmp(lp.qmp, [{ execute: 'quit' }]).catch(() => {});
+      for (let i = 0; i < 500 && (await this.isQemu(pid, lid)); i++) await sleep(10);
+      await run('cp', ['--sparse=always', this.freshRam(rid), ramPath], 300_000);
+      return true;
+    } catch {
+      if (!stopped) await qmp(p.qmp, [{ execute: 'stop' }]);
+      // A VM whose stream reached the loader cannot be saved again as it is (QEMU: "paused
+      // due to previous migration"); running it for an instant makes it a machine to save.
+      const [st] = (await qmp(p.qmp, [{ execute: 'query-status' }])) as { status?: string }[];
+      if (st?.status === 'postmigrate') await qmp(p.qmp, [{ execute: 'cont' }, { execute: 'stop' }]);
+      await fs.rm(ramPath, { force: true });
+      await fs.rm(memory, { force: true });
+      return false;
+    } finally {
+      await this.destroy(lid);
+    }
   }
 
   /** Everything inside a checkpoint: QEMU, kernel + initramfs, the agent runtime. */
