@@ -7,7 +7,7 @@ import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, ut
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
-import { DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, deleteImage, getImage, putImage } from '../packages/core/dist/index.js';
+import { DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, PACK_TARGET, deleteImage, getImage, putImage } from '../packages/core/dist/index.js';
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 
@@ -205,11 +205,11 @@ describe('snapshot store', () => {
     const first = await putImage(blobs, 'snapshots/t6/sn10', img, meta('sn10'), forms);
     assert.deepEqual([opened, first.copied], [1, []]);
     // The attachment says it changed: stored as before, even with an earlier image named.
-    const again = await putImage(blobs, 'snapshots/t6/sn11', img, meta('sn11'), forms, { id: 'sn10', key: 'snapshots/t6/sn10' });
+    const again = await putImage(blobs, 'snapshots/t6/sn11', img, meta('sn11'), forms, { earlier: { id: 'sn10', key: 'snapshots/t6/sn10' } });
     assert.deepEqual([opened, again.copied], [2, []]);
     unchanged = true;
     const packsBefore = packs('t6').length;
-    const copy = await putImage(blobs, 'snapshots/t6/sn12', img, meta('sn12'), forms, { id: 'sn10', key: 'snapshots/t6/sn10' });
+    const copy = await putImage(blobs, 'snapshots/t6/sn12', img, meta('sn12'), forms, { earlier: { id: 'sn10', key: 'snapshots/t6/sn10' } });
     assert.deepEqual([opened, copy.copied], [2, ['att']], 'unchanged: copied, never opened');
     assert.deepEqual(copy.meta.attachments, [{ file: 'mark.json', name: 'test-attachment-v1', key: 'att', size: attached.length }]);
     assert.equal(copy.sizeBytes, first.sizeBytes, 'the same bytes, as the snapshot counts them');
@@ -222,10 +222,31 @@ describe('snapshot store', () => {
     assert.ok((await new DedupBlobStore(encrypted, keys).gc(async () => ['snapshots/t1/a', 'snapshots/t1/b', 'snapshots/t2/a', 'snapshots/t6/sn12'])) > 0, 'the earlier images\' own packs went');
     assert.ok((await readAll(await blobs.get('snapshots/t6/sn12.att'))).equals(attached));
     // The earlier image is gone now: the bytes are stored anew.
-    const anew = await putImage(blobs, 'snapshots/t6/sn13', img, meta('sn13'), forms, { id: 'sn10', key: 'snapshots/t6/sn10' });
+    const anew = await putImage(blobs, 'snapshots/t6/sn13', img, meta('sn13'), forms, { earlier: { id: 'sn10', key: 'snapshots/t6/sn10' } });
     assert.deepEqual([opened, anew.copied], [3, []]);
     assert.ok((await readAll(await blobs.get('snapshots/t6/sn13.att'))).equals(attached));
     await assert.rejects(blobs.copy('snapshots/t6/sn13.att', 'snapshots/t7/sn13.att'), (e) => e.code === 'INTERNAL', 'copies stay within a tenant');
     await assert.rejects(blobs.copy('snapshots/t6/nope.att', 'snapshots/t6/sn14.att'), (e) => e.code === 'SNAPSHOT_NOT_FOUND');
+  });
+  it('an object stored whole is cut into pack-sized pieces without looking for chunks to share, reads back, and is collected like any', async () => {
+    const data = randomBytes(PACK_TARGET * 2 + 12_345);
+    assert.equal(await blobs.putWhole('snapshots/t8/w1', Readable.from([data.subarray(0, 1000), data.subarray(1000)])), data.length);
+    assert.equal(packs('t8').length, 3, 'three pieces, a pack each');
+    assert.ok((await readAll(await blobs.get('snapshots/t8/w1'))).equals(data));
+    // The same bytes again are stored again (nothing is looked up), and what is stored whole
+    // is not offered to later puts either: a put of the same bytes stores them all.
+    await blobs.putWhole('snapshots/t8/w2', Readable.from([data]));
+    assert.equal(packs('t8').length, 6);
+    const before = packBytes('t8');
+    await blobs.put('snapshots/t8/p1', Readable.from([data]));
+    assert.ok(packBytes('t8') - before >= data.length, 'the put found nothing to share with the whole objects');
+    // A copy names the same packs; deleting the original and collecting keeps the copy whole.
+    await blobs.copy('snapshots/t8/w2', 'snapshots/t8/w3');
+    await blobs.delete('snapshots/t8/w1');
+    await blobs.delete('snapshots/t8/w2');
+    assert.equal(await blobs.gc(async () => []), 3, "w1's three packs, and only them (the rest was written just now, or is w3's)");
+    assert.ok((await readAll(await blobs.get('snapshots/t8/w3'))).equals(data));
+    assert.equal(await blobs.putWhole('snapshots/t8/empty', Readable.from([])), 0);
+    assert.equal((await readAll(await blobs.get('snapshots/t8/empty'))).length, 0);
   });
 });

@@ -45,6 +45,12 @@ export interface BlobStore {
    * written with `put`. Rejects with `SNAPSHOT_NOT_FOUND` when `from` is not stored.
    */
   copy?(from: string, to: string): Promise<number>;
+  /**
+   * Stores `data` under `key` as `put` does, for an object known to share nothing with others
+   * (a runtime's compressed image): a deduplicating store skips looking for what it could share.
+   * Stores without it are written with `put`. Read back with `get`, like any object.
+   */
+  putWhole?(key: string, data: Readable): Promise<number>;
   /** Keys directly under `prefix` (a "directory" such as `chunks/<tenant>`). */
   list?(prefix: string): Promise<string[]>;
 }

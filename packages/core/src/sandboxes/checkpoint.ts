@@ -220,6 +220,11 @@ export class Checkpoints implements CheckpointHooks {
     // price: it shares no chunks with the session's other snapshots (docs/architecture.md).
     const asWritten = intent.op === 'hibernate' || intent.trigger === 'fork';
     const forms = this.c.driver.imageForms(sb.driver);
+    // What a codec would have inflated is compressed as written: it shares no chunk with any
+    // stored object, so it is stored whole, without chunking it by content and hashing each
+    // chunk (~20 ms of a hibernate's store). A driver without codecs (microVM: raw RAM, which
+    // deduplicates well) is stored as always.
+    const whole = asWritten && forms.codecs.length > 0;
     // The sandbox's newest snapshot before this one: what it stored beside its image (a disk's
     // stream) serves this one too where nothing changed since (the driver checks).
     const before = forms.attachments.length && sb.lastSnapshotId && sb.lastSnapshotId !== id ? await this.c.store.getSnapshot(sb.lastSnapshotId) : undefined;
@@ -233,7 +238,7 @@ export class Checkpoints implements CheckpointHooks {
       driverVersion: await this.c.driver.versionOf(sb.driver),
       ...(sb.fromSnapshotId ? { parentSnapshotId: sb.fromSnapshotId } : {}),
       createdAt,
-    }, asWritten ? { ...forms, codecs: [] } : forms, earlier));
+    }, asWritten ? { ...forms, codecs: [] } : forms, { ...(earlier ? { earlier } : {}), whole }));
     await this.c.faults.fault('snapshot:after-blob');
     const trigger = intent.trigger ?? 'manual';
     const snapshot: Snapshot = {

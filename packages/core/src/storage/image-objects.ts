@@ -14,8 +14,8 @@ import { imageEntries, packSnapshot, readSnapshot, type SnapshotMeta } from './s
 /**
  * Stores image directory `imageDir` as object `key` and its attachments. Returns the image's
  * metadata, the bytes stored (object and attachments, before deduplication) and the suffixes of
- * the attachments `copied`: one that stands for what it stood for in image `earlier` is a copy
- * of that one's object.
+ * the attachments `copied`: one that stands for what it stood for in image `opts.earlier` is a
+ * copy of that one's object.
  *
  * @example
  * const { sizeBytes } = await putImage(blobs, `snapshots/acme/${id}`, imageDir, { id, sandboxId, ... }, driverRouter.imageForms('gvisor'));
@@ -26,9 +26,14 @@ export async function putImage(
   imageDir: string,
   meta: Omit<SnapshotMeta, 'files' | 'payloadSize' | 'payloadSha256' | 'attachments'>,
   forms: ImageForms,
-  /** An earlier image of the same sandbox on this node (its id and key), whose attachments may serve this one. */
-  earlier?: { id: string; key: string },
+  opts: {
+    /** An earlier image of the same sandbox on this node (its id and key), whose attachments may serve this one. */
+    earlier?: { id: string; key: string };
+    /** The object shares nothing with stored ones (a runtime's compressed image): stored without looking for chunks to share ({@link BlobStore.putWhole}). */
+    whole?: boolean;
+  } = {},
 ): Promise<{ meta: SnapshotMeta; sizeBytes: number; copied: string[] }> {
+  const { earlier } = opts;
   const attachments: NonNullable<SnapshotMeta['attachments']> = [];
   const copied: string[] = [];
   try {
@@ -61,7 +66,7 @@ export async function putImage(
       }
     }
     const { stream, meta: full } = await packSnapshot(imageDir, { ...meta, ...(attachments.length ? { attachments } : {}) }, forms.codecs);
-    const size = await blobs.put(key, stream);
+    const size = opts.whole && blobs.putWhole ? await blobs.putWhole(key, stream) : await blobs.put(key, stream);
     return { meta: full, sizeBytes: size + attachments.reduce((n, a) => n + a.size, 0), copied };
   } catch (err) {
     // Nothing names what was stored; it goes now (or with the next collection).

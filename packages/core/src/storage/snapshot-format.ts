@@ -34,6 +34,8 @@ export const SNAPSHOT_FORMAT_VERSION = 3;
 const SUFFIX = /^[a-z0-9-]{1,32}$/;
 const MAX_META = 64 * 1024;
 const FIXED = 8 + 2 + 4 + 32;
+/** Bytes read from an image file at once (a read of 64 KiB, the default, costs as much as one of 1 MiB here). */
+const READ_CHUNK = 1 << 20;
 
 /** What a snapshot says about itself. */
 export interface SnapshotMeta {
@@ -94,7 +96,7 @@ export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'f
       }
       files.push({ name, size: (await fs.stat(p)).size, ...(used ? { codec: used } : {}) });
       sources.push(p);
-      for await (const chunk of createReadStream(p)) hash.update(chunk as Buffer);
+      for await (const chunk of createReadStream(p, { highWaterMark: READ_CHUNK })) hash.update(chunk as Buffer);
     }
   } catch (err) {
     await fs.rm(encodedDir, { recursive: true, force: true });
@@ -111,7 +113,7 @@ export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'f
     try {
       yield head;
       yield metaBuf;
-      for (const p of sources) for await (const chunk of createReadStream(p)) yield chunk as Buffer;
+      for (const p of sources) for await (const chunk of createReadStream(p, { highWaterMark: READ_CHUNK })) yield chunk as Buffer;
     } finally {
       await fs.rm(encodedDir, { recursive: true, force: true });
     }
