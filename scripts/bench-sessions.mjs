@@ -35,14 +35,20 @@ function bareBundle(name) {
 }
 // The same bare container as SPACE's sandboxes must run it: with a network (a netns with a veth,
 // `--network=sandbox`, and the /proc/sys/net/core tmpfs this runsc needs on a 6.x kernel). A
-// SPACE image holds its network stack: restored bare, it needs one too. The netns is made once
-// (SPACE makes one per restore: counted against it).
+// SPACE image holds its network stack: restored bare, it needs one too. Each restore gets a
+// fresh netns, made before its timer starts (SPACE makes one per restore: counted against it):
+// runsc takes the addresses off the interfaces it finds, so a second restore into the same netns
+// finds no address and skips the link's set-up — which made this baseline ~30 ms too fast
+// before 2026-12-06 (runsc's log: `No usable IP addresses found for interface "eth0", skipping`).
 const bareNs = `spbs-${process.pid}`;
-const bareNsSetup = [
-  ['ip', ['netns', 'add', bareNs]],
-  ['ip', ['-b', '-'], `link add spbs${process.pid % 100000} type veth peer name eth0 netns ${bareNs}\naddr add 10.254.250.1/30 dev spbs${process.pid % 100000}\nlink set spbs${process.pid % 100000} up\n`],
-  ['ip', ['-n', bareNs, '-b', '-'], 'addr add 10.254.250.2/30 dev eth0\nlink set eth0 up\nlink set lo up\n'],
-];
+function freshBareNs() {
+  spawnSync('ip', ['netns', 'del', bareNs], { stdio: 'ignore' });
+  for (const [cmd, args, input] of [
+    ['ip', ['netns', 'add', bareNs]],
+    ['ip', ['-b', '-'], `link add spbs${process.pid % 100000} type veth peer name eth0 netns ${bareNs}\naddr add 10.254.250.1/30 dev spbs${process.pid % 100000}\nlink set spbs${process.pid % 100000} up\n`],
+    ['ip', ['-n', bareNs, '-b', '-'], 'addr add 10.254.250.2/30 dev eth0\nlink set eth0 up\nlink set lo up\n'],
+  ]) spawnSync(cmd, args, { input, stdio: ['pipe', 'ignore', 'ignore'] });
+}
 const RN = (...a) => spawnSync('unshare', ['-m', '--propagation', 'private', 'sh', '-c', `nsenter --net=/var/run/netns/${bareNs} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, 'runsc', '--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
 const RNcheckpoint = (img, id) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', 'checkpoint', '--image-path', img, id], { stdio: 'ignore' });
 function bareNetBundle(name) {
@@ -127,7 +133,7 @@ try {
   spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'delete', '--force', cur], { stdio: 'ignore' });
   // The networked bare container, checkpointed and restored as many times.
   const ncp = [], nrs = [];
-  for (const [cmd, args, input] of bareNsSetup) spawnSync(cmd, args, { input, stdio: ['pipe', 'ignore', 'ignore'] });
+  freshBareNs();
   cur = 'n0';
   RN('run', '--detach', '--bundle', bareNetBundle(cur), cur);
   for (let i = 0; i < N; i++) {
@@ -135,6 +141,7 @@ try {
     let t = now(); RNcheckpoint(img, cur); ncp.push(now() - t);
     spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), 'delete', '--force', cur], { stdio: 'ignore' });
     const next = `n${i + 1}`;
+    freshBareNs();
     t = now(); RN('restore', '--image-path', img, '--detach', '--bundle', bareNetBundle(next), next); nrs.push(now() - t);
     cur = next;
   }
@@ -169,7 +176,7 @@ try {
   const table = lines.join('\n');
   console.log(table);
   if (values.write) {
-    writeSection('sessions', 'Stateful sessions: pause, snapshot, hibernate, fork (issue 4)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-sessions.mjs --write\` (part of \`./space bench\`). The bare baseline is a runsc container with the same rootfs and node runtime, idle, without agent or API; for hibernate and wake also the same container with a network (a netns with a veth, \`--network=sandbox\`: what a SPACE image needs to restore, since it holds its network stack), made once for all its restores.\n\n${table}`);
+    writeSection('sessions', 'Stateful sessions: pause, snapshot, hibernate, fork (issue 4)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ${N} iterations each, with \`node scripts/bench-sessions.mjs --write\` (part of \`./space bench\`). The bare baseline is a runsc container with the same rootfs and node runtime, idle, without agent or API; for hibernate and wake also the same container with a network (a netns with a veth, \`--network=sandbox\`: what a SPACE image needs to restore, since it holds its network stack), a fresh one for each restore, made before its timer starts.\n\n${table}`);
   }
 } finally {
   const st = path.join(bareRoot, 'state');
