@@ -53,7 +53,7 @@ export async function startTestDaemon(opts = {}) {
       for (const m of made) await Sandbox.kill(m.id, m.conn).catch(() => {});
       // (fx.daemon: a test may have restarted it in the same data directory)
       await fx.daemon.close();
-      const leaks = [...closeVolumes(dataDir), ...closeDiskPool(dataDir), ...leftovers(dataDir, made.map((m) => m.id))];
+      const leaks = [...closeVolumes(dataDir), ...closeDiskPool(dataDir), ...leftovers(dataDir, made.map((m) => m.id)), ...spareNetns(dataDir).map((n) => `spare netns ${n}`)];
       // SPACE_TEST_KEEP=1 keeps the data directory (runsc logs, database) to debug a failure.
       if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
       return leaks;
@@ -215,6 +215,18 @@ export function makeNodeKey(dataDir) {
   if (!existsSync(path.join(dataDir, 'keys', 'node.key'))) writeFileSync(path.join(dataDir, 'keys', 'node.key'), randomBytes(32), { mode: 0o600 });
 }
 
+/**
+ * The spare link namespaces of the daemon of `dataDir` (`space-spare-<tag of its range>-<i>`):
+ * its stop deletes them (checked when a test's daemon is closed); a killed daemon leaves them to
+ * its next start.
+ */
+export function spareNetns(dataDir) {
+  const rangeFile = path.join(dataDir, 'sandbox-net');
+  if (!existsSync(rangeFile)) return [];
+  const tag = createHash('sha256').update(readFileSync(rangeFile, 'utf8').trim()).digest('hex').slice(0, 4);
+  return execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }).split('\n').map((l) => l.split(' ')[0]).filter((n) => n.startsWith(`space-spare-${tag}-`));
+}
+
 /** Host resources still held for these sandbox ids (runsc containers, QEMU processes, netns, cgroups, mounts). */
 export function leftovers(dataDir, ids) {
   const out = [];
@@ -362,8 +374,11 @@ export function crashableSpaced(prefix, baseEnv = {}) {
         for (const id of h.ids) await Sandbox.kill(id, h.d.conn).catch(() => {});
         h.d.child.kill('SIGTERM');
         await h.d.exited;
+      } else {
+        // Killed last: what its next start would have deleted.
+        for (const n of spareNetns(dataDir)) execFileSync('ip', ['netns', 'del', n]);
       }
-      const leaks = [...closeVolumes(dataDir), ...closeDiskPool(dataDir), ...leftovers(dataDir, [...h.ids])];
+      const leaks = [...closeVolumes(dataDir), ...closeDiskPool(dataDir), ...leftovers(dataDir, [...h.ids]), ...spareNetns(dataDir).map((n) => `spare netns ${n}`)];
       if (!process.env.SPACE_TEST_KEEP) rmDataDir(dataDir);
       return leaks;
     },

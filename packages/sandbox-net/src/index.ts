@@ -27,6 +27,12 @@ export interface SandboxNetOptions {
   range?: string;
   /** TCP port of the egress proxy. @default 3128 */
   proxyPort?: number;
+  /**
+   * Links kept ready, each in a namespace of its own, for the next attaches that create one (a
+   * wake, fork or restore takes one instead of waiting ~25 ms for its set-up). 0 makes each
+   * on demand. @default 2
+   */
+  spares?: number;
 }
 
 /**
@@ -42,6 +48,17 @@ const LINK_SCRIPT = [
   'printf %s "$5" | ip -n "$1" -b -',
   'wait $!',
 ].join('\n');
+
+/**
+ * Gives a spare link's namespace its sandbox's name, run by `sh -c` with: the spare's name,
+ * the new one. A named namespace is a bind mount of its nsfs file under /run/netns: a second
+ * mount of it under the new name, then the old one's removed (`ip netns del` of a name only
+ * unmounts it; the namespace lives on through the other).
+ */
+const RENAME_SCRIPT = 'set -e; : > "/run/netns/$2"; mount --bind "/run/netns/$1" "/run/netns/$2"; ip netns del "$1"';
+
+/** How long after the latest attach that made or took a namespace the spares are made up again, ms. */
+const REFILL_DELAY_MS = 500;
 
 /** The default range of sandbox links. */
 export const DEFAULT_SANDBOX_RANGE = '10.231.0.0/16';
@@ -82,6 +99,14 @@ export class SandboxNet implements SandboxNetwork {
   private readonly used = new Set<number>();
   /** Links found at start-up (a restarted daemon), by netns name. */
   private readonly found = new Map<string, number>();
+  /** Links ready for the next attaches that create their namespace (see {@link SandboxNetOptions.spares}). */
+  private readonly spares: { index: number; ifname: string }[] = [];
+  private readonly spareTarget: number;
+  /** The sandbox-side name spares are made with: that of the latest attach that created its namespace. */
+  private spareIf?: string;
+  private filling?: Promise<void>;
+  private refillTimer?: NodeJS.Timeout;
+  private closed = false;
   private next = 1;
 
   constructor(opts: SandboxNetOptions = {}) {
@@ -96,6 +121,12 @@ export class SandboxNet implements SandboxNetwork {
     this.proxyPort = opts.proxyPort ?? 3128;
     if (!Number.isInteger(this.proxyPort) || this.proxyPort < 1 || this.proxyPort > 65535) throw new SpaceError('BAD_REQUEST', `Invalid egress proxy port ${String(opts.proxyPort)}: give a port from 1 to 65535`);
     this.tag = createHash('sha256').update(`${c.address}/${c.prefix}`).digest('hex').slice(0, 4);
+    this.spareTarget = opts.spares ?? 2;
+  }
+
+  /** Names of spare links' namespaces: `space-spare-<tag>-<index>` (never a sandbox's: theirs start `space-sb`). */
+  private spareName(index: number): string {
+    return `space-spare-${this.tag}-${index}`;
   }
 
   private get table(): string {
@@ -139,16 +170,26 @@ export class SandboxNet implements SandboxNetwork {
     // Links of sandboxes still running from before a restart: their netns names tell whose.
     const [links, spaces] = await Promise.all([run('ip', ['-j', 'link', 'show', 'type', 'veth'], 10_000), run('ip', ['-j', 'netns', 'list'], 10_000)]);
     const nsById = new Map<number, string>();
-    for (const ns of JSON.parse(spaces.stdout || '[]') as { name: string; id?: number }[]) if (ns.id !== undefined) nsById.set(ns.id, ns.name);
+    const spare = `space-spare-${this.tag}-`;
+    for (const ns of JSON.parse(spaces.stdout || '[]') as { name: string; id?: number }[]) {
+      // Spares an earlier daemon left (it was killed): made anew on demand.
+      if (ns.name.startsWith(spare)) await tryRun('ip', ['netns', 'del', ns.name], 5_000);
+      else if (ns.id !== undefined) nsById.set(ns.id, ns.name);
+    }
     const re = new RegExp(`^sx${this.tag}i(\\d+)$`);
     for (const l of JSON.parse(links.stdout || '[]') as { ifname: string; link_netnsid?: number }[]) {
       const m = re.exec(l.ifname);
       if (!m) continue;
       const index = Number(m[1]);
-      this.used.add(index);
       const ns = l.link_netnsid !== undefined ? nsById.get(l.link_netnsid) : undefined;
-      if (ns) this.found.set(ns, index);
-      else await tryRun('ip', ['link', 'del', l.ifname], 5_000);
+      if (ns) {
+        this.found.set(ns, index);
+      } else {
+        // A spare's, or one whose namespace is gone: its address is free once the pair is.
+        await tryRun('ip', ['link', 'del', l.ifname], 5_000);
+        if (!(await tryRun('ip', ['link', 'show', 'dev', l.ifname], 5_000))) continue;
+      }
+      this.used.add(index);
     }
   }
 
@@ -201,7 +242,25 @@ export class SandboxNet implements SandboxNetwork {
       await run('nsenter', [`--net=/run/netns/${netns}`, 'nft', '-f', '-'], 10_000, this.sandboxRules(ifname, this.addresses(adopted)));
       return this.register(netns, id, adopted);
     }
-    const index = this.allocate();
+    if (opts.create) {
+      this.spareIf = ifname;
+      const spare = this.takeSpare(ifname);
+      if (spare !== undefined) {
+        const renamed = await tryRun('sh', ['-c', RENAME_SCRIPT, 'space-netns', this.spareName(spare), netns], 10_000);
+        this.refillSoon();
+        if (renamed) return this.register(netns, id, spare);
+        // Made below instead (the new name too, in case the rename got halfway).
+        await this.dropSpare(spare);
+        await tryRun('ip', ['netns', 'del', netns], 5_000);
+      } else {
+        this.refillSoon();
+      }
+    }
+    return this.register(netns, id, await this.makeLink(netns, ifname, !!opts.create));
+  }
+
+  /** Makes a link's pair into `netns` (made first with `create`), with the sandbox side's rules; returns its index. */
+  private async makeLink(netns: string, ifname: string, create: boolean, index = this.allocate()): Promise<number> {
     const hostIf = this.hostIf(index);
     const a = this.addresses(index);
     try {
@@ -210,17 +269,84 @@ export class SandboxNet implements SandboxNetwork {
       // and its rules side by side. The host end has no IPv6 (it would give the sandbox a
       // link-local path to the host): turned off before the sandbox end is up, so before the
       // pair has a carrier and the kernel would give it an address.
-      await run('sh', ['-c', LINK_SCRIPT, 'space-link', netns, hostIf, opts.create ? '1' : '',
+      await run('sh', ['-c', LINK_SCRIPT, 'space-link', netns, hostIf, create ? '1' : '',
         [`link add ${hostIf} type veth peer name ${ifname} netns ${netns}`, `addr add ${a.host}/30 dev ${hostIf}`, `link set ${hostIf} up`, ''].join('\n'),
         ['link set lo up', `addr add ${a.sandbox}/30 dev ${ifname}`, `link set ${ifname} up`, `route add ${this.proxyAddress}/32 via ${a.host} dev ${ifname}`, ''].join('\n'),
         this.sandboxRules(ifname, a)], 10_000);
     } catch (err) {
       await tryRun('ip', ['link', 'del', hostIf], 5_000);
-      if (opts.create) await tryRun('ip', ['netns', 'del', netns], 5_000);
+      if (create) await tryRun('ip', ['netns', 'del', netns], 5_000);
       this.used.delete(index);
       throw err;
     }
-    return this.register(netns, id, index);
+    return index;
+  }
+
+  /** The index of a spare link made for `ifname`, taken out of the spares. */
+  private takeSpare(ifname: string): number | undefined {
+    const i = this.spares.findIndex((s) => s.ifname === ifname);
+    return i < 0 ? undefined : this.spares.splice(i, 1)[0]!.index;
+  }
+
+  /** Deletes spare link `index` (its namespace, and with it the pair). */
+  private async dropSpare(index: number): Promise<void> {
+    await tryRun('ip', ['netns', 'del', this.spareName(index)], 5_000);
+    await tryRun('ip', ['link', 'del', this.hostIf(index)], 5_000);
+    this.used.delete(index);
+  }
+
+  /**
+   * Resolves once the spares are made up (now, not after the delay a taken spare waits for);
+   * for tests and benchmarks that need a known state.
+   *
+   * @example
+   * await sandboxNet.attach('sb1', 'space-sb1-abcd1234', 'eth0', { create: true });
+   * await sandboxNet.spared(); // `ip netns list` shows two space-spare-<tag>-<i>
+   */
+  async spared(): Promise<void> {
+    clearTimeout(this.refillTimer);
+    this.refillTimer = undefined;
+    await this.filling;
+    this.refill();
+    await this.filling;
+  }
+
+  /**
+   * Refills the spares once no namespace was asked for in a while: not while the sandboxes that
+   * took them start (a fork into ten attaches ten at once; their runtimes would share the CPU
+   * with the set-up).
+   */
+  private refillSoon(): void {
+    if (this.closed) return;
+    clearTimeout(this.refillTimer);
+    this.refillTimer = setTimeout(() => {
+      this.refillTimer = undefined;
+      this.refill();
+    }, REFILL_DELAY_MS);
+    this.refillTimer.unref();
+  }
+
+  /**
+   * Makes spare links, one at a time in the background, until {@link SandboxNetOptions.spares}
+   * are ready. A failure leaves fewer spares (attaches make their links themselves).
+   */
+  private refill(): void {
+    const ifname = this.spareIf;
+    if (this.filling || this.closed || !ifname || this.spares.length >= this.spareTarget) return;
+    this.filling = (async () => {
+      while (!this.closed && this.spares.length < this.spareTarget && ifname === this.spareIf) {
+        try {
+          const index = this.allocate();
+          await this.makeLink(this.spareName(index), ifname, true, index);
+          if (this.closed) await this.dropSpare(index);
+          else this.spares.push({ index, ifname });
+        } catch {
+          return;
+        }
+      }
+    })().finally(() => {
+      this.filling = undefined;
+    });
   }
 
   /**
@@ -294,8 +420,12 @@ export class SandboxNet implements SandboxNetwork {
     return this.links.size + this.found.size;
   }
 
-  /** Removes the host side when no sandbox link is left (daemon stop). */
+  /** Deletes the spare links, then removes the host side when no sandbox link is left (daemon stop). */
   async teardown(): Promise<void> {
+    this.closed = true;
+    clearTimeout(this.refillTimer);
+    await this.filling;
+    for (const s of this.spares.splice(0)) await this.dropSpare(s.index);
     if (this.size > 0) return;
     await tryRun('nft', ['delete', 'table', 'inet', this.table], 5_000);
     await tryRun('ip', ['addr', 'del', `${this.proxyAddress}/32`, 'dev', 'lo'], 5_000);
