@@ -17,8 +17,7 @@ import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
 import { AGENT_ARGV, RUNTIME, ensureRuntime } from '@space/core';
 import { StatefileCodec } from './statefile-codec.js';
-import { DiskPool, type DiskUsage } from './disk-pool.js';
-import { DISK_MARK, DiskCodec, DiskStream, parseDiskMark, type DiskMark } from './disk-codec.js';
+import { DISK_MARK, DiskCodec, DiskPool, DiskStream, parseDiskMark, type DiskMark, type DiskUsage } from '@space/disk-pool';
 
 /** Options of {@link GvisorDriver}. */
 export interface GvisorDriverOptions {
