@@ -148,22 +148,31 @@ export function* contentsAtRest(dir) {
  * mounted after a daemon stops, as its sandboxes run on; a test's data directory goes.
  */
 export function closeDiskPool(dataDir) {
-  const mnt = path.join(dataDir, 'disks', 'mnt');
-  const vault = path.join(dataDir, 'disks', 'vault');
+  // A second driver's pool first: it is kept inside the default driver's directory.
+  return [...closePool(path.join(dataDir, 'disks', 'microvm')), ...closePool(path.join(dataDir, 'disks', 'gvisor')), ...closePool(path.join(dataDir, 'disks'))];
+}
+
+/** Unmounts the pool in directory `dir` (its btrfs, then its vault); returns the disks left in it. */
+function closePool(dir) {
+  const mnt = path.join(dir, 'mnt');
+  const vault = path.join(dir, 'vault');
   const mounted = (m) => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === m);
   let disks = [];
   if (mounted(mnt)) {
     disks = readdirSync(path.join(mnt, 'disks')).map((d) => `disk ${d}`);
     execFileSync('umount', [mnt]);
   }
-  // The vault the pool's image is kept in: its loop device lets go a moment after the pool's
-  // unmount — on a loaded host more than the 5 s this once waited (a CI run failed so, 2026-12-06).
+  // The vault the pool's image is kept in: its loop device lets go once the pool's writes are
+  // through it — on a loaded host more than the 5 s this once waited (a CI run failed so,
+  // 2026-12-06), and more than 30 s after a microVM battery wrote GiBs through the vault's
+  // software AES. Written out first, then waited for up to 2 minutes.
+  if (mounted(vault)) execFileSync('sync', ['-f', vault]);
   for (let i = 0; mounted(vault); i++) {
     try {
       execFileSync('umount', [vault], { stdio: 'pipe' });
     } catch (err) {
-      if (i >= 600) throw err;
-      execFileSync('sleep', ['0.05']);
+      if (i >= 1200) throw err;
+      execFileSync('sleep', ['0.1']);
     }
   }
   return disks;

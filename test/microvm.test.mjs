@@ -102,6 +102,39 @@ describe('microvm driver: full-machine snapshots', () => {
     await sb.kill();
   });
 
+  it('with a disk (the default on a node of its own): files are not in guest memory, a full disk is ENOSPC, and the disk follows snapshots, hibernate and forks', async () => {
+    const sb = await fx.create({ memoryMb: 256, diskMb: 1024 });
+    const sh = async (c) => (await sb.commands.run(c)).stdout.trim();
+    assert.match(await sh('df -m / | tail -1'), /^overlay\s+9\d\d\s/, 'the root is the 1 GiB disk');
+    // 300 MB: beyond the 128 MiB an in-memory root of a 256 MiB guest may hold.
+    await sh('dd if=/dev/zero of=/tmp/big bs=1M count=300 2>/dev/null && sync');
+    assert.equal(await sh('stat -c %s /tmp/big'), String(300 * 1048576));
+    const disk = readdirSync(path.join(fx.dataDir, 'disks', 'mnt', 'disks')).filter((d) => d.startsWith(`${sb.id}-`));
+    assert.equal(disk.length, 1, 'one disk in the pool for the running incarnation');
+    assert.ok(statSync(path.join(fx.dataDir, 'disks', 'mnt', 'disks', disk[0], 'disk.ext4')).blocks * 512 >= 300 * 1048576, 'the bytes are in the disk image on the host');
+    const full = await sb.commands.run('dd if=/dev/zero of=/tmp/fill bs=1M count=1000 2>&1; echo rc=$?');
+    assert.match(full.stdout, /No space left on device/);
+    assert.equal(await sh('echo alive'), 'alive', 'the sandbox answers with its disk full');
+    await sh('rm /tmp/fill; echo one > /tmp/mark');
+
+    const snap = await sb.snapshot();
+    await sh('echo two > /tmp/mark; rm /tmp/big');
+    await sb.hibernate();
+    await sb.wake();
+    assert.equal(await sh('cat /tmp/mark; ls /tmp/big 2>&1 | grep -c "No such"'), 'two\n1', 'hibernate/wake keeps the disk as it was');
+    await sb.rollback(snap.id);
+    assert.equal(await sh('cat /tmp/mark; stat -c %s /tmp/big'), `one\n${300 * 1048576}`, 'rollback brings the snapshot\'s files back');
+
+    const copies = await sb.fork({ count: 2 });
+    for (const c of copies) fx.track(c);
+    for (const [i, c] of copies.entries()) await c.commands.run(`echo copy${i} > /tmp/mark`);
+    assert.deepEqual(await Promise.all(copies.map(async (c) => (await c.commands.run('cat /tmp/mark; stat -c %s /tmp/big')).stdout.trim())), [`copy0\n${300 * 1048576}`, `copy1\n${300 * 1048576}`], 'forks diverge, each with the parent\'s files');
+    assert.equal(await sh('cat /tmp/mark'), 'one', 'the parent is unchanged');
+    for (const c of copies) await c.kill();
+    await sb.kill();
+    assert.deepEqual(readdirSync(path.join(fx.dataDir, 'disks', 'mnt', 'disks')).filter((d) => [sb.id, ...copies.map((c) => c.id)].some((id) => d.startsWith(`${id}-`))), [], 'no disk left of killed sandboxes');
+  });
+
   it('the VMM runs as its own unprivileged user under a seccomp filter; pause freezes the machine and resume continues it', async () => {
     const sb = await fx.create({ memoryMb: 192 });
     const pid = Number(readFileSync(path.join(fx.dataDir, 'microvm', 'boxes', sb.id, 'qemu.pid'), 'utf8'));

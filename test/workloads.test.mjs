@@ -196,7 +196,16 @@ function battery(name, daemonOpts, { skip = false } = {}) {
       assert.equal(createHash('sha256').update(bytes).digest('hex'), inside.trim());
     });
 
-    it('a 1 GB file written and checksummed', { skip: 'needs a sandbox disk: the writable root lives in the sandbox memory until the disks issue (#23) lands' }, () => {});
+    it('a 1 GiB file written and checksummed, in a 1 GiB sandbox: on its disk, not in its memory', async () => {
+      const out = await sh(sb, `set -e; cd ~/work
+        head -c 1073741824 /dev/zero | tee big1g.bin | sha256sum | cut -d" " -f1
+        sha256sum big1g.bin | cut -d" " -f1; stat -c %s big1g.bin; rm big1g.bin`);
+      const [written, read, size] = out.trim().split('\n');
+      assert.equal(size, '1073741824');
+      assert.equal(read, written, 'what was read back is what was written');
+      assert.equal(read, '49bc20df15e412a64472421e13fe86ff1c5165e18b2afccf160d4dc19fe68a14', 'the SHA-256 of 1 GiB of zeros');
+      assert.equal((await sb.refresh()).state, 'running');
+    });
 
     it('a Python asyncio HTTP server and a Node HTTP server answer requests from inside', async () => {
       const py = "import asyncio\nasync def h(r, w):\n    await r.readuntil(b'\\r\\n\\r\\n')\n    w.write(b'HTTP/1.1 200 OK\\r\\ncontent-length: 9\\r\\nconnection: close\\r\\n\\r\\nfrom-py\\r\\n'); await w.drain(); w.close()\nasync def main():\n    s = await asyncio.start_server(h, '127.0.0.1', 8001)\n    open('/tmp/py-up', 'w').close()\n    await s.serve_forever()\nasyncio.run(main())\n";

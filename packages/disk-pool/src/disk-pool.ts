@@ -370,4 +370,32 @@ export class DiskPool {
   get imagePath(): string {
     return this.image;
   }
+
+  /**
+   * Throws CAPACITY_EXHAUSTED when the host file system under the pool's image has less than
+   * `reserveBytes` free: new disks are refused there, running sandboxes go on.
+   *
+   * @example await pool.checkHostRoom(2 ** 30); // before a new disk
+   */
+  async checkHostRoom(reserveBytes: number): Promise<void> {
+    const under = path.dirname(this.image);
+    const st = await fs.statfs(under);
+    const free = st.bavail * st.bsize;
+    if (free < reserveBytes) throw new SpaceError('CAPACITY_EXHAUSTED', `The node's disk is nearly full (${Math.round(free / 1048576)} MiB free under ${under}, ${Math.round(reserveBytes / 1048576)} MiB kept in reserve): no new sandbox disks until space is freed`, { details: { retryAfterS: 60, resource: 'disk' } });
+  }
+}
+
+/** Names of images, and so of the disk copies taken with them: snapshot ids, template image keys. */
+export const IMAGE_ID = /^[a-z0-9][a-z0-9._-]{0,127}$/;
+
+/**
+ * The name of the image checkpointed into `imageDir` (its directory's base name), which names
+ * the disk copy taken with it.
+ *
+ * @example imageId('/var/lib/space/work/sn1a2b') // 'sn1a2b'
+ */
+export function imageId(imageDir: string): string {
+  const id = path.basename(imageDir);
+  if (!IMAGE_ID.test(id)) throw new SpaceError('INTERNAL', `A checkpoint image directory must be named like an image id, not ${JSON.stringify(id)}`);
+  return id;
 }

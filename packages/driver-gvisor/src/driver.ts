@@ -17,7 +17,7 @@ import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
 import { AGENT_ARGV, RUNTIME, ensureRuntime } from '@space/core';
 import { StatefileCodec } from './statefile-codec.js';
-import { DISK_MARK, DiskCodec, DiskPool, DiskStream, parseDiskMark, type DiskMark, type DiskUsage } from '@space/disk-pool';
+import { DISK_MARK, DiskCodec, DiskPool, DiskStream, IMAGE_ID, imageId, parseDiskMark, type DiskMark, type DiskUsage } from '@space/disk-pool';
 
 /** Options of {@link GvisorDriver}. */
 export interface GvisorDriverOptions {
@@ -244,7 +244,7 @@ export class GvisorDriver implements SandboxDriver {
   async create(spec: DriverCreateSpec, signal?: AbortSignal): Promise<void> {
     const rid = newRid(spec.id);
     if (this.pool) {
-      await this.checkHostRoom();
+      await this.disksPool().checkHostRoom(this.opts.disks?.reserveBytes ?? 2 ** 30);
       const template = await this.importTemplate(spec.rootfs);
       await this.setDiskTemplate(spec.id, template);
       const disk = await this.pool.createDisk(rid, template, this.diskBytes(spec));
@@ -416,14 +416,6 @@ export class GvisorDriver implements SandboxDriver {
 
   private diskBytes(spec: DriverCreateSpec): number {
     return (spec.diskMb ?? this.disks!.defaultMb) * 1048576;
-  }
-
-  /** CAPACITY_EXHAUSTED when the host file system under the pool is nearly full (running sandboxes go on). */
-  private async checkHostRoom(): Promise<void> {
-    const st = await fs.statfs(path.dirname(this.disksPool().imagePath));
-    const free = st.bavail * st.bsize;
-    const reserve = this.opts.disks?.reserveBytes ?? 2 ** 30;
-    if (free < reserve) throw new SpaceError('CAPACITY_EXHAUSTED', `The node's disk is nearly full (${Math.round(free / 1048576)} MiB free under ${path.dirname(this.disksPool().imagePath)}, ${Math.round(reserve / 1048576)} MiB kept in reserve): no new sandbox disks until space is freed`, { details: { retryAfterS: 60, resource: 'disk' } });
   }
 
   /** Waits for the checkpoints and restores of `id` that a previous daemon started; kills them after `timeoutMs`. */
@@ -764,16 +756,6 @@ async function removeCgroup(dir: string): Promise<void> {
 
 /** How long a snapshot waits for a sandbox's disk to be written out before it stops it (then the checkpoint does the rest). */
 const FLUSH_TIMEOUT_MS = 120_000;
-
-/** Names of images (and so of their disk copies): snapshot ids, template image keys. */
-const IMAGE_ID = /^[a-z0-9][a-z0-9._-]{0,127}$/;
-
-/** The name of the image checkpointed into `imageDir`: its directory's base name. */
-function imageId(imageDir: string): string {
-  const id = path.basename(imageDir);
-  if (!IMAGE_ID.test(id)) throw new SpaceError('INTERNAL', `A checkpoint image directory must be named like an image id, not ${JSON.stringify(id)}`);
-  return id;
-}
 
 /**
  * The sandbox's `/etc/ld.so.preload`: SPACE's compatibility shim first (statx without

@@ -11,12 +11,13 @@
  * bridge with the VM's tap device, so egress control and credential brokering apply unchanged.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { closeSync, createReadStream, createWriteStream, existsSync, openSync, promises as fs, readFileSync } from 'node:fs';
+import { closeSync, createReadStream, createWriteStream, existsSync, openSync, promises as fs, readFileSync, statSync } from 'node:fs';
 import { spawn } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
-import { CHECKPOINT_COMPLETE, SpaceError, createNetns, randomString, readKernelFile, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverEvents, type DriverReport, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
+import { CHECKPOINT_COMPLETE, SpaceError, createNetns, randomString, readKernelFile, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverDisks, type DriverEvents, type DriverReport, type ImageAttachment, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
+import { DISK_MARK, DiskPool, DiskStream, IMAGE_ID, imageId, parseDiskMark, type DiskMark } from '@space/disk-pool';
 import { SERIAL_OPEN_MAGIC, type SerialOpen } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 import { GuestBuilder } from './guest.js';
@@ -56,6 +57,33 @@ export interface MicrovmDriverOptions {
    * @default false
    */
   failRamLoader?: boolean;
+  /**
+   * Sandbox disks: the guest's writable layer is an ext4 file system on a disk of its own (an
+   * image file of the sandbox's disk size in the node's {@link DiskPool}, one btrfs subvolume
+   * per disk) instead of a tmpfs in guest RAM, so files do not count against memory and a full
+   * disk is `ENOSPC` for the writer. Snapshots copy the disk copy-on-write and store it beside
+   * the image as gVisor's disks are (docs/disks.md). Absent: files live in guest memory.
+   */
+  disks?: MicrovmDiskOptions;
+}
+
+/** The disks of {@link MicrovmDriverOptions}. */
+export interface MicrovmDiskOptions {
+  /**
+   * Directory of the driver's disk pool: its own, not the gVisor driver's (each driver lists the
+   * sandboxes its pool holds). @default "<dataDir>/microvm/pool"
+   */
+  dir?: string;
+  /** 256-bit key of the pool's vault (encrypted at rest, see {@link DiskPool}). */
+  key?: Buffer;
+  /** Disk size when a create gives none, MiB. @default 5120 */
+  defaultMb?: number;
+  /** Largest disk, MiB. @default 65536 */
+  maxMb?: number;
+  /** Size of the pool's sparse image. @default the size of the host file system under it */
+  poolBytes?: number;
+  /** Creates are refused (CAPACITY_EXHAUSTED) while the host file system has less free. @default 1 GiB */
+  reserveBytes?: number;
 }
 
 /** Names the box of an image's RAM loader (`<sandbox id>.load`; see ownRam). */
@@ -71,6 +99,13 @@ const VMM_RUN_DIR = '/run/space-vmm';
 const SHM_DIR = '/dev/shm';
 /** The sandbox's link inside its namespace, which the bridge joins to the VM's tap. */
 const SANDBOX_IF = 'eth0';
+/** The pool's template every microVM disk grows from: an empty directory (the disk holds one image file). */
+const DISK_TEMPLATE = 'microvm-empty';
+/** A disk's image file, in its subvolume; the guest finds it by its ext4 label. */
+const DISK_FILE = 'disk.ext4';
+const DISK_LABEL = 'space-disk';
+/** QEMU's descriptors of the disk: this one read-write, the next read-only (`-add-fd`). */
+const DISK_FD = 3;
 
 /** What a VM was started with; a restore must use exactly the same machine. */
 interface VmConfig {
@@ -88,6 +123,12 @@ interface VmConfig {
    * sandbox restored from one image shares its unchanged pages.
    */
   ramFile?: boolean;
+  /**
+   * The guest's writable layer is on a disk of this many bytes (an ext4 image, `disk.ext4` in
+   * the incarnation's disk in the pool); absent: a tmpfs in guest RAM. Restores of an image with
+   * one make the new incarnation's disk from the copy its checkpoint took ({@link DISK_MARK}).
+   */
+  diskBytes?: number;
 }
 
 /** Where the current incarnation's RAM lives (`<box>/ram.json`). */
@@ -141,8 +182,18 @@ export class MicrovmDriver implements SandboxDriver {
   private runtimeDir = '';
   private accelP: Promise<{ accel: 'kvm' | 'tcg'; why: string }> | undefined;
   private versionP: Promise<string> | undefined;
+  /** Sandbox disks, when enabled (see {@link MicrovmDriverOptions.disks}). */
+  readonly disks?: DriverDisks;
+  /** With disks: a snapshot's disk copy, stored beside its image (into the encrypted store). */
+  readonly imageAttachments: readonly ImageAttachment[];
+  private pool?: DiskPool;
 
   constructor(private readonly opts: MicrovmDriverOptions) {
+    if (opts.disks) {
+      this.disks = { defaultMb: opts.disks.defaultMb ?? 5120, maxMb: opts.disks.maxMb ?? 65536 };
+      if (this.disks.defaultMb > this.disks.maxMb) throw new SpaceError('CONFIG_INVALID', `The default disk (${this.disks.defaultMb} MiB) is larger than the largest allowed (${this.disks.maxMb} MiB): lower --disk-default or raise --disk-max`);
+    }
+    this.imageAttachments = opts.disks ? [new DiskStream(() => this.pool)] : [];
     this.dir = path.join(opts.dataDir, 'microvm');
     this.boxesDir = path.join(this.dir, 'boxes');
     this.qemu = opts.qemu ?? 'qemu-system-x86_64';
@@ -170,6 +221,66 @@ export class MicrovmDriver implements SandboxDriver {
     // Fails here (not at the first create) when QEMU, the kernel or the asked-for KVM cannot be had.
     await this.guest.kernel();
     await this.accel();
+    if (this.opts.disks) await this.openPool(this.opts.disks);
+  }
+
+  /** Opens the disk pool and imports the empty template every disk grows from (once). */
+  private async openPool(o: MicrovmDiskOptions): Promise<void> {
+    // (Not `<dir>/disks`: the guest builder's cache of template disks.)
+    const dir = o.dir ?? path.join(this.dir, 'pool');
+    await fs.mkdir(dir, { recursive: true, mode: 0o700 });
+    const st = await fs.statfs(dir);
+    this.pool = await DiskPool.open({ dir, sizeBytes: o.poolBytes ?? st.blocks * st.bsize, ...(o.key ? { key: o.key } : {}) });
+    if (!this.pool.templatePath(DISK_TEMPLATE)) {
+      const empty = await fs.mkdtemp(path.join(this.dir, 'empty-'));
+      try {
+        await this.pool.importTemplate(DISK_TEMPLATE, empty);
+      } finally {
+        await fs.rm(empty, { recursive: true, force: true });
+      }
+    }
+  }
+
+  /** The disk pool; throws before {@link init}. */
+  private disksPool(): DiskPool {
+    if (!this.pool) throw new SpaceError('SNAPSHOT_CORRUPT', 'This image was taken with a disk (by a daemon with --disks on): start the daemon with --disks on to restore it');
+    return this.pool;
+  }
+
+  /**
+   * A disk for incarnation `rid`: a new empty ext4 file system of `bytes` (sparse: the host
+   * holds what the guest writes; `mke2fs` with lazy init takes ~10 ms), or a writable copy-on-write
+   * snapshot of copy `fromCopy` (a restore, fork or rollback; nothing copied). Returns the
+   * image file. The subvolume's btrfs limit is twice the disk: the file cannot outgrow its size,
+   * but a block rewritten after a snapshot keeps the old extent referenced, which btrfs counts.
+   */
+  private async makeDisk(rid: string, bytes: number, fromCopy?: string): Promise<string> {
+    const pool = this.disksPool();
+    if (!fromCopy) await pool.checkHostRoom(this.opts.disks?.reserveBytes ?? 2 ** 30);
+    const dir = fromCopy ? await pool.diskFromCopy(fromCopy, rid, 2 * bytes) : await pool.createDisk(rid, DISK_TEMPLATE, 2 * bytes);
+    const file = path.join(dir, DISK_FILE);
+    if (!fromCopy) {
+      try {
+        await run('truncate', ['-s', String(bytes), file], 10_000);
+        // No blocks kept for root (the agent is root); lazy init: nothing written but metadata.
+        await run('mke2fs', ['-q', '-F', '-t', 'ext4', '-L', DISK_LABEL, '-m', '0', '-E', 'lazy_itable_init=1,lazy_journal_init=1,nodiscard', file], 60_000);
+      } catch (err) {
+        await pool.removeDisk(rid).catch(() => {});
+        throw err;
+      }
+    }
+    return file;
+  }
+
+  /** The disk of incarnation `rid`'s image file, if it has one. */
+  private diskFile(rid: string): string | undefined {
+    if (!this.pool) return undefined;
+    try {
+      const f = path.join(this.pool.diskPath(rid), DISK_FILE);
+      return existsSync(f) ? f : undefined;
+    } catch {
+      return undefined; // (not a disk name: a loader's)
+    }
   }
 
   async doctor(): Promise<DriverReport> {
@@ -183,6 +294,10 @@ export class MicrovmDriver implements SandboxDriver {
     checks.push({ name: 'guest kernel', ...k });
     const mk = await tryRun('mke2fs', ['-V'], 5_000);
     checks.push({ name: 'mke2fs', ok: !!mk, detail: mk ? (mk.stderr || mk.stdout).split('\n')[0]! : 'apt-get install e2fsprogs' });
+    if (this.disks) {
+      const btrfs = await tryRun('btrfs', ['--version'], 5_000);
+      checks.push({ name: 'btrfs-progs', ok: !!btrfs, detail: btrfs ? `${btrfs.stdout.trim()} (the sandbox disks' pool)` : 'apt-get install btrfs-progs (sandbox disks, --disks on)' });
+    }
     if (v && k.ok) {
       const a = await this.accel().then(
         (x) => ({ ok: true, detail: `${x.accel}: ${x.why}` }),
@@ -289,11 +404,12 @@ export class MicrovmDriver implements SandboxDriver {
     const cpus = Math.max(1, Math.ceil(spec.cpu));
     const nproc = this.opts.maxProcesses ?? Math.min(1024, Math.max(32, Math.floor(spec.memoryMb / 4)));
     // The in-memory root file system may use up to half of the guest's RAM (tmpfs default).
-    const cmdline = `console=ttyS0 quiet panic=-1 reboot=t ${tscArg()} space.id=${spec.id} space.nproc=${nproc} space.rwmb=${Math.floor(spec.memoryMb / 2)}`;
-    const config: VmConfig = { memoryMb: spec.memoryMb, cpus, vmlinux: k.vmlinux, initramfs: k.initramfs, rootDisk, runtimeDisk, cmdline, network: !!this.opts.network };
+    const diskBytes = this.disks ? (spec.diskMb ?? this.disks.defaultMb) * 1048576 : undefined;
+    const cmdline = `console=ttyS0 quiet panic=-1 reboot=t ${tscArg()} space.id=${spec.id} space.nproc=${nproc} space.rwmb=${Math.floor(spec.memoryMb / 2)}${diskBytes ? ' space.disk=1' : ''}`;
+    const config: VmConfig = { memoryMb: spec.memoryMb, cpus, vmlinux: k.vmlinux, initramfs: k.initramfs, rootDisk, runtimeDisk, cmdline, network: !!this.opts.network, ...(diskBytes ? { diskBytes } : {}) };
     const b = this.box(spec.id);
     b.open = { boot: { sandboxId: spec.id, env: spec.env } };
-    await this.start(spec.id, spec.cpu, config, undefined, signal);
+    await this.start(spec.id, spec.cpu, config, undefined, undefined, signal);
   }
 
   /** The RAM file of a fresh incarnation: on tmpfs, so guest memory is never written back to disk. */
@@ -311,7 +427,7 @@ export class MicrovmDriver implements SandboxDriver {
    * a tap, a RAM file, a cgroup, and QEMU detached from the daemon; with `incoming`, the VM
    * loads a saved machine (and, with `incoming.ram`, maps that image's RAM copy-on-write).
    */
-  private async start(id: string, cpuQuota: number, config: VmConfig, incoming: { memory: string; ram?: string } | undefined, signal?: AbortSignal): Promise<void> {
+  private async start(id: string, cpuQuota: number, config: VmConfig, incoming: { memory: string; ram?: string } | undefined, diskCopy: string | undefined, signal?: AbortSignal): Promise<void> {
     if (!this.events) throw new Error('bind() first');
     const p = this.paths(id);
     const rid = newRid(id);
@@ -334,9 +450,10 @@ export class MicrovmDriver implements SandboxDriver {
     const { accel } = await this.accel();
     const ram: RamBacking = incoming?.ram ? { path: incoming.ram, shared: false } : { path: this.freshRam(rid), shared: true };
     await fs.writeFile(p.ram, JSON.stringify(ram));
-    const args = this.vmmArgs(id, config, ram, accel, p, !!incoming);
+    const disk = config.diskBytes ? await this.makeDisk(rid, config.diskBytes, diskCopy) : undefined;
+    const args = this.vmmArgs(id, config, ram, disk, accel, p, !!incoming);
     await fs.writeFile(p.config, JSON.stringify(config));
-    const pid = await this.spawnVmm(netns, args, p);
+    const pid = await this.spawnVmm(netns, args, p, disk);
     await this.cgroup(rid, pid, config.memoryMb, cpuQuota);
     if (incoming) await this.receive(p, incoming.memory, !!incoming.ram);
     void this.connectAgent(id, b.generation);
@@ -346,7 +463,7 @@ export class MicrovmDriver implements SandboxDriver {
    * QEMU's command line for an incarnation of `id` (or a loader of its image) with its RAM in
    * `ram`; `incoming` waits for a saved machine, `hold` keeps the loaded machine stopped.
    */
-  private vmmArgs(id: string, config: VmConfig, ram: RamBacking, accel: 'kvm' | 'tcg', p: ReturnType<MicrovmDriver['paths']>, incoming: boolean, hold = false): string[] {
+  private vmmArgs(id: string, config: VmConfig, ram: RamBacking, disk: string | undefined, accel: 'kvm' | 'tcg', p: ReturnType<MicrovmDriver['paths']>, incoming: boolean, hold = false): string[] {
     return [
       '-name', `space-${id},process=space-vm-${id}`,
       '-M', 'microvm,pit=off,pic=off,isa-serial=on,rtc=on,memory-backend=ram0',
@@ -360,6 +477,9 @@ export class MicrovmDriver implements SandboxDriver {
       '-kernel', config.vmlinux, '-initrd', config.initramfs, '-append', config.cmdline,
       '-drive', `id=root,file=${config.rootDisk},format=raw,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=root',
       '-drive', `id=rt,file=${config.runtimeDisk},format=raw,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=rt',
+      // The writable disk, as two descriptors the daemon opens (see spawnVmm); a loader (no
+      // `disk`), whose guest never runs, gets a null device of its size.
+      ...(config.diskBytes ? [...(disk ? ['-add-fd', `fd=${DISK_FD},set=1`, '-add-fd', `fd=${DISK_FD + 1},set=1`] : []), '-drive', disk ? `id=disk,file=/dev/fdset/1,format=raw,if=none,discard=unmap` : `id=disk,driver=null-co,size=${config.diskBytes},if=none`, '-device', 'virtio-blk-device,drive=disk'] : []),
       '-device', 'virtio-serial-device',
       '-chardev', `socket,id=agent,path=${p.agent},server=on,wait=off`,
       '-device', 'virtserialport,chardev=agent,name=space-agent',
@@ -382,10 +502,15 @@ export class MicrovmDriver implements SandboxDriver {
    * and waits for its control socket. Not `-daemonize`: that forks after the seccomp filter
    * forbids it. nsenter execs QEMU in place, so the child's pid is QEMU's.
    */
-  private async spawnVmm(netns: string, args: string[], p: ReturnType<MicrovmDriver['paths']>): Promise<number> {
+  private async spawnVmm(netns: string, args: string[], p: ReturnType<MicrovmDriver['paths']>, disk?: string): Promise<number> {
     const fd = openSync(p.log, 'w', 0o600);
-    const child = spawn('nsenter', [`--net=/var/run/netns/${netns}`, this.qemu, ...args], { stdio: ['ignore', fd, fd], detached: true });
+    // The disk as descriptors, read-write and read-only: QEMU, which has dropped to its own
+    // user by then, reopens its disk read-only when a snapshot stops the machine and read-write
+    // when a restored one starts, and could not open the file itself (the pool is the daemon's).
+    const diskFds = disk ? [openSync(disk, 'r+'), openSync(disk, 'r')] : [];
+    const child = spawn('nsenter', [`--net=/var/run/netns/${netns}`, this.qemu, ...args], { stdio: ['ignore', fd, fd, ...diskFds], detached: true });
     closeSync(fd);
+    for (const d of diskFds) closeSync(d);
     let exited: string | undefined;
     child.on('error', (err) => (exited = `cannot run ${this.qemu}: ${err.message} (apt-get install qemu-system-x86)`));
     child.on('exit', (code, sig) => (exited ??= sig ?? `exit ${code}`));
@@ -524,11 +649,15 @@ export class MicrovmDriver implements SandboxDriver {
     for (const f of [config.vmlinux, config.initramfs, config.rootDisk, config.runtimeDisk, ...(config.ramFile ? [path.join(imageDir, 'ram')] : [])]) {
       if (!existsSync(f)) throw new SpaceError('DRIVER_FAILED', `The snapshot needs ${f}, which is gone from this host`);
     }
+    // The disk's size is in the image (its file system, the device the guest saw): a create from
+    // a template image that asks for another size boots instead (core falls back on this error).
+    if (config.diskBytes && spec.diskMb !== undefined && spec.diskMb * 1048576 !== config.diskBytes) throw new SpaceError('INVALID_LIMITS', `This image's disk is ${config.diskBytes / 1048576} MiB and ${spec.diskMb} MiB was asked for: a microVM disk keeps the size it was made with (create without diskMb, or from a template without a start command, which boots)`, { details: { field: 'diskMb' } });
+    const mark = config.diskBytes ? await this.diskMarkOf(imageDir) : undefined;
     // In place: whatever is left of the old incarnation goes first.
     if (existsSync(this.paths(spec.id).dir)) await this.stopVm(spec.id);
     const b = this.box(spec.id);
     b.open = { now: Date.now(), seed: randomBytes(64).toString('base64') };
-    await this.start(spec.id, spec.cpu, config, { memory: path.join(imageDir, 'memory'), ...(config.ramFile ? { ram: path.join(imageDir, 'ram') } : {}) }, signal);
+    await this.start(spec.id, spec.cpu, config, { memory: path.join(imageDir, 'memory'), ...(config.ramFile ? { ram: path.join(imageDir, 'ram') } : {}) }, mark?.copy, signal);
   }
 
   /** Kills the VMM of the current incarnation and releases its netns and cgroups. */
@@ -553,6 +682,9 @@ export class MicrovmDriver implements SandboxDriver {
 
   private async release(rid: string): Promise<void> {
     await fs.rm(this.freshRam(rid), { force: true });
+    // Its disk (what a checkpoint needed of it is in the checkpoint's copy). A failure leaves
+    // it listed: destroy and the next start's orphan sweep try again.
+    if (this.diskFile(rid)) await this.pool!.removeDisk(rid).catch(() => {});
     const netns = `${NETNS_PREFIX}${rid}`;
     await tryRun('ip', ['netns', 'del', netns], 10_000);
     await this.opts.network?.detach(netns);
@@ -605,6 +737,10 @@ export class MicrovmDriver implements SandboxDriver {
       if (!ramFile) await this.save(p, memory, false);
     }
     await fs.writeFile(path.join(imageDir, 'vm.json'), JSON.stringify({ ...config, ramFile }));
+    // The disk as the stopped machine left it: QEMU flushed it when the stream completed, and
+    // the btrfs snapshot writes the file's dirty pages out first. Before the image is marked
+    // complete: an image is never complete without its copy.
+    if (config.diskBytes) await this.copyDisk(id, imageDir);
     // The stream ends in the daemon: a daemon that dies before this line leaves the VM stopped
     // (not quit) and no mark, and the next daemon continues the VM.
     await fs.writeFile(path.join(imageDir, CHECKPOINT_COMPLETE), new Date().toISOString());
@@ -684,7 +820,7 @@ export class MicrovmDriver implements SandboxDriver {
       if (config.network) await run('ip', ['-n', netns, 'tuntap', 'add', 'tap0', 'mode', 'tap'], 10_000);
       const { accel } = await this.accel();
       // RAM loaded into tmpfs: page faults on a disk file's shared mapping cost ~4x.
-      const pid = await this.spawnVmm(netns, this.vmmArgs(lid, config, { path: this.freshRam(rid), shared: true }, accel, lp, true, true), lp);
+      const pid = await this.spawnVmm(netns, this.vmmArgs(lid, config, { path: this.freshRam(rid), shared: true }, undefined, accel, lp, true, true), lp);
       await this.cgroup(rid, pid, config.memoryMb, 1);
       await this.listenIncoming(lp, false);
       await qmp(p.qmp, [{ execute: 'stop' }]);
@@ -712,12 +848,33 @@ export class MicrovmDriver implements SandboxDriver {
     }
   }
 
+  /** Takes the stopped VM `id`'s disk copy for the image in `imageDir` and writes its mark. */
+  private async copyDisk(id: string, imageDir: string): Promise<void> {
+    const pool = this.disksPool();
+    const copy = imageId(imageDir);
+    await pool.removeCopy(copy); // a template image taken again under its key
+    await pool.copyDisk(this.rid(id), copy);
+    const mark: DiskMark = { copy, template: DISK_TEMPLATE };
+    await fs.writeFile(path.join(imageDir, DISK_MARK), JSON.stringify(mark));
+  }
+
+  /** The disk copy a checkpoint image was taken with (SNAPSHOT_CORRUPT when it has none, or it is gone). */
+  private async diskMarkOf(imageDir: string): Promise<DiskMark> {
+    const pool = this.disksPool();
+    const text = await fs.readFile(path.join(imageDir, DISK_MARK), 'utf8').catch((err: unknown) => {
+      throw new SpaceError('SNAPSHOT_CORRUPT', `The microVM image at ${imageDir} has a disk but no disk mark`, { cause: err });
+    });
+    const mark = parseDiskMark(text);
+    if (!existsSync(pool.copyPath(mark.copy))) throw new SpaceError('SNAPSHOT_CORRUPT', `The disk copy ${mark.copy} of this image is not on this node`);
+    return mark;
+  }
+
   /** Everything inside a checkpoint: QEMU, kernel + initramfs, the agent runtime. */
   version(): Promise<string> {
     this.versionP ??= (async () => {
       const v = await tryRun(this.qemu, ['--version'], 10_000);
       const k = await this.guest.kernel();
-      return `qemu ${/version (\S+)/.exec(v?.stdout ?? '')?.[1] ?? 'unknown'} kernel ${k.release} ${path.basename(k.initramfs, '.cpio')} runtime ${path.basename(this.runtimeDir)}${this.opts.network ? ' net' : ''}`;
+      return `qemu ${/version (\S+)/.exec(v?.stdout ?? '')?.[1] ?? 'unknown'} kernel ${k.release} ${path.basename(k.initramfs, '.cpio')} runtime ${path.basename(this.runtimeDir)}${this.opts.network ? ' net' : ''}${this.pool ? ' disk' : ''}`;
     })();
     return this.versionP;
   }
@@ -772,8 +929,13 @@ export class MicrovmDriver implements SandboxDriver {
     const stat = readKernelFile(`/proc/${pid}/stat`).split(') ')[1]?.split(' ') ?? [];
     // utime + stime (fields 14, 15; 12 and 13 after the command), in clock ticks of 10 ms.
     const ticks = Number(stat[11] ?? 0) + Number(stat[12] ?? 0);
-    const cg = Number(readKernelFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, this.rid(id), 'memory.usage_in_bytes'), '0').trim());
-    return { rssBytes: rss, cgroupBytes: cg, ...(ticks > 0 ? { cpuNs: ticks * 10_000_000 } : {}) };
+    const rid = this.rid(id);
+    const cg = Number(readKernelFile(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT, rid, 'memory.usage_in_bytes'), '0').trim());
+    // The disk: the bytes its image holds on the host (what the guest wrote), and its size.
+    const file = this.diskFile(rid);
+    const st = file ? statSync(file, { throwIfNoEntry: false }) : undefined;
+    const disk = st ? { diskUsedBytes: st.blocks * 512, diskLimitBytes: st.size } : {};
+    return { rssBytes: rss, cgroupBytes: cg, ...(ticks > 0 ? { cpuNs: ticks * 10_000_000 } : {}), ...disk };
   }
 
   async destroy(id: string): Promise<void> {
@@ -785,13 +947,24 @@ export class MicrovmDriver implements SandboxDriver {
       if (name.startsWith(`${NETNS_PREFIX}${id}-`)) await this.release(name.slice(NETNS_PREFIX.length));
     }
     for (const d of await fs.readdir(path.join(CGROUP_ROOT, 'memory', CGROUP_PARENT)).catch(() => [] as string[])) if (d.startsWith(`${id}-`)) await this.release(d);
+    for (const d of (await this.pool?.list())?.disks ?? []) if (d.startsWith(`${id}-`)) await this.pool!.removeDisk(d);
     this.boxes.delete(id);
     await fs.rm(this.paths(id).vmm, { recursive: true, force: true });
     await fs.rm(this.paths(id).dir, { recursive: true, force: true });
   }
 
+  /**
+   * Sandboxes this driver holds anything of: VM directories, and disks (a crash between the
+   * disk and the directory still leaves a trace to clean).
+   */
   async list(): Promise<string[]> {
-    return (await fs.readdir(this.boxesDir).catch(() => [] as string[])).filter((d) => /^sb[a-z0-9]+$/.test(d));
+    const dirs = (await fs.readdir(this.boxesDir).catch(() => [] as string[])).filter((d) => /^sb[a-z0-9]+$/.test(d));
+    const disks = ((await this.pool?.list())?.disks ?? []).map((d) => d.split('-')[0]!).filter((d) => /^sb[a-z0-9]+$/.test(d));
+    return [...new Set([...dirs, ...disks])];
+  }
+
+  async forgetImage(id: string): Promise<void> {
+    if (this.pool && IMAGE_ID.test(id)) await this.pool.removeCopy(id);
   }
 
   async close(): Promise<void> {
@@ -799,6 +972,7 @@ export class MicrovmDriver implements SandboxDriver {
       b.generation++;
       b.agent?.destroy();
     }
+    await this.pool?.quiesce();
   }
 }
 

@@ -3,9 +3,11 @@
  * disks by label and its agent port by name, so a Firecracker driver boots the same image.
  *
  * 1. loads the kernel modules the initramfs carries (Debian builds virtio, ext4, overlay as modules);
- * 2. mounts the template disk (read-only) under an in-memory overlay, like gVisor's
- *    `--overlay2=root:memory` (the whole file system state lives in guest RAM, so a
- *    full-machine snapshot holds it), and the agent runtime disk at /.space;
+ * 2. mounts the template disk (read-only) under an overlay whose writable layer is the sandbox's
+ *    own disk (`space.disk=1`: an ext4 disk labelled `space-disk`, so files do not count
+ *    against memory and a full disk is ENOSPC) or, without one, a tmpfs in guest RAM like
+ *    gVisor's `--overlay2=root:memory` (a full-machine snapshot then holds the files); and the
+ *    agent runtime disk at /.space;
  * 3. sets the hostname and the non-root user's process limit from the kernel command line;
  * 4. switches root and runs the agent (out of reach of the guest's OOM killer) on the
  *    virtio-serial port named `space-agent`.
@@ -20,14 +22,21 @@ mount -t devtmpfs dev /dev
 die() { echo "SPACE_INIT_FAILED $*"; sleep 1; poweroff -f; }
 for m in $(cat /etc/modules.order); do insmod /lib/modules/$m 2>/dev/null; done
 arg() { for a in $(cat /proc/cmdline); do case "$a" in "$1="*) echo "\${a#*=}";; esac; done; }
-ID=$(arg space.id); NPROC=$(arg space.nproc); MEM=$(arg space.rwmb)
+ID=$(arg space.id); NPROC=$(arg space.nproc); MEM=$(arg space.rwmb); WANTDISK=$(arg space.disk)
 # A disk by its ext4 label (s_volume_name, at byte 1144); busybox has no blkid.
 disk() { for b in /sys/block/vd*; do [ "$(dd if=/dev/\${b##*/} bs=1 skip=1144 count=16 2>/dev/null | tr -d '\\000')" = "$1" ] && echo /dev/\${b##*/}; done; }
 n=0; while [ -z "$(disk space-root)" ] && [ $n -lt 100 ]; do usleep 20000; n=$((n+1)); done
 ROOT=$(disk space-root); RT=$(disk space-rt)
 [ -n "$ROOT" ] && [ -n "$RT" ] || die "disks not found (block devices: $(ls /sys/block | tr '\\n' ' '); modules: $(cut -d' ' -f1 /proc/modules | tr '\\n' ' '))"
 mount -t ext4 -o ro,noload "$ROOT" /lower || die "cannot mount the template disk"
-mount -t tmpfs -o size=\${MEM:-256}m,mode=755 rw /rw
+if [ "$WANTDISK" = 1 ]; then
+  n=0; while [ -z "$(disk space-disk)" ] && [ $n -lt 100 ]; do usleep 20000; n=$((n+1)); done
+  DISK=$(disk space-disk)
+  [ -n "$DISK" ] || die "the sandbox disk was not found (block devices: $(ls /sys/block | tr '\\n' ' '))"
+  mount -t ext4 -o noatime "$DISK" /rw || die "cannot mount the sandbox disk"
+else
+  mount -t tmpfs -o size=\${MEM:-256}m,mode=755 rw /rw
+fi
 mkdir -p /rw/upper /rw/work
 mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay /newroot || die "cannot mount the overlay"
 mkdir -p /newroot/.space /newroot/proc /newroot/sys /newroot/dev /newroot/tmp /newroot/run

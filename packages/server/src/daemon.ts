@@ -87,7 +87,7 @@ export interface DaemonOptions {
   drivers?: ('gvisor' | 'microvm')[];
   /** microVM driver settings (with `driver: "microvm"`). */
   microvm?: { accel?: 'auto' | 'kvm' | 'tcg'; kernelDeb?: string; cacheDir?: string };
-  /** Sandbox disks (gVisor): files on a bounded disk instead of memory. @default auto (or SPACE_DISKS) */
+  /** Sandbox disks (both drivers): files on a bounded disk instead of memory. @default auto (or SPACE_DISKS) */
   disks?: DiskOptions;
   /**
    * Named volumes: `auto` (on when the host can: fscrypt, ext4 encryption, loop devices), `on`
@@ -190,7 +190,7 @@ async function openVolumes(mode: 'auto' | 'on' | 'off', dataDir: string, store: 
 /** Sandbox disks of the daemon (flags `--disks`, `--disk-pool`, `--disk-default`, `--disk-max`). */
 export interface DiskOptions {
   /**
-   * `on`: every gVisor sandbox gets a disk in a btrfs pool; `off`: files in memory; `auto`: on
+   * `on`: every sandbox gets a disk in a btrfs pool (a second driver's pool in `<dir>/<driver>`); `off`: files in memory; `auto`: on
    * for a node of its own when the host has btrfs and loop devices, decided once per data
    * directory (see {@link resolveDisksMode}): a sandbox that writes more than its memory then
    * fills its disk instead of dying (docs/disks.md). @default "auto" (or SPACE_DISKS)
@@ -484,10 +484,14 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
     // The pool is kept encrypted at rest under a secret of the deployment's, wrapped by the node key.
     disks.key = await encryptionKeys.daemonSecret('disk-pool');
   }
+  // Each driver lists the sandboxes its pool holds, so each has a pool of its own: the default
+  // driver's is the pool directory (its vault holds the work directory, below), another's
+  // `<pool directory>/<driver>`.
+  const disksOf = (name: 'gvisor' | 'microvm') => (disks ? { disks: { ...disks, dir: name === driverName ? disks.dir! : path.join(disks.dir!, name) } } : {});
   const make = (name: 'gvisor' | 'microvm'): SandboxDriver =>
     name === 'microvm'
-      ? new MicrovmDriver({ dataDir, ...network, ...(accel ? { accel } : {}), ...(kernelDeb ? { kernelDeb } : {}), ...(cacheDir ? { cacheDir } : {}) })
-      : new GvisorDriver({ dataDir, ...network, ...(disks ? { disks } : {}) });
+      ? new MicrovmDriver({ dataDir, ...network, ...(accel ? { accel } : {}), ...(kernelDeb ? { kernelDeb } : {}), ...(cacheDir ? { cacheDir } : {}), ...disksOf(name) })
+      : new GvisorDriver({ dataDir, ...network, ...disksOf(name) });
   const driver = make(driverName);
   const extra = (opts.drivers ?? (process.env.SPACE_DRIVERS ? parseDrivers(process.env.SPACE_DRIVERS) : [])).filter((n) => n !== driverName).map(make);
   const gcFault = process.env.SPACE_FAULT_INJECT?.startsWith('gc:after-') ? Number(process.env.SPACE_FAULT_INJECT.slice('gc:after-'.length)) : undefined;

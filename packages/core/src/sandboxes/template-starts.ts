@@ -61,7 +61,9 @@ export class TemplateStarts implements StartHooks {
         return await this.restoreTemplate(image, spec, trust, signal);
       } catch (err) {
         if (t.start) throw err;
-        this.c.log.warn({ err, sandboxId: sb.id, template: t.name }, 'restoring the template image failed; booting instead');
+        // INVALID_LIMITS: the image cannot take this sandbox's shape (a microVM's disk size), an expected case.
+        const expected = (err as { code?: string }).code === 'INVALID_LIMITS';
+        this.c.log[expected ? 'info' : 'warn']({ err, sandboxId: sb.id, template: t.name }, 'restoring the template image failed; booting instead');
         await this.c.driver.destroy(sb.id).catch(() => {});
       }
     } else if (!this.c.stopping() && onDefault) this.preparePool(t);
