@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { execFile, execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, readdirSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { defaultWorkDir, startDaemon, templateImagesDir } from '../packages/server/dist/index.js';
 import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
@@ -53,7 +53,7 @@ export async function startTestDaemon(opts = {}) {
       for (const m of made) await Sandbox.kill(m.id, m.conn).catch(() => {});
       // (fx.daemon: a test may have restarted it in the same data directory)
       await fx.daemon.close();
-      const leaks = [...closeVolumes(dataDir), ...closeDiskPool(dataDir), ...leftovers(dataDir, made.map((m) => m.id)), ...spareNetns(dataDir).map((n) => `spare netns ${n}`)];
+      const leaks = [...closeVolumes(dataDir), ...(await closeDiskPoolSettled(dataDir)), ...leftovers(dataDir, made.map((m) => m.id)), ...spareNetns(dataDir).map((n) => `spare netns ${n}`)];
       // SPACE_TEST_KEEP=1 keeps the data directory (runsc logs, database) to debug a failure.
       if (!process.env.SPACE_TEST_KEEP) rmSync(dataDir, { recursive: true, force: true });
       return leaks;
@@ -145,37 +145,124 @@ export function* contentsAtRest(dir) {
 /**
  * Unmounts the disk pool of a stopped daemon (`--disks on`) that made it in its data directory,
  * returning the sandbox disks still in it (leaks: every sandbox was killed). The pool stays
- * mounted after a daemon stops, as its sandboxes run on; a test's data directory goes.
+ * mounted after a daemon stops, as its sandboxes run on; a test's data directory goes. For a
+ * daemon in another process (the wait blocks this one); {@link closeDiskPoolSettled} for one in
+ * this process.
  */
 export function closeDiskPool(dataDir) {
-  // A second driver's pool first: it is kept inside the default driver's directory.
-  return [...closePool(path.join(dataDir, 'disks', 'microvm')), ...closePool(path.join(dataDir, 'disks', 'gvisor')), ...closePool(path.join(dataDir, 'disks'))];
-}
-
-/** Unmounts the pool in directory `dir` (its btrfs, then its vault); returns the disks left in it. */
-function closePool(dir) {
-  const mnt = path.join(dir, 'mnt');
-  const vault = path.join(dir, 'vault');
-  const mounted = (m) => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === m);
-  let disks = [];
-  if (mounted(mnt)) {
-    disks = readdirSync(path.join(mnt, 'disks')).map((d) => `disk ${d}`);
-    execFileSync('umount', [mnt]);
-  }
-  // The vault the pool's image is kept in: its loop device lets go once the pool's writes are
-  // through it — on a loaded host more than the 5 s this once waited (a CI run failed so,
-  // 2026-12-06), and more than 30 s after a microVM battery wrote GiBs through the vault's
-  // software AES. Written out first, then waited for up to 2 minutes.
-  if (mounted(vault)) execFileSync('sync', ['-f', vault]);
-  for (let i = 0; mounted(vault); i++) {
-    try {
-      execFileSync('umount', [vault], { stdio: 'pipe' });
-    } catch (err) {
-      if (i >= 1200) throw err;
+  const disks = [];
+  for (const dir of poolDirs(dataDir)) {
+    disks.push(...unmountPool(dir));
+    for (let i = 0; !tryUnmountVault(dir); i++) {
+      if (i >= 1200) throw vaultBusy(dir);
       execFileSync('sleep', ['0.1']);
     }
   }
   return disks;
+}
+
+/**
+ * {@link closeDiskPool} for a daemon that ran in this process: waits without blocking it, as
+ * what the daemon still had under way (a file it is closing in the pool's vault) finishes on
+ * this process's event loop — a blocking wait would hold the vault busy for as long as it waits.
+ */
+export async function closeDiskPoolSettled(dataDir) {
+  const disks = [];
+  for (const dir of poolDirs(dataDir)) {
+    disks.push(...unmountPool(dir));
+    for (let i = 0; !tryUnmountVault(dir); i++) {
+      if (i >= 1200) throw vaultBusy(dir);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  return disks;
+}
+
+/** The pools a daemon keeps in its data directory: a second driver's (inside the default driver's directory) first. */
+function poolDirs(dataDir) {
+  return [path.join(dataDir, 'disks', 'microvm'), path.join(dataDir, 'disks', 'gvisor'), path.join(dataDir, 'disks')];
+}
+
+const mountedAt = (m) => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === m);
+
+/** Unmounts the btrfs of the pool in directory `dir`, returning the disks left in it; then writes its vault out. */
+function unmountPool(dir) {
+  const mnt = path.join(dir, 'mnt');
+  let disks = [];
+  if (mountedAt(mnt)) {
+    disks = readdirSync(path.join(mnt, 'disks')).map((d) => `disk ${d}`);
+    execFileSync('umount', [mnt]);
+  }
+  const vault = path.join(dir, 'vault');
+  if (mountedAt(vault)) execFileSync('sync', ['-f', vault]);
+  return disks;
+}
+
+/**
+ * One try at unmounting the vault the pool's image is kept in (true when it is not mounted any
+ * more). Its loop device lets go once the pool's writes are through it — on a loaded host more
+ * than the 5 s this once waited (a CI run failed so, 2026-12-06), and more than 30 s after a
+ * microVM battery wrote GiBs through the vault's software AES.
+ */
+function tryUnmountVault(dir) {
+  const vault = path.join(dir, 'vault');
+  if (!mountedAt(vault)) return true;
+  try {
+    execFileSync('umount', [vault], { stdio: 'pipe' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The error for a vault still busy after the wait, naming what holds it (open files, mappings, other mount namespaces). */
+function vaultBusy(dir) {
+  const vault = path.join(dir, 'vault');
+  return new Error(`The disk pool's vault ${vault} is still busy after 2 minutes; held by: ${holdersOf(vault).join('; ') || 'nothing a process shows (a loop device?)'}; loop devices: ${execFileSync('losetup', ['-a'], { encoding: 'utf8' }).trim().replace(/\n/g, '; ')}`);
+}
+
+/**
+ * The processes that hold `dir`: a descriptor or a mapping of a file under it, or a mount
+ * namespace other than this process's where it is mounted. For the message of a busy unmount.
+ */
+export function holdersOf(dir) {
+  const own = readlinkOr('/proc/self/ns/mnt');
+  const out = [];
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    const what = [];
+    let fds = [];
+    try {
+      fds = readdirSync(`/proc/${pid}/fd`);
+    } catch {
+      continue;
+    }
+    for (const fd of fds) if (readlinkOr(`/proc/${pid}/fd/${fd}`).startsWith(dir + '/')) what.push(`fd ${readlinkOr(`/proc/${pid}/fd/${fd}`)}`);
+    let maps = '';
+    try {
+      maps = readFileSync(`/proc/${pid}/maps`, 'utf8');
+    } catch {
+      // gone
+    }
+    for (const l of new Set(maps.split('\n').map((l) => l.slice(l.indexOf('/'))).filter((f) => f.startsWith(dir + '/')))) what.push(`maps ${l}`);
+    const ns = readlinkOr(`/proc/${pid}/ns/mnt`);
+    if (ns && ns !== own) {
+      try {
+        if (readFileSync(`/proc/${pid}/mountinfo`, 'utf8').split('\n').some((l) => (l.split(' ')[4] ?? '').startsWith(dir))) what.push(`mounted in its namespace ${ns}`);
+      } catch {
+        // gone
+      }
+    }
+    if (what.length) out.push(`${pid} (${readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim().slice(0, 120)}): ${what.join(', ')}`);
+  }
+  return out;
+}
+
+function readlinkOr(p) {
+  try {
+    return readlinkSync(p);
+  } catch {
+    return '';
+  }
 }
 
 /**
