@@ -49,7 +49,7 @@ function freshBareNs() {
     ['ip', ['-n', bareNs, '-b', '-'], 'addr add 10.254.250.2/30 dev eth0\nlink set eth0 up\nlink set lo up\n'],
   ]) spawnSync(cmd, args, { input, stdio: ['pipe', 'ignore', 'ignore'] });
 }
-const RN = (...a) => spawnSync('unshare', ['-m', '--propagation', 'private', 'sh', '-c', `nsenter --net=/var/run/netns/${bareNs} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, 'runsc', '--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
+const RN = (...a) => spawnSync('unshare', ['-m', '--propagation', 'slave', 'sh', '-c', `nsenter --net=/var/run/netns/${bareNs} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, 'runsc', '--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
 const RNcheckpoint = (img, id) => spawnSync('runsc', ['--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', 'checkpoint', '--image-path', img, id], { stdio: 'ignore' });
 function bareNetBundle(name) {
   const b = path.join(bareRoot, name);

@@ -118,7 +118,7 @@ try {
     await exec('ip', ['netns', 'add', ns]);
     await exec('ip', ['-b', '-'], `link add spbv${i} type veth peer name eth0 netns ${ns}\naddr add 10.254.${i}.1/30 dev spbv${i}\nlink set spbv${i} up\n`);
     await exec('ip', ['-n', ns, '-b', '-'], `addr add 10.254.${i}.2/30 dev eth0\nlink set eth0 up\nlink set lo up\n`);
-    await exec('unshare', ['-m', '--propagation', 'private', 'sh', '-c', `nsenter --net=/var/run/netns/${ns} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, 'runsc', '--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', 'restore', '--image-path', imageDir, '--detach', '--bundle', b, `baren${i}`]);
+    await exec('unshare', ['-m', '--propagation', 'slave', 'sh', '-c', `nsenter --net=/var/run/netns/${ns} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, 'runsc', '--root', path.join(bareRoot, 'state'), '--network=sandbox', '--overlay2=root:memory', 'restore', '--image-path', imageDir, '--detach', '--bundle', b, `baren${i}`]);
     await R('exec', `baren${i}`, '/bin/true');
     bareNet.push(now() - t);
     await R('kill', `baren${i}`, 'KILL');

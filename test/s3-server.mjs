@@ -120,7 +120,9 @@ export async function startS3({ bucket = 'space-test' } = {}) {
     `swift-proxy-server ${dir}/etc/proxy-server.conf >> ${dir}/proxy.log 2>&1 &`,
     'wait',
   ].join('\n');
-  const child = spawn('unshare', ['--mount', '--propagation', 'private', 'bash', '-c', script], { detached: true, stdio: 'ignore' });
+  // A slave mount namespace (the bind of /etc/swift stays in it): a private one would hold a
+  // copy of every mount of the host, a test daemon's disk pool among them, while Swift runs.
+  const child = spawn('unshare', ['--mount', '--propagation', 'slave', 'bash', '-c', script], { detached: true, stdio: 'ignore' });
   child.unref();
   const endpoint = `http://127.0.0.1:${proxyPort}`;
   const stop = async () => {

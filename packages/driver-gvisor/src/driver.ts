@@ -532,11 +532,16 @@ export class GvisorDriver implements SandboxDriver {
    * now). So it runs in a private mount namespace where the sandbox netns's
    * /proc/sys/net/core is covered by an empty tmpfs, still from the root netns (its control
    * socket is abstract, so netns-scoped, and later runsc commands run from the root netns).
+   * The namespace is a slave of the host's: it holds a copy of every host mount while runsc
+   * starts, and with `private` an unmount on the host (a volume closing, a disk pool) would
+   * leave that copy holding the file system and its loop device until runsc exits; a slave
+   * copy goes with the host's wherever the host's mounts are shared (systemd makes `/`
+   * shared). The tmpfs stays in the namespace either way.
    */
   private runDetached(args: string[], log: string, netns: string): Promise<void> {
     const argv = [...this.flags(), ...args];
     const [cmd, cmdArgs] = this.opts.network
-      ? ['unshare', ['-m', '--propagation', 'private', 'sh', '-c', `nsenter --net=/var/run/netns/${netns} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, this.runsc, ...argv]]
+      ? ['unshare', ['-m', '--propagation', 'slave', 'sh', '-c', `nsenter --net=/var/run/netns/${netns} mount -t tmpfs -o size=4k,ro none /proc/sys/net/core && exec "$0" "$@"`, this.runsc, ...argv]]
       : [this.runsc, argv];
     return this.spawnOwnSession(cmd, cmdArgs, log, 60_000, args[0]!);
   }
