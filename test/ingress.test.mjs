@@ -234,3 +234,100 @@ describe('ingress listener', () => {
     assert.ok(logs.some((l) => l.websocket && l.status === 101));
   });
 });
+
+describe('ingress listener: connections per sandbox', () => {
+  let upstream, wss, ingress, port, upPort;
+  const held = [];
+  const routes = new Map();
+  const host = (id) => `${upPort}-${id}.${DOMAIN}`;
+  /** Resolves once the "sandbox" holds `n` requests open. */
+  const holding = async (n) => {
+    while (held.length < n) await new Promise((r) => setImmediate(r));
+  };
+
+  before(async () => {
+    // The "sandbox": /hold answers only when the test lets it; anything else at once.
+    upstream = http.createServer((req, res) => {
+      if (req.url === '/hold') held.push(res);
+      else res.end('ok');
+    });
+    wss = new WebSocketServer({ server: upstream });
+    wss.on('connection', (ws) => ws.on('message', (m) => ws.send(m)));
+    await new Promise((r) => upstream.listen(0, '127.0.0.1', r));
+    upPort = upstream.address().port;
+    for (const id of [A, B]) routes.set(`${id}:${upPort}`, { sandboxId: id, tenantId: 't1', port: upPort, public: true, tokenHash: hashToken('unused') });
+    ingress = new IngressServer({ domain: DOMAIN, secret, maxConnectionsPerSandbox: 2, maxQueuedPerSandbox: 1, backend: { route: async (id, p) => routes.get(`${id}:${p}`), connect: async () => '127.0.0.1' } });
+    ({ port } = await ingress.listen('127.0.0.1', 0));
+  });
+  after(async () => {
+    for (const r of held) r.end();
+    await ingress.close();
+    wss.close();
+    upstream.closeAllConnections();
+    await new Promise((r) => upstream.close(r));
+  });
+
+  it('beyond the cap a request waits its turn, beyond the queue it gets 503 INGRESS_BUSY with Retry-After; other sandboxes are not held up', async () => {
+    const first = [request(port, { host: host(A), path: '/hold' }), request(port, { host: host(A), path: '/hold' })];
+    await holding(2);
+    const waiting = request(port, { host: host(A), path: '/after' });
+    while (ingress.slots.usage(A).waiting < 1) await new Promise((r) => setImmediate(r));
+    const busy = await request(port, { host: host(A), path: '/more' });
+    assert.equal(busy.status, 503);
+    assert.equal(busy.headers['retry-after'], '1');
+    assert.equal(json(busy).error.code, 'INGRESS_BUSY');
+    // A WebSocket to the full sandbox is refused alike; another sandbox answers meanwhile.
+    const ws = new WebSocket(`ws://127.0.0.1:${port}/`, { headers: { host: host(A) } });
+    const wsStatus = await new Promise((resolve) => ws.on('unexpected-response', (_, res) => resolve(res.statusCode)).on('open', () => resolve(101)).on('error', () => {}));
+    assert.equal(wsStatus, 503);
+    assert.equal((await request(port, { host: host(B), path: '/' })).status, 200);
+    assert.deepEqual(ingress.slots.usage(A), { active: 2, waiting: 1 });
+    // One answer frees a connection: the waiting request goes through on it.
+    held.shift().end('held');
+    assert.equal((await first[0]).status, 200);
+    assert.equal((await waiting).status, 200);
+    held.shift().end('held');
+    assert.equal((await first[1]).status, 200);
+    assert.deepEqual(ingress.slots.usage(A), { active: 0, waiting: 0 });
+  });
+
+  it('a WebSocket holds a connection while open; a client that leaves while waiting gives its turn up', async () => {
+    const ws = new WebSocket(`ws://127.0.0.1:${port}/`, { headers: { host: host(A) } });
+    await new Promise((r, j) => ws.on('open', r).on('error', j));
+    const one = request(port, { host: host(A), path: '/hold' });
+    await holding(1);
+    assert.deepEqual(ingress.slots.usage(A), { active: 2, waiting: 0 });
+    // A client that gives up while queued.
+    const gone = http.request({ host: '127.0.0.1', port, path: '/x', headers: { host: host(A) }, setHost: false });
+    gone.on('error', () => {});
+    gone.end();
+    while (ingress.slots.usage(A).waiting < 1) await new Promise((r) => setImmediate(r));
+    gone.destroy();
+    while (ingress.slots.usage(A).waiting > 0) await new Promise((r) => setTimeout(r, 10));
+    ws.close();
+    await new Promise((r) => ws.on('close', r));
+    while (ingress.slots.usage(A).active > 1) await new Promise((r) => setTimeout(r, 10));
+    assert.equal((await request(port, { host: host(A), path: '/' })).status, 200);
+    held.shift().end('held');
+    assert.equal((await one).status, 200);
+    assert.deepEqual(ingress.slots.usage(A), { active: 0, waiting: 0 });
+  });
+
+  it('a request that waits past the queue time gets 503 INGRESS_BUSY; bad limits are refused', async () => {
+    const short = new IngressServer({ domain: DOMAIN, secret, maxConnectionsPerSandbox: 1, queueTimeoutMs: 50, backend: { route: async (id, p) => routes.get(`${id}:${p}`), connect: async () => '127.0.0.1' } });
+    const { port: p2 } = await short.listen('127.0.0.1', 0);
+    try {
+      const one = request(p2, { host: host(A), path: '/hold' });
+      await holding(1);
+      const late = await request(p2, { host: host(A), path: '/' });
+      assert.equal(late.status, 503);
+      assert.equal(json(late).error.code, 'INGRESS_BUSY');
+      assert.match(json(late).error.message, /50 ms/);
+      held.shift().end('held');
+      assert.equal((await one).status, 200);
+    } finally {
+      await short.close();
+    }
+    for (const bad of [0, -1, 1.5, Number.NaN]) assert.throws(() => new IngressServer({ domain: DOMAIN, secret, maxConnectionsPerSandbox: bad, backend: {} }), { code: 'CONFIG_INVALID' });
+  });
+});

@@ -84,6 +84,7 @@ export const ERRORS = {
   EGRESS_POLICY_INVALID: { status: 400, message: 'The egress policy is invalid', hint: 'Use domains like "api.example.com" or "*.example.org", CIDRs like "203.0.113.0/24", ports 1–65535 and passthrough "host:port".' },
   EGRESS_DENIED: { status: 403, message: 'The egress proxy refused the request', hint: 'Allow the destination in the sandbox\'s egress policy (`space egress allow ID --domain HOST`).' },
   INGRESS_UNAVAILABLE: { status: 503, message: 'This daemon runs without an ingress', hint: 'Start spaced with --ingress-listen HOST:PORT (it needs the sandbox network: not with --egress off).' },
+  INGRESS_BUSY: { status: 503, message: 'The sandbox has as many connections open through the ingress as it may', hint: 'Retry after the time in Retry-After; the operator can raise --ingress-max-connections.' },
   INGRESS_UPSTREAM_FAILED: { status: 502, message: 'Nothing answered on this port inside the sandbox', hint: 'Start a server listening on 0.0.0.0 (not only 127.0.0.1) on that port inside the sandbox.' },
   EGRESS_UPSTREAM_FAILED: { status: 502, message: 'The egress proxy could not reach the destination', hint: 'Check that the destination is up and reachable from the daemon\'s host; `space egress log ID` shows each attempt.' },
   EGRESS_UNAVAILABLE: { status: 503, message: 'Sandbox networking is off on this daemon', hint: 'Start the daemon without --egress off (it needs nftables and iproute2: `space doctor`).' },

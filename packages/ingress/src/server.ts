@@ -13,6 +13,7 @@ import { createProxyServer } from 'http-proxy-3';
 import { SpaceError, toSpaceError, type ErrorCode, type IngressLogEntry } from '@space/api';
 import { ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER, PASS_COOKIE, SIGNED_LINK_PATH, checkPass, cookieValue, tokenMatches, withoutCookie } from './access.js';
 import { parseIngressHost } from './host.js';
+import { SandboxSlots } from './slots.js';
 
 export type { IngressLogEntry };
 
@@ -70,6 +71,15 @@ export interface IngressServerOptions {
   maxHeaderBytes?: number;
   /** How long a sandbox's server may take to start answering. @default 120000 */
   upstreamTimeoutMs?: number;
+  /**
+   * Connections the ingress holds open to one sandbox at once: requests in flight and
+   * WebSockets. Requests beyond wait in turn (see `maxQueuedPerSandbox`). @default 256
+   */
+  maxConnectionsPerSandbox?: number;
+  /** Requests that may wait for one of a sandbox's connections; beyond, 503 INGRESS_BUSY at once. @default 4096 */
+  maxQueuedPerSandbox?: number;
+  /** How long a request waits for one of them before 503 INGRESS_BUSY (as long as a wake may take). @default 60000 */
+  queueTimeoutMs?: number;
 }
 
 const HOP_TOKEN_HEADERS = [ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER];
@@ -118,10 +128,13 @@ export class IngressServer {
   domain: string;
   private readonly proxy;
   private readonly relay;
+  /** Connections open to each sandbox, and the requests waiting for one. */
+  readonly slots: SandboxSlots;
   private readonly opts: Required<Omit<IngressServerOptions, 'tls'>> & Pick<IngressServerOptions, 'tls'>;
 
   constructor(opts: IngressServerOptions) {
-    this.opts = { headersTimeoutMs: 10_000, requestTimeoutMs: 600_000, maxHeaderBytes: 16_384, upstreamTimeoutMs: 120_000, ...opts };
+    this.opts = { headersTimeoutMs: 10_000, requestTimeoutMs: 600_000, maxHeaderBytes: 16_384, upstreamTimeoutMs: 120_000, maxConnectionsPerSandbox: 256, maxQueuedPerSandbox: 4096, queueTimeoutMs: 60_000, ...opts };
+    this.slots = new SandboxSlots({ max: this.opts.maxConnectionsPerSandbox, maxQueued: this.opts.maxQueuedPerSandbox, queueTimeoutMs: this.opts.queueTimeoutMs });
     this.domain = opts.domain;
     const serverOpts = { maxHeaderSize: this.opts.maxHeaderBytes, headersTimeout: this.opts.headersTimeoutMs, requestTimeout: this.opts.requestTimeoutMs };
     this.server = opts.tls ? https.createServer({ ...serverOpts, cert: opts.tls.cert, key: opts.tls.key }) : http.createServer(serverOpts);
@@ -237,6 +250,12 @@ export class IngressServer {
       }
       access = this.authorize(req, route);
       this.scrub(req, route);
+      // A connection of the sandbox's, given back when the response ends (or the client leaves).
+      const left = new AbortController();
+      res.once('close', () => left.abort(new SpaceError('TIMEOUT', 'The client left while waiting')));
+      const release = await this.slots.acquire(route.sandboxId, left.signal);
+      res.once('close', release);
+      if (res.destroyed) release();
       const address = await this.opts.backend.connect(route);
       this.proxy.web(req, res, { target: `http://${address}:${route.port}` }, (err) => {
         this.refuse(req, res, new SpaceError('INGRESS_UPSTREAM_FAILED', `Nothing answered on port ${route!.port} inside ${route!.sandboxId}: ${(err as Error).message}`, { cause: err }));
@@ -286,6 +305,12 @@ export class IngressServer {
       }
       const access = this.authorize(req, route);
       this.scrub(req, route);
+      // A WebSocket holds one of the sandbox's connections for as long as it is open.
+      const left = new AbortController();
+      socket.once('close', () => left.abort(new SpaceError('TIMEOUT', 'The client left while waiting')));
+      const release = await this.slots.acquire(route.sandboxId, left.signal);
+      socket.once('close', release);
+      if (socket.destroyed) release();
       const address = await this.opts.backend.connect(route);
       socket.once('close', () => this.log(req, route, started, { status: 101, bytesIn: socket.bytesRead, bytesOut: socket.bytesWritten, access, websocket: true }));
       this.proxy.ws(req, socket, head, { target: `ws://${address}:${route.port}` }, () => {
@@ -294,7 +319,7 @@ export class IngressServer {
       });
     } catch (err) {
       const e = toSpaceError(err);
-      if (socket.writable) socket.end(`HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? ''}\r\nconnection: close\r\ncontent-type: application/json\r\n\r\n${JSON.stringify(e.toJSON())}`);
+      if (socket.writable) socket.end(`HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? ''}\r\nconnection: close\r\ncontent-type: application/json\r\n${e.code === 'INGRESS_BUSY' ? 'retry-after: 1\r\n' : ''}\r\n${JSON.stringify(e.toJSON())}`);
       else socket.destroy();
     }
   }
@@ -315,7 +340,7 @@ export class IngressServer {
     }
     const html = (req.headers.accept ?? '').includes('text/html');
     const body = html ? page(e.status, e.code, e.message, e.hint) : JSON.stringify(e.toJSON());
-    res.writeHead(e.status, { 'content-type': html ? 'text/html; charset=utf-8' : 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
+    res.writeHead(e.status, { 'content-type': html ? 'text/html; charset=utf-8' : 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body), ...(e.code === 'INGRESS_BUSY' ? { 'retry-after': '1' } : {}) });
     res.end(body);
   }
 }

@@ -597,7 +597,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const ingressListen = opts.ingress?.listen ?? process.env.SPACE_INGRESS_LISTEN ?? (port === 0 ? `${host.includes(':') ? `[${host}]` : host}:0` : `${host.includes(':') ? `[${host}]` : host}:${port + 2}`);
   const ingress = await startIngress(
     { service, network: egress?.network, secret: ingressSecret, logger: logger.child({ api: 'ingress' }), ...(shared ? { nodes: () => nodeStates(store, lostAfterMs) } : {}) },
-    { listen: ingressListen, ...(opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN ? { domain: opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN } : {}), ...(opts.ingress?.certFile ? { certFile: opts.ingress.certFile } : {}), ...(opts.ingress?.keyFile ? { keyFile: opts.ingress.keyFile } : {}) },
+    { listen: ingressListen, ...(opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN ? { domain: opts.ingress?.domain ?? process.env.SPACE_INGRESS_DOMAIN } : {}), ...(opts.ingress?.certFile ? { certFile: opts.ingress.certFile } : {}), ...(opts.ingress?.keyFile ? { keyFile: opts.ingress.keyFile } : {}), ...(opts.ingress?.maxConnectionsPerSandbox !== undefined ? { maxConnectionsPerSandbox: opts.ingress.maxConnectionsPerSandbox } : {}) },
   ).catch(abort);
   if (ingress) started.push(() => ingress.close());
   if (ingress) daemonPorts.add(Number(new URL(ingress.url).port));

@@ -31,6 +31,7 @@ export const DAEMON_OPTIONS = {
   'ingress-domain': { type: 'string' },
   'ingress-cert': { type: 'string' },
   'ingress-key': { type: 'string' },
+  'ingress-max-connections': { type: 'string' },
   driver: { type: 'string' },
   drivers: { type: 'string' },
   'microvm-accel': { type: 'string' },

@@ -9,7 +9,7 @@ import { IngressServer, SIGNED_LINK_PATH, ingressHost, makePass, type IngressRou
 import type { NodeInfo } from '@space/api';
 import { nodeUnavailable } from './forward.js';
 
-/** Ingress settings (flags `--ingress-listen`, `--ingress-domain`, `--ingress-cert`, `--ingress-key`). */
+/** Ingress settings (flags `--ingress-listen`, `--ingress-domain`, `--ingress-cert`, `--ingress-key`, `--ingress-max-connections`). */
 export interface IngressOptions {
   /** `HOST:PORT`, or `off`. @default "127.0.0.1:7072" (port 0 when the API listens on port 0) */
   listen?: string;
@@ -18,6 +18,8 @@ export interface IngressOptions {
   /** PEM files of the operator's (wildcard) certificate and key; plain HTTP without. */
   certFile?: string;
   keyFile?: string;
+  /** Connections the ingress holds open to one sandbox at once (`--ingress-max-connections`); more wait in turn. @default 256 */
+  maxConnectionsPerSandbox?: number;
 }
 
 /** A port's addresses as the API returns them. */
@@ -49,7 +51,7 @@ export interface Ingress {
  * sandbox network (nothing could be reached).
  * @example const ingress = await startIngress({ service, network, secret, logger }, { listen: '127.0.0.1:7072' });
  */
-export async function startIngress(deps: { service: SandboxService; network: SandboxNetwork | undefined; secret: Buffer; logger: Logger; nodes?: () => Promise<Pick<NodeInfo, 'name' | 'state' | 'heartbeatAt' | 'ingressUrl'>[]> }, opts: { listen: string; domain?: string; certFile?: string; keyFile?: string; wakeTimeoutMs?: number }): Promise<Ingress | undefined> {
+export async function startIngress(deps: { service: SandboxService; network: SandboxNetwork | undefined; secret: Buffer; logger: Logger; nodes?: () => Promise<Pick<NodeInfo, 'name' | 'state' | 'heartbeatAt' | 'ingressUrl'>[]> }, opts: { listen: string; domain?: string; certFile?: string; keyFile?: string; wakeTimeoutMs?: number; maxConnectionsPerSandbox?: number }): Promise<Ingress | undefined> {
   if (opts.listen === 'off') return undefined;
   const wakeTimeoutMs = opts.wakeTimeoutMs ?? WAKE_TIMEOUT_MS;
   const { service, network, secret, logger } = deps;
@@ -74,6 +76,7 @@ export async function startIngress(deps: { service: SandboxService; network: San
     domain: '',
     secret,
     ...(tls ? { tls } : {}),
+    ...(opts.maxConnectionsPerSandbox !== undefined ? { maxConnectionsPerSandbox: opts.maxConnectionsPerSandbox } : {}),
     backend: {
       async route(id, port) {
         const r = await service.ingressRoute(id, port);

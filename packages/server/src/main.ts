@@ -7,6 +7,7 @@
  *        [--pkcs11-module LIB --pkcs11-token LABEL --pkcs11-pin-file FILE]
  *        [--egress on|off] [--sandbox-net CIDR] [--egress-port N] [--egress-ca-file PEM] [--egress-host NAME=IP ...]
  *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
+ *        [--ingress-max-connections N]
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
  *        [--disks auto|on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--volumes auto|on|off]
  *        [--database postgres://USER@HOST:PORT/DB] [--blob-store file:///PATH|s3://BUCKET?endpoint=URL] [--work-dir DIR]
@@ -45,6 +46,7 @@ try {
     ...(values['ingress-domain'] ? { domain: values['ingress-domain'] } : {}),
     ...(values['ingress-cert'] ? { certFile: values['ingress-cert'] } : {}),
     ...(values['ingress-key'] ? { keyFile: values['ingress-key'] } : {}),
+    ...(values['ingress-max-connections'] ? { maxConnectionsPerSandbox: parseCount(values['ingress-max-connections'], '--ingress-max-connections') } : {}),
   };
   const disks = {
     ...(values.disks ? { mode: parseDisksMode(values.disks) } : {}),
