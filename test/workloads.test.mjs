@@ -14,7 +14,7 @@ import { makeDebianToolsImage } from './oci-image.mjs';
 /** Runs `script` with bash as `user` (or `opts.user`); asserts exit 0 and returns stdout. */
 async function sh(sb, script, opts = {}) {
   const r = await sb.commands.run(['bash', '-c', script], { timeoutMs: 300_000, ...opts });
-  assert.equal(r.exitCode, 0, `exit ${r.exitCode} of ${JSON.stringify(script)}\nstdout: ${r.stdout}\nstderr: ${r.stderr}`);
+  assert.equal(r.exitCode, 0, `exit ${r.exitCode}${r.signal ? ` (${r.signal})` : ''}${r.timedOut ? ' (timed out)' : ''} of ${JSON.stringify(script)}\nstdout: ${r.stdout}\nstderr: ${r.stderr}`);
   return r.stdout;
 }
 
