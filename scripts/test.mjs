@@ -16,7 +16,7 @@ import { createInterface } from 'node:readline';
 
 // The fast lane first: seconds, no runtime (the fake driver, the protocol, the stores, the
 // import-cycle check), so a broken core fails the run before the real-runtime suites start.
-export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'cluster-fake', 'lease-keeper', 'e2b-access', 'console-session', 'disks-mode', 'deploy', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'nodes', 'snapshot-store', 'sandbox-net'].map((n) => `test/${n}.test.mjs`);
+export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'cluster-fake', 'lease-keeper', 'e2b-access', 'console-session', 'disks-mode', 'deploy', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'nodes', 'snapshot-store', 'sandbox-net', 'usage-history'].map((n) => `test/${n}.test.mjs`);
 /**
  * Lane 1: the files that boot microVMs — the only users of the microVM guest cache
  * (/var/cache/space/microvm), which therefore never sees two builders — and the gVisor crash

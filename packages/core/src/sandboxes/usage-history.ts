@@ -50,8 +50,17 @@ export class UsageHistory {
 
   start(): void {
     if (this.timer) return;
-    // A tick the store cannot answer (PostgreSQL away) is a sample missed, nothing more.
-    this.timer = setInterval(() => void this.sampleAll().catch(() => {}), this.intervalMs);
+    // A tick the store cannot answer (PostgreSQL away) is a sample missed, nothing more. A tick
+    // that comes while the last one still reads (a loaded host: a CI run's E2B test once got
+    // its samples out of order from ticks that overlapped) is skipped.
+    let busy = false;
+    this.timer = setInterval(() => {
+      if (busy) return;
+      busy = true;
+      void this.sampleAll()
+        .catch(() => {})
+        .finally(() => (busy = false));
+    }, this.intervalMs);
     this.timer.unref();
   }
 
@@ -72,6 +81,9 @@ export class UsageHistory {
     const u = await this.source.usage(id);
     let s = this.byId.get(id);
     if (!s) this.byId.set(id, (s = { samples: [] }));
+    // A reading that finished after a later one (sampleAll called again meanwhile) is dropped:
+    // the series stays oldest first, and CPU is counted over forward intervals only.
+    if (s.lastAt !== undefined && now <= s.lastAt) return;
     const cpuPct = s.lastCpuNs !== undefined && u.cpuNs !== undefined && s.lastAt !== undefined && now > s.lastAt ? Math.max(0, Math.round(((u.cpuNs - s.lastCpuNs) / ((now - s.lastAt) * 1e6) / cpu) * 10_000) / 100) : 0;
     s.samples.push({ at: now, cpuPct, memBytes: u.cgroupBytes ?? u.rssBytes, ...(u.diskUsedBytes !== undefined ? { diskBytes: u.diskUsedBytes } : {}) });
     if (s.samples.length > this.keep) s.samples.splice(0, s.samples.length - this.keep);
