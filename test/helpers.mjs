@@ -151,13 +151,7 @@ export function* contentsAtRest(dir) {
  */
 export function closeDiskPool(dataDir) {
   const disks = [];
-  for (const dir of poolDirs(dataDir)) {
-    disks.push(...unmountPool(dir));
-    for (let i = 0; !tryUnmountVault(dir); i++) {
-      if (i >= 1200) throw vaultBusy(dir);
-      execFileSync('sleep', ['0.1']);
-    }
-  }
+  for (const _ of closingPools(dataDir, disks)) execFileSync('sleep', ['0.1']);
   return disks;
 }
 
@@ -168,14 +162,22 @@ export function closeDiskPool(dataDir) {
  */
 export async function closeDiskPoolSettled(dataDir) {
   const disks = [];
+  for (const _ of closingPools(dataDir, disks)) await new Promise((r) => setTimeout(r, 100));
+  return disks;
+}
+
+/**
+ * Unmounts the pools of `dataDir`, adding the disks left in them to `disks`; yields each time
+ * a vault is still busy, for the caller to wait 100 ms its own way (throws after 1,200 waits).
+ */
+function* closingPools(dataDir, disks) {
   for (const dir of poolDirs(dataDir)) {
     disks.push(...unmountPool(dir));
     for (let i = 0; !tryUnmountVault(dir); i++) {
       if (i >= 1200) throw vaultBusy(dir);
-      await new Promise((r) => setTimeout(r, 100));
+      yield;
     }
   }
-  return disks;
 }
 
 /** The pools a daemon keeps in its data directory: a second driver's (inside the default driver's directory) first. */
@@ -236,7 +238,7 @@ export function holdersOf(dir) {
     } catch {
       continue;
     }
-    for (const fd of fds) if (readlinkOr(`/proc/${pid}/fd/${fd}`).startsWith(dir + '/')) what.push(`fd ${readlinkOr(`/proc/${pid}/fd/${fd}`)}`);
+    for (const target of fds.map((fd) => readlinkOr(`/proc/${pid}/fd/${fd}`))) if (target.startsWith(dir + '/')) what.push(`fd ${target}`);
     let maps = '';
     try {
       maps = readFileSync(`/proc/${pid}/maps`, 'utf8');
@@ -252,7 +254,14 @@ export function holdersOf(dir) {
         // gone
       }
     }
-    if (what.length) out.push(`${pid} (${readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim().slice(0, 120)}): ${what.join(', ')}`);
+    if (!what.length) continue;
+    let cmd = '';
+    try {
+      cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim().slice(0, 120);
+    } catch {
+      // gone meanwhile
+    }
+    out.push(`${pid} (${cmd}): ${what.join(', ')}`);
   }
   return out;
 }
