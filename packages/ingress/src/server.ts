@@ -250,12 +250,8 @@ export class IngressServer {
       }
       access = this.authorize(req, route);
       this.scrub(req, route);
-      // A connection of the sandbox's, given back when the response ends (or the client leaves).
-      const left = new AbortController();
-      res.once('close', () => left.abort(new SpaceError('TIMEOUT', 'The client left while waiting')));
-      const release = await this.slots.acquire(route.sandboxId, left.signal);
-      res.once('close', release);
-      if (res.destroyed) release();
+      // A connection of the sandbox's, given back when the response ends.
+      await this.holdSlot(route.sandboxId, res);
       const address = await this.opts.backend.connect(route);
       this.proxy.web(req, res, { target: `http://${address}:${route.port}` }, (err) => {
         this.refuse(req, res, new SpaceError('INGRESS_UPSTREAM_FAILED', `Nothing answered on port ${route!.port} inside ${route!.sandboxId}: ${(err as Error).message}`, { cause: err }));
@@ -306,11 +302,7 @@ export class IngressServer {
       const access = this.authorize(req, route);
       this.scrub(req, route);
       // A WebSocket holds one of the sandbox's connections for as long as it is open.
-      const left = new AbortController();
-      socket.once('close', () => left.abort(new SpaceError('TIMEOUT', 'The client left while waiting')));
-      const release = await this.slots.acquire(route.sandboxId, left.signal);
-      socket.once('close', release);
-      if (socket.destroyed) release();
+      await this.holdSlot(route.sandboxId, socket);
       const address = await this.opts.backend.connect(route);
       socket.once('close', () => this.log(req, route, started, { status: 101, bytesIn: socket.bytesRead, bytesOut: socket.bytesWritten, access, websocket: true }));
       this.proxy.ws(req, socket, head, { target: `ws://${address}:${route.port}` }, () => {
@@ -322,6 +314,19 @@ export class IngressServer {
       if (socket.writable) socket.end(`HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? ''}\r\nconnection: close\r\ncontent-type: application/json\r\n${e.code === 'INGRESS_BUSY' ? 'retry-after: 1\r\n' : ''}\r\n${JSON.stringify(e.toJSON())}`);
       else socket.destroy();
     }
+  }
+
+  /**
+   * Waits for one of the sandbox's connections (see {@link SandboxSlots}) and holds it until
+   * `conn` (the response, or a WebSocket's socket) closes; a client leaving while it waits gives
+   * its turn up. Throws INGRESS_BUSY.
+   */
+  private async holdSlot(sandboxId: string, conn: http.ServerResponse | net.Socket): Promise<void> {
+    const left = new AbortController();
+    conn.once('close', () => left.abort(new SpaceError('TIMEOUT', 'The client left while waiting')));
+    const release = await this.slots.acquire(sandboxId, left.signal);
+    conn.once('close', release);
+    if (conn.destroyed) release();
   }
 
   /** Hands one finished request to the backend's audit log. */
