@@ -245,15 +245,13 @@ export class SandboxNet implements SandboxNetwork {
     if (opts.create) {
       this.spareIf = ifname;
       const spare = this.takeSpare(ifname);
+      this.refillSoon();
       if (spare !== undefined) {
         const renamed = await tryRun('sh', ['-c', RENAME_SCRIPT, 'space-netns', this.spareName(spare), netns], 10_000);
-        this.refillSoon();
         if (renamed) return this.register(netns, id, spare);
         // Made below instead (the new name too, in case the rename got halfway).
         await this.dropSpare(spare);
         await tryRun('ip', ['netns', 'del', netns], 5_000);
-      } else {
-        this.refillSoon();
       }
     }
     return this.register(netns, id, await this.makeLink(netns, ifname, !!opts.create));
