@@ -225,6 +225,70 @@ describe('lifecycle on the fake driver (fast lane)', () => {
     for (const id of [sb.id, ...copies.map((c) => c.id)]) await svc.kill(T, id);
   });
 
+  it('a fork\'s copies restore beside the parent\'s own restore from the checkpoint image', async () => {
+    const sb = await svc.create(T, {});
+    const restore = driver.restore;
+    let copyStarted;
+    const started = new Promise((r) => (copyStarted = r));
+    const order = [];
+    driver.restore = async function (spec, imageDir) {
+      if (spec.id !== sb.id) {
+        order.push('copy starts');
+        copyStarted();
+        return restore.call(this, spec, imageDir);
+      }
+      order.push('parent starts');
+      // The parent's restore ends only once a copy's has begun; were they one after the other,
+      // the wait would give up and the order below would say so.
+      await until(() => Promise.race([started.then(() => true), new Promise((r) => setImmediate(() => r(false)))]), 'a copy\'s restore while the parent\'s runs').catch(() => {});
+      order.push('parent ends');
+      return restore.call(this, spec, imageDir);
+    };
+    let forks;
+    try {
+      forks = await svc.fork(T, sb.id, { count: 1 });
+    } finally {
+      driver.restore = restore;
+    }
+    assert.deepEqual(order, ['parent starts', 'copy starts', 'parent ends']);
+    const [copy] = forks.map((f) => f.sandbox);
+    assert.ok(copy, JSON.stringify(forks));
+    assert.equal(await out(copy.id, 'hostname'), `${copy.id}\n`);
+    assert.equal((await run(sb.id, 'true')).exitCode, 0, 'the parent runs on');
+    assert.equal((await svc.snapshots(T, sb.id)).filter((s) => s.trigger === 'fork').length, 1, 'the fork\'s snapshot is stored');
+    for (const id of [sb.id, copy.id]) await svc.kill(T, id);
+  });
+
+  it('a fork whose parent cannot come back from the image ends the copies it started and fails', async () => {
+    const sb = await svc.create(T, {});
+    const restore = driver.restore;
+    let copyDone;
+    const copied = new Promise((r) => (copyDone = r));
+    driver.restore = async function (spec, imageDir) {
+      if (spec.id !== sb.id) {
+        try {
+          return await restore.call(this, spec, imageDir);
+        } finally {
+          copyDone();
+        }
+      }
+      await copied; // the copy is up before the parent's restore fails
+      throw new Error('the parent\'s restore fails');
+    };
+    const before = new Set((await svc.list(T, { limit: 200 })).items.map((s) => s.id));
+    try {
+      await assert.rejects(svc.fork(T, sb.id, { count: 1 }), /the parent's restore fails/);
+    } finally {
+      driver.restore = restore;
+    }
+    const added = (await svc.list(T, { limit: 200 })).items.filter((s) => !before.has(s.id));
+    assert.equal(added.length, 1, 'one copy was made');
+    assert.equal(added[0].state, 'dead');
+    assert.match(added[0].endDetail, /the fork's snapshot failed after the copies started/);
+    assert.equal(driver.machine(added[0].id), undefined, 'its runtime is gone');
+    await svc.kill(T, sb.id).catch(() => {});
+  });
+
   it('a timeout kills; an idle timeout hibernates and the next call wakes it', async () => {
     const short = await svc.create(T, { timeoutMs: 1000 });
     const ended = await until(async () => {

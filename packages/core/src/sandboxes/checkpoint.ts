@@ -11,7 +11,10 @@ import { Laps } from '../laps.js';
 import type { Intent } from '../ports/intent-journal.js';
 import { newSnapshotId, type Sandbox, type Snapshot, type SnapshotTrigger } from '../model.js';
 import { deleteImage, getImage, putImage } from '../storage/image-objects.js';
-import type { CheckpointHooks, SandboxContext } from './context.js';
+import type { CheckpointHooks, OnCheckpointed, SandboxContext, SnapshotRef } from './context.js';
+
+/** Where a snapshot's image is stored in the blob store. */
+const snapshotBlobKey = (tenantId: string, snapshotId: string) => `snapshots/${tenantId}/${snapshotId}`;
 
 /** Room a checkpoint needs beyond the sandbox's memory limit: the runtime's own state files. */
 const IMAGE_MARGIN_MB = 64;
@@ -92,8 +95,9 @@ export class Checkpoints implements CheckpointHooks {
    *
    * The operation is journalled: with `keepRunning` its intent is done when this returns;
    * without (hibernate), the caller finishes the returned intent once the sandbox is retired.
+   * `onCheckpointed` gets the image as soon as it is complete (see {@link OnCheckpointed}).
    */
-  async takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
+  async takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, onCheckpointed?: OnCheckpointed): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
     const laps = new Laps();
     // Refuse before touching anything when the image may not fit.
     await this.assertRoomForImage(sb);
@@ -109,7 +113,7 @@ export class Checkpoints implements CheckpointHooks {
     const ch = await this.c.hooks.agents.channel(sb.id);
     const release = this.c.live.entry(sb.id).closeGate();
     try {
-      return await this.takeSnapshotGated(sb, ch, trigger, name, keepRunning, wasPaused, release, laps);
+      return await this.takeSnapshotGated(sb, ch, trigger, name, keepRunning, wasPaused, release, laps, onCheckpointed);
     } finally {
       release();
     }
@@ -120,7 +124,7 @@ export class Checkpoints implements CheckpointHooks {
    * when it keeps running: calls then wait out the downtime only, not the store, which takes
    * seconds for a disk holding a GiB), or until the end (hibernate: no agent comes back).
    */
-  private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean, openGate: () => void, laps: Laps): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
+  private async takeSnapshotGated(sb: Sandbox, ch: AgentChannel, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, wasPaused: boolean, openGate: () => void, laps: Laps, onCheckpointed?: OnCheckpointed): Promise<{ snapshot: Snapshot; imageDir: string; intent: Intent }> {
     try {
       await this.assertSnapshottable(ch, sb.id, `sandbox ${sb.id}`);
     } catch (err) {
@@ -153,6 +157,7 @@ export class Checkpoints implements CheckpointHooks {
       throw new SpaceError('SNAPSHOT_FAILED', `Snapshot of ${sb.id} failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }
     await this.c.journal.step(intent, 'checkpointed');
+    onCheckpointed?.(imageDir, { id, sandboxId: sb.id, blobKey: snapshotBlobKey(sb.tenantId, id) });
     let downtimeMs = Math.round(performance.now() - t0);
     if (keepRunning) {
       try {
@@ -211,7 +216,7 @@ export class Checkpoints implements CheckpointHooks {
       return existing;
     }
     const createdAt = new Date().toISOString();
-    const blobKey = `snapshots/${sb.tenantId}/${id}`;
+    const blobKey = snapshotBlobKey(sb.tenantId, id);
     // A hibernate's or a fork's image is stored as the runtime wrote it, not through the
     // driver's codecs: the call waits for the store (and a wake for the fetch), and runsc's
     // compressed state file is a ninth of the inflated form, which is only there so that
@@ -280,7 +285,7 @@ export class Checkpoints implements CheckpointHooks {
   }
 
   /** Fetches a snapshot and unpacks it into a scratch directory, verifying it (SNAPSHOT_CORRUPT). */
-  async unpack(snap: Snapshot): Promise<string> {
+  async unpack(snap: SnapshotRef): Promise<string> {
     const dir = path.join(this.c.workDir, `r-${snap.id}-${Math.random().toString(36).slice(2, 8)}`);
     try {
       await getImage(this.c.blobs, snap.blobKey, snap.id, dir, this.c.maxSnapshotBytes, this.c.driver);
@@ -292,7 +297,7 @@ export class Checkpoints implements CheckpointHooks {
   }
 
   /** Verifies `snap`, then replaces whatever runs as `target` with it. */
-  async restoreFrom(snap: Snapshot, target: Sandbox, imageDir?: string, laps?: Laps): Promise<void> {
+  async restoreFrom(snap: SnapshotRef, target: Sandbox, imageDir?: string, laps?: Laps): Promise<void> {
     const dir = imageDir ?? (await this.unpack(snap));
     laps?.lap('fetch');
     const e = this.c.live.entry(target.id);

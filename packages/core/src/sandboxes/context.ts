@@ -39,16 +39,26 @@ export interface TakenSnapshot {
   intent: Intent;
 }
 
+/** What a restore needs of a snapshot: which it is, whose, and where its bytes are stored. */
+export type SnapshotRef = Pick<Snapshot, 'id' | 'sandboxId' | 'blobKey'>;
+
+/**
+ * Called once a snapshot's checkpoint image is complete in `imageDir`, before the sandbox is
+ * restored from it and before the image is stored: a fork starts its copies from it then,
+ * beside the parent's own restore. The image stays until the caller of `takeSnapshot` removes it.
+ */
+export type OnCheckpointed = (imageDir: string, snapshot: SnapshotRef) => void;
+
 /** Checkpoints, snapshots and restores (checkpoint.ts). */
 export interface CheckpointHooks {
   spec(sb: Sandbox): Promise<DriverCreateSpec>;
   assertSnapshottable(ch: AgentChannel, id: string, what: string): Promise<void>;
   quiesceAndCheckpoint(id: string, ch: AgentChannel, imageDir: string, injectFaults?: boolean): Promise<void>;
-  takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean): Promise<TakenSnapshot>;
+  takeSnapshot(sb: Sandbox, trigger: SnapshotTrigger, name: string | undefined, keepRunning: boolean, onCheckpointed?: OnCheckpointed): Promise<TakenSnapshot>;
   storeImage(sb: Sandbox, intent: Intent, imageDir: string, downtimeMs: number): Promise<Snapshot>;
   bootFromImage(target: Sandbox, imageDir: string): Promise<void>;
-  unpack(snap: Snapshot): Promise<string>;
-  restoreFrom(snap: Snapshot, target: Sandbox, imageDir?: string, laps?: Laps): Promise<void>;
+  unpack(snap: SnapshotRef): Promise<string>;
+  restoreFrom(snap: SnapshotRef, target: Sandbox, imageDir?: string, laps?: Laps): Promise<void>;
   ownSnapshot(sb: Sandbox, snapshotId: string): Promise<Snapshot>;
   deleteSnapshot(sn: Snapshot): Promise<void>;
 }
