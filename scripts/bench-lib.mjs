@@ -1,7 +1,8 @@
-// What every benchmark script shares: percentiles, and writing its table into
+// What every benchmark script shares: percentiles, a wait for a quiet host, and writing its table into
 // docs/benchmarks.md between its markers.
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import path from 'node:path';
 import { KeyService, LocalKeyProvider } from '../packages/core/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
@@ -64,4 +65,24 @@ export function templateRootfs(templatesDir, name) {
 /** The node runtime a daemon in `dataDir` prepared (what SPACE mounts at /.space in its sandboxes). */
 export function runtimeDirOf(dataDir) {
   return path.join(dataDir, 'runtime', readdirSync(path.join(dataDir, 'runtime')).find((d) => !d.includes('.tmp')));
+}
+
+/**
+ * Waits until the host's CPUs have been mostly idle for a second (under a fifth of one core
+ * busy; at most `timeoutMs`): a daemon just started takes its template snapshots and fills its
+ * warm pools in the background, which would otherwise land in the first measurements.
+ */
+export async function untilHostQuiet(timeoutMs = 120_000) {
+  const busy = () => {
+    const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].split(/\s+/).slice(1).map(Number);
+    return { busy: f.reduce((a, b) => a + b, 0) - f[3] - f[4], all: f.reduce((a, b) => a + b, 0) };
+  };
+  const cores = availableParallelism();
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const a = busy();
+    await new Promise((r) => setTimeout(r, 1000));
+    const b = busy();
+    if (((b.busy - a.busy) / (b.all - a.all)) * cores < 0.2) return;
+  }
 }

@@ -6,8 +6,9 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { Readable } from 'node:stream';
 import { parseArgs } from 'node:util';
-import { quantile, templateRootfs, writeSection } from './bench-lib.mjs';
+import { quantile, templateRootfs, untilHostQuiet, writeSection } from './bench-lib.mjs';
 import { Sandbox, Templates } from '../packages/sdk/dist/index.js';
 import { TEMPLATES_DIR, startSpaced, stopSpaced } from '../test/helpers.mjs';
 import { AGENT_ARGV } from '../packages/driver-gvisor/dist/index.js';
@@ -29,6 +30,8 @@ async function series(n, fn) {
 }
 
 const rows = [];
+/** [what, MB/s, baseline, baseline MB/s]: throughput rows (higher is better). */
+const rates = [];
 /** `compare(p50, baseP50)` words the comparison, e.g. "1.7x faster" or "+1.6 ms". */
 function row(name, xs, baseName, base, target, compare) {
   const r = { name, p50: q(xs, 50), p95: q(xs, 95), baseName, baseP50: base ? q(base, 50) : undefined, target };
@@ -50,6 +53,10 @@ const conn = spaced.conn;
 const runsc = (...a) => execFileSync('runsc', ['--root', path.join(dataDir, 'runsc'), ...a], { stdio: ['ignore', 'pipe', 'pipe'] });
 
 try {
+  // The daemon takes the template snapshot of `minimal` after it starts and fills its warm
+  // pool: measure once it has, and the host is quiet again.
+  await Templates.prepare('minimal', conn);
+  await untilHostQuiet();
   const sb = await Sandbox.create({ ...conn, memoryMb: 256 });
   await sb.files.write('/tmp/x', 'x');
   // warm up
@@ -71,9 +78,35 @@ try {
   const inside = JSON.parse((await sb.commands.run([...AGENT_ARGV.slice(3, -1), '-e', probe])).stdout);
   row('command round trip `true` via API, again', viaApi, 'spawn of `true` inside the sandbox (no API)', inside, 'API adds ≤ 3 ms over the spawn', plus);
 
-  // 3. Create-to-first-command vs bare runsc run + runsc exec of the same rootfs. Creates
-  // restore the template snapshot of `minimal` (taken at start-up; wait for it).
-  await Templates.prepare('minimal', conn);
+  // 3. Files through the API vs the same bytes written and read by a process inside the
+  //    sandbox (its own file system's speed: the agent's Node, 1 MiB calls, timed inside),
+  //    100 MB each way, alternating.
+  const MB = 100;
+  const big = await Sandbox.create({ ...conn, memoryMb: 512 });
+  const chunk = Buffer.alloc(1 << 20, 'a');
+  const local = `const fs=require('fs');const b=Buffer.alloc(1<<20,'a');const s=()=>Number(process.hrtime.bigint())/1e9;let t=s();const fd=fs.openSync('/tmp/local','w');for(let i=0;i<${MB};i++)fs.writeSync(fd,b);fs.closeSync(fd);const w=${MB}/(s()-t);t=s();const r=fs.openSync('/tmp/local','r');while(fs.readSync(r,b)>0);fs.closeSync(r);console.log(JSON.stringify({w,r:${MB}/(s()-t)}))`;
+  const xfer = { up: [], down: [], localWrite: [], localRead: [] };
+  for (let i = 0; i < 5; i++) {
+    let t = process.hrtime.bigint();
+    await big.files.write('/tmp/api', Readable.from((function* () { for (let k = 0; k < MB; k++) yield chunk; })()));
+    xfer.up.push(MB / (Number(process.hrtime.bigint() - t) / 1e9));
+    t = process.hrtime.bigint();
+    let n = 0;
+    for await (const c of await big.files.read('/tmp/api', { format: 'stream' })) n += c.length;
+    if (n !== MB << 20) throw new Error(`read ${n} bytes of ${MB << 20}`);
+    xfer.down.push(MB / (Number(process.hrtime.bigint() - t) / 1e9));
+    const { w, r } = JSON.parse((await big.commands.run([...AGENT_ARGV.slice(3, -1), '-e', local])).stdout);
+    xfer.localWrite.push(w);
+    xfer.localRead.push(r);
+    await big.commands.run('rm -f /tmp/api /tmp/local');
+  }
+  await big.kill();
+  const mbs = (xs) => q(xs, 50);
+  rates.push(['file upload, 100 MB (SDK `files.write`), MB/s (median of 5)', mbs(xfer.up), 'a process in the sandbox writing 100 MB to /tmp', mbs(xfer.localWrite)]);
+  rates.push(['file download, 100 MB (SDK `files.read`, a stream), MB/s (median of 5)', mbs(xfer.down), 'a process in the sandbox reading it', mbs(xfer.localRead)]);
+
+  // 4. Create-to-first-command vs bare runsc run + runsc exec of the same rootfs. Creates
+  // restore the template snapshot of `minimal` (taken at start-up, awaited above).
   const created = [];
   const ours = await series(N, async () => {
     const s = await Sandbox.create({ ...conn, memoryMb: 256 });
@@ -103,7 +136,7 @@ try {
   rmSync(bareDir, { recursive: true, force: true });
   row('create-to-first-command, restored from the template snapshot (SDK)', ours, 'bare `runsc run` + `runsc exec` (busybox sleep as init)', bare, '≤ 1.2x the bare figure', slower);
 
-  // 4. Idle sandbox memory.
+  // 5. Idle sandbox memory.
   const idle = await Sandbox.create({ ...conn, memoryMb: 256 });
   await new Promise((r) => setTimeout(r, 2000));
   const u = await idle.usage();
@@ -114,6 +147,7 @@ try {
     `| measurement | p50 ms | p95 ms | baseline (same run) | baseline p50 ms | vs baseline | target |`,
     `|---|---|---|---|---|---|---|`,
     ...rows.map((r) => `| ${r.name} | ${fmt(r.p50)} | ${fmt(r.p95)} | ${r.baseName ?? '—'} | ${r.baseP50 !== undefined ? fmt(r.baseP50) : '—'} | ${r.vs} | ${r.target} |`),
+    ...rates.map(([name, v, baseName, b]) => `| ${name} | ${v.toFixed(0)} | | ${baseName} | ${b.toFixed(0)} | ${(v / b).toFixed(2)}x | measured |`),
     `| idle sandbox memory | RSS of its host processes: ${(u.rssBytes / 1048576).toFixed(1)} MiB; cgroup charge: ${(u.cgroupBytes / 1048576).toFixed(1)} MiB | | | | | measured |`,
   ];
   const table = lines.join('\n');
