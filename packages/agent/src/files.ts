@@ -184,8 +184,10 @@ export async function readTo(p: string, stream: Stream): Promise<void> {
       const buf = Buffer.allocUnsafe(max);
       return new Promise((resolve, reject) => fsRead(fd, buf, 0, max, null, (err, n) => (err ? reject(err) : resolve(buf.subarray(0, n)))));
     };
-    // A regular file's first piece at once too: it cannot block as a FIFO or a device can.
-    const first = st.isFile() ? readNow(fd, READ_CHUNK) : await read();
+    // A regular file's first piece at once too, when it has a size: it cannot block as a FIFO
+    // or a device can. procfs and sysfs files stat as size 0, and a few of them block
+    // (/proc/kmsg in a microVM's guest): those take the pool.
+    const first = st.isFile() && st.size > 0 ? readNow(fd, READ_CHUNK) : await read();
     const pieces = [first];
     let size: number | undefined;
     let more = Infinity;
