@@ -70,7 +70,8 @@ export function runtimeDirOf(dataDir) {
 /**
  * Waits until the host's CPUs have been mostly idle for a second (under a fifth of one core
  * busy; at most `timeoutMs`): a daemon just started takes its template snapshots and fills its
- * warm pools in the background, which would otherwise land in the first measurements.
+ * warm pools in the background, which would otherwise land in the first measurements. Returns
+ * whether it got quiet; a caller measures anyway, and says so.
  */
 export async function untilHostQuiet(timeoutMs = 120_000) {
   const busy = () => {
@@ -83,6 +84,7 @@ export async function untilHostQuiet(timeoutMs = 120_000) {
     const a = busy();
     await new Promise((r) => setTimeout(r, 1000));
     const b = busy();
-    if (((b.busy - a.busy) / (b.all - a.all)) * cores < 0.2) return;
+    if (((b.busy - a.busy) / (b.all - a.all)) * cores < 0.2) return true;
   }
+  return false;
 }
