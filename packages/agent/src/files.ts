@@ -3,7 +3,8 @@
  * relative. Writes land in a temporary file renamed into place on success, so a failed
  * upload never leaves a truncated file behind. New files belong to the requesting user.
  */
-import { closeSync, constants, fchownSync, fstatSync, lstatSync, open, openSync, promises as fs, read as fsRead, readdirSync, readlinkSync, readSync, renameSync, unlinkSync, watch, writev, type FSWatcher, type Stats } from 'node:fs';
+import { closeSync, constants, fchownSync, fstatSync, lstatSync, open, openSync, promises as fs, read, readdirSync, readlinkSync, readSync, renameSync, unlinkSync, watch, writev, type FSWatcher, type Stats } from 'node:fs';
+import { promisify } from 'node:util';
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { Channel, INITIAL_WINDOW, type EntryInfo, type EntryType } from '@space/protocol';
@@ -17,6 +18,11 @@ const MAX_LIST = 10_000;
 const READ_CHUNK = 64 * 1024;
 /** The reads after the first: a whole credit window each. */
 const REST_CHUNK = INITIAL_WINDOW;
+
+// Calls on descriptors, through libuv's thread pool (FileHandle has no way to close at once).
+const openFd = promisify(open);
+const readFd = promisify(read);
+const writevFd = promisify(writev);
 
 const ERRNO: Record<string, ErrorCode> = {
   ENOENT: 'FILE_NOT_FOUND',
@@ -172,7 +178,7 @@ export async function readTo(p: string, stream: Stream): Promise<void> {
   let fd: number;
   try {
     // Through the thread pool: opening a FIFO waits for its writer.
-    fd = await new Promise<number>((resolve, reject) => open(p, constants.O_RDONLY | constants.O_NOFOLLOW, (err, n) => (err ? reject(err) : resolve(n))));
+    fd = await openFd(p, constants.O_RDONLY | constants.O_NOFOLLOW);
   } catch (err) {
     throw fsError(err, p);
   }
@@ -180,14 +186,15 @@ export async function readTo(p: string, stream: Stream): Promise<void> {
     // What cannot wait on anything is done at once (a trip through the pool costs ~1 ms in gVisor).
     const st = fstatSync(fd);
     if (st.isDirectory()) throw new AgentError('IS_A_DIRECTORY', `${p} is a directory`);
-    const read = (max = READ_CHUNK): Promise<Buffer> => {
+    const readAsync = async (max = READ_CHUNK): Promise<Buffer> => {
       const buf = Buffer.allocUnsafe(max);
-      return new Promise((resolve, reject) => fsRead(fd, buf, 0, max, null, (err, n) => (err ? reject(err) : resolve(buf.subarray(0, n)))));
+      const { bytesRead } = await readFd(fd, buf, 0, max, null);
+      return buf.subarray(0, bytesRead);
     };
     // A regular file's first piece at once too, when it has a size: it cannot block as a FIFO
     // or a device can. procfs and sysfs files stat as size 0, and a few of them block
     // (/proc/kmsg in a microVM's guest): those take the pool.
-    const first = st.isFile() && st.size > 0 ? readNow(fd, READ_CHUNK) : await read();
+    const first = st.isFile() && st.size > 0 ? readNow(fd, READ_CHUNK) : await readAsync();
     const pieces = [first];
     let size: number | undefined;
     let more = Infinity;
@@ -199,13 +206,13 @@ export async function readTo(p: string, stream: Stream): Promise<void> {
       size = more = 0;
     } else if (st.isFile() && first.length < READ_CHUNK) {
       // procfs and sysfs files stat as size 0 whatever they hold: one more read shows the end.
-      const next = await read();
+      const next = await readAsync();
       if (next.length === 0) [size, more] = [first.length, 0];
       else pieces.push(next);
     }
     stream.reply(size === undefined ? {} : { size });
     for (const piece of pieces) if (!(await sendPiece(stream, piece))) return;
-    await sendRest(stream, read, more, p);
+    await sendRest(stream, readAsync, more, p);
   } finally {
     closeSync(fd);
   }
@@ -218,11 +225,11 @@ function readNow(fd: number, max: number): Buffer {
 }
 
 /** Reads and sends up to `limit` more bytes (all that is left when Infinity), then ends. */
-async function sendRest(stream: Stream, read: (max?: number) => Promise<Buffer>, limit: number, p: string): Promise<void> {
+async function sendRest(stream: Stream, readAsync: (max?: number) => Promise<Buffer>, limit: number, p: string): Promise<void> {
   let left = limit;
   // Each read is a trip through libuv's thread pool (~1 ms of syscalls in gVisor): pieces of a
   // whole window, and the next one read while this one is sent.
-  let next: Promise<Buffer> | undefined = left > 0 ? read(Math.min(REST_CHUNK, left)) : undefined;
+  let next: Promise<Buffer> | undefined = left > 0 ? readAsync(Math.min(REST_CHUNK, left)) : undefined;
   try {
     while (next) {
       const piece = await next;
@@ -233,7 +240,7 @@ async function sendRest(stream: Stream, read: (max?: number) => Promise<Buffer>,
         return;
       }
       left -= piece.length;
-      if (left > 0) next = read(Math.min(REST_CHUNK, left));
+      if (left > 0) next = readAsync(Math.min(REST_CHUNK, left));
       if (!(await sendPiece(stream, piece))) return;
     }
   } finally {
@@ -357,7 +364,7 @@ function unlinkQuietly(file: string): void {
 async function writeAll(fd: number, buffers: Buffer[]): Promise<void> {
   let left = buffers;
   while (left.length) {
-    let bytesWritten = await new Promise<number>((resolve, reject) => writev(fd, left, (err, n) => (err ? reject(err) : resolve(n))));
+    let { bytesWritten } = await writevFd(fd, left);
     if (bytesWritten === 0) throw Object.assign(new Error('the file system took none of the bytes written'), { code: 'EIO' });
     while (left.length && bytesWritten >= left[0]!.length) {
       bytesWritten -= left[0]!.length;
