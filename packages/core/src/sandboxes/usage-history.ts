@@ -84,7 +84,7 @@ export class UsageHistory {
     // A reading that finished after a later one (sampleAll called again meanwhile) is dropped:
     // the series stays oldest first, and CPU is counted over forward intervals only.
     if (s.lastAt !== undefined && now <= s.lastAt) return;
-    const cpuPct = s.lastCpuNs !== undefined && u.cpuNs !== undefined && s.lastAt !== undefined && now > s.lastAt ? Math.max(0, Math.round(((u.cpuNs - s.lastCpuNs) / ((now - s.lastAt) * 1e6) / cpu) * 10_000) / 100) : 0;
+    const cpuPct = s.lastCpuNs !== undefined && u.cpuNs !== undefined && s.lastAt !== undefined ? Math.max(0, Math.round(((u.cpuNs - s.lastCpuNs) / ((now - s.lastAt) * 1e6) / cpu) * 10_000) / 100) : 0;
     s.samples.push({ at: now, cpuPct, memBytes: u.cgroupBytes ?? u.rssBytes, ...(u.diskUsedBytes !== undefined ? { diskBytes: u.diskUsedBytes } : {}) });
     if (s.samples.length > this.keep) s.samples.splice(0, s.samples.length - this.keep);
     s.lastCpuNs = u.cpuNs;
