@@ -2,8 +2,10 @@
 // Sandbox disks (--disks on) and volumes against the baselines beside them, in one run: dd of
 // 1 GiB inside a sandbox, to its disk and to a volume, vs on the host's file system; a snapshot and a fork of a sandbox holding 1 GiB vs an
 // empty one (time, bytes stored, bytes added to the pool, and the longest command run during it); creates from the template image and
-// from a warm pool with a disk vs with today's in-memory root (a second daemon, --disks off).
-//   node scripts/bench-disks.mjs [--creates 21] [--write]
+// from a warm pool with a disk vs with today's in-memory root (a second daemon, --disks off); on the
+// microVM driver (a third daemon), dd of 1 GiB to a VM's disk vs the host, and creates from the
+// template image asking for a larger disk than the image's (grown at restore) vs the image's size.
+//   node scripts/bench-disks.mjs [--creates 21] [--microvm-creates 5] [--skip-microvm] [--write]
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import path from 'node:path';
@@ -12,13 +14,16 @@ import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox, Volumes } from '../packages/sdk/dist/index.js';
 import { closeDiskPool, eventually, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
-const { values } = parseArgs({ options: { creates: { type: 'string', default: '21' }, write: { type: 'boolean', default: false } } });
+const { values } = parseArgs({ options: { creates: { type: 'string', default: '21' }, 'microvm-creates': { type: 'string', default: '5' }, 'skip-microvm': { type: 'boolean', default: false }, write: { type: 'boolean', default: false } } });
 const CREATES = Number(values.creates);
+const VM_CREATES = Number(values['microvm-creates']);
 const MiB = 1048576;
 const ms = (t) => Math.round(performance.now() - t);
 
 const diskDir = mkdtempSync('/tmp/space-bench-disks-');
 const memDir = mkdtempSync('/tmp/space-bench-mem-');
+const vmDir = mkdtempSync('/tmp/space-bench-vm-');
+let microvm;
 // Both keep a warm pool of `minimal` (512 MiB sandboxes); a create of another size restores the image.
 const withDisks = await startSpaced(diskDir, { SPACE_DISKS: 'on', SPACE_POOLS: 'minimal=2' });
 const inMemory = await startSpaced(memDir, { SPACE_DISKS: 'off', SPACE_POOLS: 'minimal=2' });
@@ -150,12 +155,47 @@ try {
     }
   }
   rows.push([`create from the warm pool, p50 ms (${CREATES} each, alternating)`, p50(pooled.disk), p50(pooled.memory), `${(p50(pooled.disk) / p50(pooled.memory)).toFixed(2)}x`]);
+
+  // 5. The microVM driver (its disk: an ext4 image file in its own pool, a virtio disk of the VM).
+  if (!values['skip-microvm']) {
+    microvm = await startSpaced(vmDir, { SPACE_DISKS: 'on', SPACE_DRIVER: 'microvm', SPACE_MICROVM_CACHE_DIR: process.env.SPACE_MICROVM_CACHE_DIR ?? '/var/cache/space/microvm' });
+    const vm = await Sandbox.create({ ...microvm.conn, template: 'minimal', memoryMb: 256, diskMb: 4096 });
+    const vmHostFile = path.join(vmDir, 'host-dd');
+    const vio = { vm: 0, host: 0 };
+    for (let round = 0; round < 2; round++) {
+      let t = performance.now();
+      await vm.commands.run('dd if=/dev/zero of=/tmp/dd bs=1M count=1024 conv=fsync 2>/dev/null; rm /tmp/dd');
+      vio.vm = Math.max(vio.vm, mbps(1024 * MiB, ms(t)));
+      t = performance.now();
+      execFileSync('dd', ['if=/dev/zero', `of=${vmHostFile}`, 'bs=1M', 'count=1024', 'conv=fsync'], { stdio: 'ignore' });
+      vio.host = Math.max(vio.host, mbps(1024 * MiB, ms(t)));
+      rmSync(vmHostFile, { force: true });
+    }
+    await vm.kill();
+    rows.push(['microVM: sequential write, 1 GiB (dd, fsync), MB/s (best of 2; baseline the host)', vio.vm, vio.host, `${(vio.vm / vio.host).toFixed(2)}x`]);
+    // The template image is taken after the first create; creates of the image's size (5 GiB, the
+    // default) and of 8 GiB (the image restored, then its disk grown) alternate.
+    await eventually(async () => !!(await (await fetch(`${microvm.conn.apiUrl}/v1/templates/minimal`, { headers: { authorization: `Bearer ${microvm.conn.apiKey}` } })).json()).image, { tries: 1200 });
+    const vmTimes = { grown: [], same: [] };
+    for (let i = 0; i < VM_CREATES; i++) {
+      for (const [name, diskMb] of [['grown', 8192], ['same', undefined]]) {
+        const x = await Sandbox.create({ ...microvm.conn, template: 'minimal', memoryMb: 256, ...(diskMb ? { diskMb } : {}) });
+        if (x.info.createTimings.source !== 'snapshot') throw new Error(`a microVM create did not restore the template image: ${JSON.stringify(x.info.createTimings)}`);
+        vmTimes[name].push(x.info.createTimings.totalMs);
+        await x.kill();
+      }
+    }
+    rows.push([`microVM: create from the template image asking for 8 GiB (image: 5 GiB; grown at restore) vs the image's size, p50 ms (${VM_CREATES} each, alternating)`, p50(vmTimes.grown), p50(vmTimes.same), `${(p50(vmTimes.grown) / p50(vmTimes.same)).toFixed(2)}x`]);
+  }
 } finally {
   await stopSpaced(withDisks);
   await stopSpaced(inMemory);
+  if (microvm) await stopSpaced(microvm);
   await eventually(() => closeDiskPool(diskDir) && true).catch(() => {});
+  await eventually(() => closeDiskPool(vmDir) && true).catch(() => {});
   rmSync(diskDir, { recursive: true, force: true });
   rmSync(memDir, { recursive: true, force: true });
+  rmSync(vmDir, { recursive: true, force: true });
 }
 
 const table = ['| what | with a disk | baseline | ratio |', '|---|---|---|---|', ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
@@ -164,6 +204,6 @@ if (values.write) {
   writeSection(
     'disks',
     'Disks',
-    `Measured with \`node scripts/bench-disks.mjs --creates ${CREATES} --write\` (part of \`./space bench\`): a daemon with \`--disks on\` and, beside it, one without (files in memory). The baseline of the dd rows (to the sandbox's disk, and to a volume) is the same dd on the host's file system under the data directory; of the snapshot, fork and hibernate rows, the same operation on a sandbox whose disk holds nothing written (its 1 GiB is stored for the first time by the snapshot, read back through the pool's encrypted vault with the caches dropped by the dd rows; the fork's snapshot, the snapshot after it and the hibernate find the disk unchanged and copy the stored stream); of the create rows, the daemon keeping files in memory. Both daemons keep a warm pool of \`minimal\` (\`SPACE_POOLS=minimal=2\`, 512 MiB sandboxes): the image-restore creates ask for 384 MiB (not the pool's size), the pool creates for 512 MiB once the pool is full again; timed by the daemon (\`createTimings.totalMs\`).\n\n${table}`,
+    `Measured with \`node scripts/bench-disks.mjs --creates ${CREATES} --microvm-creates ${VM_CREATES} --write\` (part of \`./space bench\`): a daemon with \`--disks on\` and, beside it, one without (files in memory). The baseline of the dd rows (to the sandbox's disk, and to a volume) is the same dd on the host's file system under the data directory; of the snapshot, fork and hibernate rows, the same operation on a sandbox whose disk holds nothing written (its 1 GiB is stored for the first time by the snapshot, read back through the pool's encrypted vault with the caches dropped by the dd rows; the fork's snapshot, the snapshot after it and the hibernate find the disk unchanged and copy the stored stream); of the create rows, the daemon keeping files in memory. Both daemons keep a warm pool of \`minimal\` (\`SPACE_POOLS=minimal=2\`, 512 MiB sandboxes): the image-restore creates ask for 384 MiB (not the pool's size), the pool creates for 512 MiB once the pool is full again; timed by the daemon (\`createTimings.totalMs\`). The microVM rows come from a third daemon (\`SPACE_DRIVER=microvm\`, disks on, QEMU \`microvm\` machines, under KVM where the host has it): dd of 1 GiB to a 256 MiB VM's disk vs the same dd on the host, and creates from the template image (made with the 5 GiB default disk) asking for 8 GiB — the image restored, then QEMU grows the device and the agent the file system — against creates of the image's own size.\n\n${table}`,
   );
 }

@@ -1,7 +1,8 @@
 // The microVM driver beyond the conformance suite: full-machine snapshots hold what gVisor
 // refuses (a TCP server with an open client connection) through snapshot, hibernate/wake and
-// fork; the guest clock and RNG after a restore; a VMM crash; bad configuration; a cluster
-// node's lease keeper stopping its VMs when the daemon is SIGKILLed.
+// fork; the guest clock and RNG after a restore; disks (grown at a template restore); a VMM
+// crash; bad configuration; a cluster node's lease keeper stopping its VMs when the daemon is
+// SIGKILLed.
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
@@ -133,6 +134,33 @@ describe('microvm driver: full-machine snapshots', () => {
     for (const c of copies) await c.kill();
     await sb.kill();
     assert.deepEqual(readdirSync(path.join(fx.dataDir, 'disks', 'mnt', 'disks')).filter((d) => [sb.id, ...copies.map((c) => c.id)].some((id) => d.startsWith(`${id}-`))), [], 'no disk left of killed sandboxes');
+  });
+
+  it('a create asking for a larger disk than the template image\'s restores the image and grows the disk; a smaller one boots', async () => {
+    // The image is taken in the background after the first create of the template.
+    await eventually(async () => !!(await Templates.get('minimal', fx.conn)).image, { tries: 600, everyMs: 250 });
+    const sb = await fx.create({ memoryMb: 256, diskMb: 8192 });
+    assert.equal(sb.info.createTimings.source, 'snapshot', 'restored from the template image (made with a 5 GiB disk), not booted');
+    const sh = async (c) => (await sb.commands.run(c)).stdout.trim();
+    const dfMb = async (s = sb) => Number(/^overlay\s+(\d+)\s/.exec((await s.commands.run('df -m / | tail -1')).stdout)[1]);
+    assert.ok((await dfMb()) > 7900, `the file system fills the 8 GiB device: ${await dfMb()} MiB`);
+    assert.equal((await sb.usage()).diskLimitBytes, 8192 * 1048576);
+    // 6 GB allocated: more than the image's disk could hold, and no data written (fallocate).
+    assert.equal(await sh('fallocate -l 6000M /tmp/huge && stat -c %s /tmp/huge'), String(6000 * 1048576));
+    await sb.hibernate();
+    await sb.wake();
+    assert.ok((await dfMb()) > 7900, 'the grown disk is what its snapshot carries');
+    const [copy] = await sb.fork({ count: 1 });
+    fx.track(copy);
+    assert.ok((await dfMb(copy)) > 7900, 'and what a fork gets');
+    assert.equal((await copy.commands.run('stat -c %s /tmp/huge')).stdout.trim(), String(6000 * 1048576));
+    await copy.kill();
+    await sb.kill();
+    // A file system mounted in a running machine cannot shrink: the template boots instead.
+    const small = await fx.create({ memoryMb: 256, diskMb: 1024 });
+    assert.equal(small.info.createTimings.source, 'boot');
+    assert.ok((await dfMb(small)) < 1024);
+    await small.kill();
   });
 
   it('the VMM runs as its own unprivileged user under a seccomp filter; pause freezes the machine and resume continues it', async () => {

@@ -30,6 +30,13 @@
  *                                   of the original entries and random/boot_id, entropy_avail,
  *                                   poolsize. With the directory present, only
  *                                   rewrites boot_id (a restored copy is a new boot).
+ *   space-helper growfs DEVICE      grow the mounted ext4 file system on DEVICE to fill the
+ *                                   device, online (EXT4_IOC_RESIZE_FS): a microVM restored
+ *                                   from an image whose disk was smaller (the VMM grew the
+ *                                   device first). The file system is mounted where the agent
+ *                                   cannot name it (under the guest's old root), so it is
+ *                                   mounted once more in a mount namespace of this process's
+ *                                   own, which goes when it exits.
  *
  * Built statically so it runs in any root file system.
  */
@@ -58,10 +65,18 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <linux/fs.h>
+#include <sched.h>
 #include <unistd.h>
 
 extern char **environ;
+
+/* linux/ext4.h is not in every libc's headers: the ioctl's number from fs/ext4/ext4.h. */
+#ifndef EXT4_IOC_RESIZE_FS
+#define EXT4_IOC_RESIZE_FS _IOW('f', 16, uint64_t)
+#endif
 
 static int drop_sys_admin(void) {
   if (prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) != 0 && errno != EINVAL) return -1;
@@ -748,6 +763,39 @@ static int meta_serve(void) {
   }
 }
 
+/* See the usage at the top. The mount point is the runtime's directory, hidden only in this
+ * process's namespace; a second mount of a mounted ext4 device is the same file system. */
+static int growfs(const char *device) {
+  int dev = open(device, O_RDONLY | O_CLOEXEC);
+  uint64_t bytes = 0;
+  if (dev < 0 || ioctl(dev, BLKGETSIZE64, &bytes) != 0) {
+    fprintf(stderr, "space-helper: the size of %s: %s\n", device, strerror(errno));
+    return 1;
+  }
+  close(dev);
+  if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+    perror("space-helper: a mount namespace of its own");
+    return 1;
+  }
+  if (mount(device, "/.space", "ext4", MS_NOATIME, NULL) != 0) {
+    fprintf(stderr, "space-helper: mounting %s: %s\n", device, strerror(errno));
+    return 1;
+  }
+  int fd = open("/.space", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  struct statfs sf;
+  if (fd < 0 || fstatfs(fd, &sf) != 0 || sf.f_bsize <= 0) {
+    perror("space-helper: the file system's block size");
+    return 1;
+  }
+  uint64_t blocks = bytes / (uint64_t)sf.f_bsize;
+  if (ioctl(fd, EXT4_IOC_RESIZE_FS, &blocks) != 0) {
+    fprintf(stderr, "space-helper: growing the file system on %s to %llu blocks: %s\n", device, (unsigned long long)blocks, strerror(errno));
+    return 1;
+  }
+  printf("%llu\n", (unsigned long long)(blocks * (uint64_t)sf.f_bsize));
+  return fflush(stdout) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   const char *base = strrchr(argv[0], '/');
   if (strcmp(base ? base + 1 : argv[0], "sudo") == 0) return sudo_main(argc, argv);
@@ -791,6 +839,7 @@ int main(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "ptyexec") == 0) return ptyexec(argv + 2);
   if (argc == 3 && strcmp(argv[1], "kernelfiles") == 0) return kernelfiles(argv[2]);
   if (argc == 3 && strcmp(argv[1], "meta") == 0 && strcmp(argv[2], "serve") == 0) return meta_serve();
-  fprintf(stderr, "usage: space-helper sethostname NAME [BOOT_ID] | exec PROG [ARGS...] | reseed < ENTROPY | init -- PROG [ARGS...] | ptyexec PROG [ARGS...] | kernelfiles BOOT_ID | sudod | meta serve\n");
+  if (argc == 3 && strcmp(argv[1], "growfs") == 0) return growfs(argv[2]);
+  fprintf(stderr, "usage: space-helper sethostname NAME [BOOT_ID] | exec PROG [ARGS...] | reseed < ENTROPY | init -- PROG [ARGS...] | ptyexec PROG [ARGS...] | kernelfiles BOOT_ID | sudod | meta serve | growfs DEVICE\n");
   return 2;
 }

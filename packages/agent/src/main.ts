@@ -28,6 +28,7 @@ import { execFileSync } from 'node:child_process';
 import { SerialPort, type SerialConnection } from './serial.js';
 import * as files from './files.js';
 import { checkMetadata } from './metadata.js';
+import { growDisk } from './disk.js';
 import { snapshotBlockers } from './snapshot.js';
 import { AgentError, ProcessTable, kernelFiles, setHostname, startSudoBroker, type Proc } from './processes.js';
 import { Stream, type FrameSink } from './streams.js';
@@ -62,6 +63,10 @@ async function takeIdentity(req: IdentityRequest): Promise<void> {
   }
   baseEnv.SPACE_SANDBOX_ID = sandboxId;
   if (req.trust !== undefined) trust(req.trust);
+  if (req.diskBytes !== undefined) {
+    if (!Number.isSafeInteger(req.diskBytes) || req.diskBytes <= 0) throw new AgentError('BAD_REQUEST', 'diskBytes must be a positive whole number of bytes');
+    await growDisk(req.diskBytes);
+  }
 }
 
 /**

@@ -138,6 +138,16 @@ interface RamBacking {
   shared: boolean;
 }
 
+/** A saved machine a new incarnation loads (see `start`). */
+interface Incoming {
+  /** The image's machine state. */
+  memory: string;
+  /** The image's RAM file, mapped copy-on-write. */
+  ram?: string;
+  /** Grow the disk to this many bytes once the machine runs (larger than the image's). */
+  growDiskTo?: number;
+}
+
 /** What the driver knows of one sandbox's current incarnation. */
 interface Box {
   /** Connected agent socket, if any. */
@@ -190,7 +200,7 @@ export class MicrovmDriver implements SandboxDriver {
 
   constructor(private readonly opts: MicrovmDriverOptions) {
     if (opts.disks) {
-      this.disks = { defaultMb: opts.disks.defaultMb ?? 5120, maxMb: opts.disks.maxMb ?? 65536 };
+      this.disks = { defaultMb: opts.disks.defaultMb ?? 5120, maxMb: opts.disks.maxMb ?? 65536, grownByAgent: true };
       if (this.disks.defaultMb > this.disks.maxMb) throw new SpaceError('CONFIG_INVALID', `The default disk (${this.disks.defaultMb} MiB) is larger than the largest allowed (${this.disks.maxMb} MiB): lower --disk-default or raise --disk-max`);
     }
     this.imageAttachments = opts.disks ? [new DiskStream(() => this.pool)] : [];
@@ -427,7 +437,7 @@ export class MicrovmDriver implements SandboxDriver {
    * a tap, a RAM file, a cgroup, and QEMU detached from the daemon; with `incoming`, the VM
    * loads a saved machine (and, with `incoming.ram`, maps that image's RAM copy-on-write).
    */
-  private async start(id: string, cpuQuota: number, config: VmConfig, incoming: { memory: string; ram?: string } | undefined, diskCopy: string | undefined, signal?: AbortSignal): Promise<void> {
+  private async start(id: string, cpuQuota: number, config: VmConfig, incoming: Incoming | undefined, diskCopy: string | undefined, signal?: AbortSignal): Promise<void> {
     if (!this.events) throw new Error('bind() first');
     const p = this.paths(id);
     const rid = newRid(id);
@@ -456,7 +466,24 @@ export class MicrovmDriver implements SandboxDriver {
     const pid = await this.spawnVmm(netns, args, p, disk);
     await this.cgroup(rid, pid, config.memoryMb, cpuQuota);
     if (incoming) await this.receive(p, incoming.memory, !!incoming.ram);
+    if (incoming?.growDiskTo && disk) await this.growDisk(rid, p, config, incoming.growDiskTo);
     void this.connectAgent(id, b.generation);
+  }
+
+  /**
+   * Grows the disk of a running restored machine to `bytes`: its btrfs backstop first, then the
+   * device (QEMU extends the file and tells the guest, whose kernel sees the new size a moment
+   * later). The file system on it is grown by the agent (core sends the size in the identity).
+   * Before the agent connects, so no request reaches the old size.
+   */
+  private async growDisk(rid: string, p: ReturnType<MicrovmDriver['paths']>, config: VmConfig, bytes: number): Promise<void> {
+    await this.pool!.resizeDisk(rid, 2 * bytes);
+    await qmp(p.qmp, [{ execute: 'block_resize', arguments: { device: 'disk', size: bytes } }]).catch((err: unknown) => {
+      throw new SpaceError('DRIVER_FAILED', `QEMU could not grow the sandbox's disk to ${bytes} bytes: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    });
+    // Its next checkpoint's image carries the size it has now.
+    config.diskBytes = bytes;
+    await fs.writeFile(p.config, JSON.stringify(config));
   }
 
   /**
@@ -657,15 +684,18 @@ export class MicrovmDriver implements SandboxDriver {
     for (const f of [config.vmlinux, config.initramfs, config.rootDisk, config.runtimeDisk, ...(config.ramFile ? [path.join(imageDir, 'ram')] : [])]) {
       if (!existsSync(f)) throw new SpaceError('DRIVER_FAILED', `The snapshot needs ${f}, which is gone from this host`);
     }
-    // The disk's size is in the image (its file system, the device the guest saw): a create from
-    // a template image that asks for another size boots instead (core falls back on this error).
-    if (config.diskBytes && spec.diskMb !== undefined && spec.diskMb * 1048576 !== config.diskBytes) throw new SpaceError('INVALID_LIMITS', `This image's disk is ${config.diskBytes / 1048576} MiB and ${spec.diskMb} MiB was asked for: a microVM disk keeps the size it was made with (create without diskMb, or from a template without a start command, which boots)`, { details: { field: 'diskMb' } });
+    // The disk's size is in the image (its file system, the device the guest saw). A larger one
+    // is the image's disk grown once the machine runs (the device here, its file system by the
+    // agent: core's identity); a smaller one would be a shrink of a mounted file system, so a
+    // create from a template image that asks for it boots instead (core falls back on this error).
+    const growTo = config.diskBytes && spec.diskMb !== undefined && spec.diskMb * 1048576 > config.diskBytes ? spec.diskMb * 1048576 : undefined;
+    if (config.diskBytes && spec.diskMb !== undefined && spec.diskMb * 1048576 < config.diskBytes) throw new SpaceError('INVALID_LIMITS', `This image's disk is ${config.diskBytes / 1048576} MiB and ${spec.diskMb} MiB was asked for: a microVM disk restored from an image can grow, not shrink (ask for ${config.diskBytes / 1048576} MiB or more, or create from a template without a start command, which boots)`, { details: { field: 'diskMb' } });
     const mark = config.diskBytes ? await this.diskMarkOf(imageDir) : undefined;
     // In place: whatever is left of the old incarnation goes first.
     if (existsSync(this.paths(spec.id).dir)) await this.stopVm(spec.id);
     const b = this.box(spec.id);
     b.open = { now: Date.now(), seed: randomBytes(64).toString('base64') };
-    await this.start(spec.id, spec.cpu, config, { memory: path.join(imageDir, 'memory'), ...(config.ramFile ? { ram: path.join(imageDir, 'ram') } : {}) }, mark?.copy, signal);
+    await this.start(spec.id, spec.cpu, config, { memory: path.join(imageDir, 'memory'), ...(config.ramFile ? { ram: path.join(imageDir, 'ram') } : {}), ...(growTo ? { growDiskTo: growTo } : {}) }, mark?.copy, signal);
   }
 
   /** Kills the VMM of the current incarnation and releases its netns and cgroups. */

@@ -250,6 +250,13 @@ export interface IdentityRequest {
    * {@link TRUST_FILES} and adds it to the system bundle.
    */
   trust?: string;
+  /**
+   * The size of the sandbox's disk, bytes. Where the disk is a block device whose file system
+   * is smaller (a microVM restored from a template image made with a smaller disk, its device
+   * grown by the VMM), the agent grows the file system online to fill it before it answers; a
+   * sandbox without such a device (gVisor) ignores it.
+   */
+  diskBytes?: number;
 }
 
 /** Where the agent puts the trusted egress CA inside the sandbox. */

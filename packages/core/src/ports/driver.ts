@@ -82,6 +82,12 @@ export interface DriverDisks {
   defaultMb: number;
   /** Largest disk a create may ask for, MiB. */
   maxMb: number;
+  /**
+   * The disk is a block device whose file system the sandbox's agent grows: after a restore
+   * from an image made with a smaller disk the driver grows the device, and core has the
+   * agent grow the file system (identity `diskBytes`) before the create returns (a microVM's).
+   */
+  grownByAgent?: boolean;
 }
 
 /** What `space doctor` reports for a driver. */

@@ -8,10 +8,14 @@ export interface IdentityChange {
   env?: Record<string, string>;
   /** A CA certificate (PEM) to trust: the tenant's egress CA. */
   trust?: string;
+  /** The sandbox's disk size, bytes: a file system on a smaller block device is grown to it (see IdentityRequest). */
+  diskBytes?: number;
 }
 
 /** How long an agent may take to answer an identity request, ms. */
 export const IDENTITY_TIMEOUT_MS = 10_000;
+/** The same with a disk to grow: the agent waits up to 10 s for the device and 60 s for the file system. */
+export const IDENTITY_DISK_TIMEOUT_MS = 80_000;
 
 /**
  * Sends `identity` to the agent on `ch`: it reports `sandboxId` from then on.
@@ -25,7 +29,8 @@ export async function sendIdentity(ch: AgentChannel, sandboxId: string, change: 
       ...(change.hostname ? { hostname: change.hostname } : {}),
       ...(change.env ? { env: change.env } : {}),
       ...(change.trust ? { trust: change.trust } : {}),
+      ...(change.diskBytes ? { diskBytes: change.diskBytes } : {}),
     },
-    IDENTITY_TIMEOUT_MS,
+    change.diskBytes ? IDENTITY_DISK_TIMEOUT_MS : IDENTITY_TIMEOUT_MS,
   );
 }

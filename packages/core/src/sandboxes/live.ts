@@ -4,13 +4,10 @@
  * timers — passed whole to the code that acts on it.
  */
 import type { AgentChannel } from '../agent/channel.js';
+import type { IdentityChange } from './identity.js';
 
-/** The identity the agent of a restored copy is given when it connects. */
-export interface AgentIdentity {
-  hostname: string;
-  env?: Record<string, string>;
-  trust?: string;
-}
+/** The identity the agent of a restored copy is given when it connects (its hostname always). */
+export type AgentIdentity = IdentityChange & { hostname: string };
 
 /**
  * One sandbox's live state.

@@ -85,7 +85,10 @@ export class TemplateStarts implements StartHooks {
   private async restoreTemplate(image: TemplateImage, spec: DriverCreateSpec, trust: string | undefined, signal?: AbortSignal): Promise<Omit<CreateTimings, 'queueMs' | 'totalMs'>> {
     const e = this.c.live.entry(spec.id);
     e.restoringFrom = image.sourceId;
-    e.identity = { hostname: spec.id, env: spec.env, ...(trust ? { trust } : {}) };
+    // The disk's size too: a driver whose image carries a smaller disk grows the device, and the
+    // agent the file system on it (a microVM's), before the create returns.
+    const grow = spec.diskMb !== undefined && this.c.driver.disksOf(spec.driver)?.grownByAgent;
+    e.identity = { hostname: spec.id, env: spec.env, ...(trust ? { trust } : {}), ...(grow ? { diskBytes: spec.diskMb! * 1048576 } : {}) };
     e.identityMs = 0;
     try {
       const connected = this.c.live.entry(spec.id).waitAgent(this.c.bootTimeout(spec.driver));
