@@ -10,10 +10,12 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { quantile, writeSection } from './bench-lib.mjs';
 import { DiskPool } from '../packages/driver-gvisor/dist/index.js';
+import { closeDiskPoolSettled } from '../test/helpers.mjs';
 
-const { values } = parseArgs({ options: { mb: { type: 'string', default: '512' }, runs: { type: 'string', default: '3' }, write: { type: 'boolean', default: false } } });
+const { values } = parseArgs({ options: { mb: { type: 'string', default: '512' }, runs: { type: 'string' }, iterations: { type: 'string' }, write: { type: 'boolean', default: false } } });
 const MB = Number(values.mb);
-const RUNS = Number(values.runs);
+// `./space bench --iterations N` passes its flags to every script: here they are the runs.
+const RUNS = Number(values.runs ?? values.iterations ?? 3);
 const MiB = 1048576;
 const dropCaches = () => execFileSync('sh', ['-c', 'sync; echo 3 > /proc/sys/vm/drop_caches']);
 const timed = (fn) => {
@@ -26,12 +28,12 @@ const dir = mkdtempSync('/tmp/space-bench-vault-');
 const tpl = path.join(dir, 'tpl');
 mkdirSync(path.join(tpl, 'etc'), { recursive: true });
 writeFileSync(path.join(tpl, 'etc', 'hostname'), 'bench\n');
-const pools = {
-  vault: await DiskPool.open({ dir: path.join(dir, 'vault'), sizeBytes: 4 * MB * MiB, key: randomBytes(32) }),
-  plain: await DiskPool.open({ dir: path.join(dir, 'plain'), sizeBytes: 4 * MB * MiB }),
-};
+const pools = {};
 const results = { vault: { write: [], read: [] }, plain: { write: [], read: [] } };
 try {
+  // Each where a daemon keeps its pool (<data>/disks), so that the tests' helper unmounts it.
+  pools.vault = await DiskPool.open({ dir: path.join(dir, 'vault', 'disks'), sizeBytes: 4 * MB * MiB, key: randomBytes(32) });
+  pools.plain = await DiskPool.open({ dir: path.join(dir, 'plain', 'disks'), sizeBytes: 4 * MB * MiB });
   for (const pool of Object.values(pools)) {
     await pool.importTemplate('t', tpl);
     await pool.createDisk('d', 't', 2 * MB * MiB);
@@ -48,6 +50,8 @@ try {
   }
 } finally {
   for (const pool of Object.values(pools)) await pool.close().catch(() => {});
+  // A pool stays mounted after close (a daemon's sandboxes run on); a half-opened one may hold its vault.
+  for (const name of ['vault', 'plain']) await closeDiskPoolSettled(path.join(dir, name));
   rmSync(dir, { recursive: true, force: true });
 }
 

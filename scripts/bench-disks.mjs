@@ -15,9 +15,10 @@ import { quantile, writeSection } from './bench-lib.mjs';
 import { Sandbox, Volumes } from '../packages/sdk/dist/index.js';
 import { closeDiskPool, eventually, startSpaced, stopSpaced } from '../test/helpers.mjs';
 
-const { values } = parseArgs({ options: { creates: { type: 'string', default: '21' }, 'microvm-creates': { type: 'string', default: '5' }, only: { type: 'string' }, write: { type: 'boolean', default: false } } });
-const CREATES = Number(values.creates);
-const VM_CREATES = Number(values['microvm-creates']);
+const { values } = parseArgs({ options: { creates: { type: 'string' }, 'microvm-creates': { type: 'string' }, iterations: { type: 'string' }, only: { type: 'string' }, write: { type: 'boolean', default: false } } });
+// `./space bench --iterations N` passes its flags to every script: here they count the creates.
+const CREATES = Number(values.creates ?? values.iterations ?? 21);
+const VM_CREATES = Number(values['microvm-creates'] ?? values.iterations ?? 5);
 if (values.only !== undefined && !['gvisor', 'microvm'].includes(values.only)) throw new Error(`--only takes gvisor or microvm, not ${values.only}`);
 const GVISOR = values.only !== 'microvm';
 const MICROVM = values.only !== 'gvisor';
