@@ -407,6 +407,32 @@ describe('lifecycle on the fake driver (fast lane)', () => {
   });
 });
 
+describe('disk sizes at a template restore (fast lane)', () => {
+  it('a driver whose agent grows its disk gets the size in the identity; another driver\'s agent is not told', async () => {
+    for (const grownByAgent of [true, false]) {
+      const dir = mkdtempSync('/tmp/space-fake-');
+      const driver = new FakeDriver({ disks: { defaultMb: 1024, maxMb: 4096, ...(grownByAgent ? { grownByAgent } : {}) } });
+      const store = SqliteStore.open(path.join(dir, 'space.db'));
+      const svc = fakeHarness(dir, store, driver).service();
+      try {
+        await svc.start();
+        // The first create boots and has the template's image taken; the next restores it.
+        await svc.kill(T, (await svc.create(T, {})).id);
+        await until(async () => (await store.getTemplate('', 'minimal'))?.image, "minimal's image");
+        const sb = await svc.create(T, { diskMb: 2048 });
+        assert.equal(sb.createTimings?.source, 'snapshot', 'restored from the template image');
+        assert.equal(sb.diskMb, 2048);
+        assert.equal(driver.machine(sb.id).diskBytes, grownByAgent ? 2048 * 1048576 : undefined);
+        await svc.kill(T, sb.id);
+      } finally {
+        await svc.shutdown();
+        store.close?.();
+        rmSync(dir, { recursive: true, force: true });
+      }
+    }
+  });
+});
+
 describe('the metadata store away for a while (fast lane)', () => {
   it('usage sampling and the rolling-snapshot timer carry on; nothing is left unhandled', async () => {
     const dir = mkdtempSync('/tmp/space-fake-');

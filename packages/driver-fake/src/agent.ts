@@ -34,6 +34,8 @@ export interface FakeMachine {
   files: Record<string, FakeEntry>;
   /** Stands for process memory: what `tick` counts, restored with the snapshot. */
   counter: number;
+  /** The disk size the last identity gave (a real agent grows its file system to it). */
+  diskBytes?: number;
 }
 
 /** What the agent tells its driver. */
@@ -163,6 +165,7 @@ export class FakeAgent {
         this.m.sandboxId = String(req.sandboxId);
         if (typeof req.hostname === 'string') this.m.hostname = req.hostname;
         if (req.env && typeof req.env === 'object') this.m.env = { ...(req.env as Record<string, string>) };
+        if (typeof req.diskBytes === 'number') this.m.diskBytes = req.diskBytes;
         return end({});
       case 'quiesce':
         end({});

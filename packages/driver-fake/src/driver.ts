@@ -7,7 +7,7 @@
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Duplex } from 'node:stream';
-import { CHECKPOINT_COMPLETE, type DriverCreateSpec, type DriverEvents, type DriverReport, type EndReason, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
+import { CHECKPOINT_COMPLETE, type DriverCreateSpec, type DriverDisks, type DriverEvents, type DriverReport, type EndReason, type RuntimeStatus, type SandboxDriver, type SandboxUsage } from '@space/core';
 import { FakeAgent, newMachine, type FakeMachine } from './agent.js';
 
 /** The image file a checkpoint writes. */
@@ -53,6 +53,11 @@ interface FakeSandbox {
 export interface FakeDriverOptions {
   /** The driver's name. @default "fake" */
   name?: string;
+  /**
+   * Sandbox disks, as a driver with disks declares them (the fake keeps no files on them; its
+   * agent records the size an identity gives it, see {@link FakeMachine.diskBytes}). @default none
+   */
+  disks?: DriverDisks;
 }
 
 /**
@@ -74,8 +79,12 @@ export class FakeDriver implements SandboxDriver {
   /** Calls made, in order (`create sb…`, `checkpoint sb…`): for tests that assert what ran. */
   readonly calls: string[] = [];
 
+  /** Sandbox disks, when given (see {@link FakeDriverOptions.disks}). */
+  readonly disks?: DriverDisks;
+
   constructor(opts: FakeDriverOptions = {}) {
     this.name = opts.name ?? 'fake';
+    if (opts.disks) this.disks = opts.disks;
   }
 
   bind(events: DriverEvents): void {
