@@ -7,7 +7,7 @@ import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, ut
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
-import { DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, PACK_TARGET, deleteImage, getImage, putImage } from '../packages/core/dist/index.js';
+import { COARSE_CHUNKS, DedupBlobStore, EncryptedBlobStore, FINE_CHUNKS, KeyService, LocalKeyProvider, PACK_TARGET, cutPoint, deleteImage, getImage, putImage } from '../packages/core/dist/index.js';
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 
@@ -60,6 +60,30 @@ describe('snapshot store', () => {
     // Another tenant stores its own copy: chunks are never shared across tenants.
     await blobs.put('snapshots/t2/a', Readable.from([a]));
     assert.ok(packBytes('t2') >= a.length);
+  });
+
+  it("an image's attachment (a disk's stream) is cut in 64 KiB chunks, an image in 4 KiB ones; an edit of either stores only what is around it", async () => {
+    const sizes = (shape) => {
+      const out = [];
+      for (let buf = randomBytes(8 << 20), n = cutPoint(buf, true, shape); buf.length; buf = buf.subarray(n), n = cutPoint(buf, true, shape)) out.push(n);
+      return out;
+    };
+    const mean = (a) => a.reduce((x, y) => x + y, 0) / a.length;
+    const fine = sizes(FINE_CHUNKS);
+    const coarse = sizes(COARSE_CHUNKS);
+    assert.ok(mean(fine) > 3000 && mean(fine) < 6000, `image chunks average ${mean(fine)} bytes`);
+    assert.ok(mean(coarse) > 48 << 10 && mean(coarse) < 96 << 10, `attachment chunks average ${mean(coarse)} bytes`);
+    assert.ok(Math.min(...coarse.slice(0, -1)) >= 16 << 10 && Math.max(...coarse) <= 256 << 10);
+    // The store picks the shape by key: `<object>.<suffix>` is an attachment.
+    const a = randomBytes(4 << 20);
+    await blobs.put('snapshots/t9/sn1.disk', Readable.from([a]));
+    const first = packBytes('t9');
+    const b = Buffer.from(a);
+    b.write('a few changed bytes', 2 << 20);
+    await blobs.put('snapshots/t9/sn2.disk', Readable.from([b]));
+    const added = packBytes('t9') - first;
+    assert.ok(added >= 16 << 10 && added < 1 << 20, `the edited attachment added ${added} bytes: one coarse chunk or a few`);
+    assert.ok((await readAll(await blobs.get('snapshots/t9/sn2.disk'))).equals(b));
   });
 
   it('a collection asked for while a write is under way keeps what that write stores', async () => {

@@ -1,7 +1,8 @@
 /**
  * Content-defined chunking and deduplication in front of the (encrypting) blob store. An
  * object is cut into chunks where the content says so (FastCDC: 1 KiB minimum, 4 KiB average,
- * 16 KiB maximum — small, because the memory of an idle sandbox changes in scattered pages), so
+ * 16 KiB maximum — small, because the memory of an idle sandbox changes in scattered pages; an
+ * image's attachment, a disk's stream of whole files, in 64 KiB ones: {@link COARSE_CHUNKS}), so
  * an edit moves only the chunks around it. Each chunk is stored once per tenant, found by a
  * keyed hash of its content (HMAC-SHA-256 with a per-tenant secret: equal content across
  * tenants never shows as an equal id; 128 bits, and the whole object is checked by SHA-256 anyway).
@@ -38,15 +39,33 @@ const decompress = promisify(zlib.brotliDecompress);
 /** Brotli at quality 1: ~360 MB/s on checkpoint images here and ~780 MB/s on random bytes (deflate's fastest level: 200 and 60). */
 const PACK_COMPRESSION = { chunkSize: 1 << 20, params: { [zlib.constants.BROTLI_PARAM_QUALITY]: 1 } };
 
-const MIN = 1024;
-const AVG = 4096;
-const MAX = 16 * 1024;
 /**
- * FastCDC's normalised chunking with a 32-bit gear hash: before the average size a cut needs
- * 14 zero bits (less likely), after it 10 (more likely), which narrows the size spread.
+ * Chunk sizes of FastCDC's normalised chunking with a 32-bit gear hash: before the average size
+ * a cut needs two zero bits more than the average's (less likely), after it two fewer (more
+ * likely), which narrows the size spread.
  */
-const MASK_S = 0xfffc0000;
-const MASK_L = 0xffc00000;
+export interface ChunkShape {
+  min: number;
+  avg: number;
+  max: number;
+  /** The bits that must be zero for a cut before `avg`, and after it. */
+  maskS: number;
+  maskL: number;
+}
+
+/**
+ * Images (a sandbox's memory): 1 KiB minimum, 4 KiB average, 16 KiB maximum, because the
+ * memory of an idle sandbox changes in scattered pages.
+ */
+export const FINE_CHUNKS: ChunkShape = { min: 1024, avg: 4096, max: 16 * 1024, maskS: 0xfffc0000, maskL: 0xffc00000 };
+
+/**
+ * An image's attachments (a disk's `btrfs send` stream: whole files, changed a file at a time):
+ * 16 KiB minimum, 64 KiB average, 256 KiB maximum. A GiB on a disk is 16,000 chunks, not
+ * 262,000: a sixteenth of the keyed hashes, of the manifest (~1 MiB of JSON instead of ~16) and
+ * of the entries the tenant's chunk index holds in the daemon's memory.
+ */
+export const COARSE_CHUNKS: ChunkShape = { min: 16 * 1024, avg: 64 * 1024, max: 256 * 1024, maskS: 0xffffc000, maskL: 0xfffc0000 };
 /** Manifests since v2: this prefix, then the JSON brotli-compressed (first-version ones are plain JSON). */
 const MANIFEST_V2 = Buffer.from('SPACEMF2');
 const MANIFEST_COMPRESSION = { params: { [zlib.constants.BROTLI_PARAM_QUALITY]: 5 } };
@@ -80,22 +99,23 @@ const GEAR: Uint32Array = (() => {
  * @example
  * for (let n = cutPoint(buf, true); buf.length; buf = buf.subarray(n), n = cutPoint(buf, true)) store(buf.subarray(0, n));
  */
-export function cutPoint(buf: Buffer, final: boolean): number {
+export function cutPoint(buf: Buffer, final: boolean, shape: ChunkShape = FINE_CHUNKS): number {
+  const { min, avg, max, maskS, maskL } = shape;
   const n = buf.length;
-  if (n <= MIN) return final ? n : 0;
-  const end = Math.min(n, MAX);
-  const normal = Math.min(AVG, end);
+  if (n <= min) return final ? n : 0;
+  const end = Math.min(n, max);
+  const normal = Math.min(avg, end);
   let fp = 0;
-  let i = MIN;
+  let i = min;
   for (; i < normal; i++) {
     fp = ((fp << 1) + GEAR[buf[i]!]!) >>> 0;
-    if ((fp & MASK_S) === 0) return i + 1;
+    if ((fp & maskS) === 0) return i + 1;
   }
   for (; i < end; i++) {
     fp = ((fp << 1) + GEAR[buf[i]!]!) >>> 0;
-    if ((fp & MASK_L) === 0) return i + 1;
+    if ((fp & maskL) === 0) return i + 1;
   }
-  return end === MAX || final ? end : 0;
+  return end === max || final ? end : 0;
 }
 
 /** First version: every chunk its own object `chunks/<tenant>/<id>`. Read and collected only. */
@@ -350,6 +370,7 @@ export class DedupBlobStore implements BlobStore {
   /** A put, within {@link writing}. */
   private async putHere(key: string, data: Readable): Promise<number> {
     const tenant = tenantOfKey(key);
+    const shape = attachmentOwner(key) ? COARSE_CHUNKS : FINE_CHUNKS;
     const index = await this.index(tenant);
     const whole = createHash('sha256');
     const packs: string[] = [];
@@ -418,19 +439,30 @@ export class DedupBlobStore implements BlobStore {
       segmentBytes += chunk.length;
       if (segmentBytes >= SEGMENT) await placeSegment();
     };
-    let buf: Buffer = Buffer.alloc(0);
+    // Pieces are gathered until a whole chunk of the largest size is there: a cut depends only
+    // on the bytes from the chunk's start, so waiting for them changes no boundary, and a large
+    // chunk is then neither scanned again nor copied again with every piece that adds to it.
+    let parts: Buffer[] = [];
+    let held = 0;
     for await (const piece of data) {
       const b = piece as Buffer;
       whole.update(b);
       size += b.length;
-      buf = buf.length ? Buffer.concat([buf, b]) : b;
-      for (let cut = cutPoint(buf, false); cut > 0; cut = cutPoint(buf, false)) {
+      parts.push(b);
+      held += b.length;
+      if (held < shape.max) continue;
+      let buf = parts.length === 1 ? parts[0]! : Buffer.concat(parts, held);
+      while (buf.length >= shape.max) {
+        const cut = cutPoint(buf, false, shape);
         await store(buf.subarray(0, cut));
         buf = buf.subarray(cut);
       }
+      parts = buf.length ? [buf] : [];
+      held = buf.length;
     }
+    let buf = Buffer.concat(parts, held);
     while (buf.length) {
-      const cut = cutPoint(buf, true);
+      const cut = cutPoint(buf, true, shape);
       await store(buf.subarray(0, cut));
       buf = buf.subarray(cut);
     }
