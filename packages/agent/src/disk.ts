@@ -50,15 +50,19 @@ function readSuper(device: string): Ext4Super | undefined {
   return { label, bytes: (hi * 2 ** 32 + sb.readUInt32LE(4)) * blockSize };
 }
 
-/** The block device (`vdc`) whose file system is the sandbox disk, if the sandbox has one. */
-function diskDevice(): string | undefined {
+/** The block device (`vdc`) whose file system is the sandbox disk, with that file system's size, if the sandbox has one. */
+function diskDevice(): { name: string; bytes: number } | undefined {
   let names: string[];
   try {
     names = readdirSync('/sys/block');
   } catch {
     return undefined; // no block devices (gVisor)
   }
-  return names.find((n) => readSuper(`/dev/${n}`)?.label === LABEL);
+  for (const name of names) {
+    const sb = readSuper(`/dev/${name}`);
+    if (sb?.label === LABEL) return { name, bytes: sb.bytes };
+  }
+  return undefined;
 }
 
 /** The size of block device `name` as the guest kernel sees it now, bytes. */
@@ -76,10 +80,10 @@ function deviceBytes(name: string): number {
  * @example await growDisk(8 * 2 ** 30); // after a create from an image with a 5 GiB disk
  */
 export async function growDisk(bytes: number): Promise<void> {
-  const name = diskDevice();
-  if (!name) return;
+  const disk = diskDevice();
+  if (!disk || disk.bytes >= bytes) return;
+  const { name } = disk;
   const device = `/dev/${name}`;
-  if ((readSuper(device)?.bytes ?? 0) >= bytes) return;
   for (const start = Date.now(); deviceBytes(name) < bytes; await sleep(20)) {
     if (Date.now() - start > DEVICE_WAIT_MS) throw new AgentError('DRIVER_FAILED', `The sandbox disk ${device} is ${deviceBytes(name)} bytes, not the ${bytes} the daemon made it: the guest kernel did not see it grow`);
   }
