@@ -138,6 +138,13 @@ interface RamBacking {
   shared: boolean;
 }
 
+/**
+ * The btrfs limit of a disk's subvolume for a disk of `bytes`: a backstop only (the guest's file
+ * system is what fills), twice the disk because a block rewritten after a snapshot keeps its old
+ * extent referenced.
+ */
+const diskBackstop = (bytes: number): number => 2 * bytes;
+
 /** A saved machine a new incarnation loads (see `start`). */
 interface Incoming {
   /** The image's machine state. */
@@ -267,7 +274,7 @@ export class MicrovmDriver implements SandboxDriver {
   private async makeDisk(rid: string, bytes: number, fromCopy?: string): Promise<string> {
     const pool = this.disksPool();
     if (!fromCopy) await pool.checkHostRoom(this.opts.disks?.reserveBytes ?? 2 ** 30);
-    const dir = fromCopy ? await pool.diskFromCopy(fromCopy, rid, 2 * bytes) : await pool.createDisk(rid, DISK_TEMPLATE, 2 * bytes);
+    const dir = fromCopy ? await pool.diskFromCopy(fromCopy, rid, diskBackstop(bytes)) : await pool.createDisk(rid, DISK_TEMPLATE, diskBackstop(bytes));
     const file = path.join(dir, DISK_FILE);
     if (!fromCopy) {
       try {
@@ -477,7 +484,7 @@ export class MicrovmDriver implements SandboxDriver {
    * Before the agent connects, so no request reaches the old size.
    */
   private async growDisk(rid: string, p: ReturnType<MicrovmDriver['paths']>, config: VmConfig, bytes: number): Promise<void> {
-    await this.pool!.resizeDisk(rid, 2 * bytes);
+    await this.pool!.resizeDisk(rid, diskBackstop(bytes));
     await qmp(p.qmp, [{ execute: 'block_resize', arguments: { device: 'disk', size: bytes } }]).catch((err: unknown) => {
       throw new SpaceError('DRIVER_FAILED', `QEMU could not grow the sandbox's disk to ${bytes} bytes: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     });
