@@ -492,6 +492,9 @@ http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()
       return r.code === 0 && r.stdout.startsWith(host) && r;
     });
     assert.match(first.stdout, new RegExp(`^${host.replace(/\./g, '\\.')} \\d+$`), 'the client\'s Host reaches the server');
+    // And from code, as an agent calls its own preview URL: Node's fetch resolves *.localhost
+    // through the system (nss-myhostname, installed by the set-up).
+    assert.match(await (await fetch(`http://${host}/`)).text(), new RegExp(`^${host.replace(/\./g, '\\.')} \\d+$`));
     assert.equal((await pub.getInfo()).network?.allowPublicTraffic, true);
 
     const priv = await create({ network: { allowPublicTraffic: false, maskRequestHost: 'localhost:${PORT}' }, lifecycle: { onTimeout: 'pause', autoResume: true } });

@@ -8,7 +8,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { WebSocket, WebSocketServer } from 'ws';
-import { IngressServer, hashToken, makePass } from '../packages/ingress/dist/index.js';
+import { IngressServer, hashToken, localNamesResolve, makePass } from '../packages/ingress/dist/index.js';
 
 const DOMAIN = 'localhost:7072';
 const A = 'sbaaaaaaaaaaaaaaaaaa';
@@ -100,6 +100,22 @@ describe('ingress listener', () => {
     // The ingress is the edge: what a client claims in forwarding headers is replaced, not passed on.
     const spoof = json(await request(port, { host: host(B), headers: { 'x-forwarded-for': '10.9.9.9', 'x-forwarded-host': 'evil.example', 'x-forwarded-proto': 'https', forwarded: 'for=10.9.9.9', 'x-real-ip': '10.9.9.9' } }));
     assert.deepEqual([spoof.headers['x-forwarded-for'], spoof.headers['x-forwarded-host'], spoof.headers['x-forwarded-proto'], spoof.headers.forwarded, spoof.headers['x-real-ip']], ['127.0.0.1', host(B), 'http', undefined, undefined]);
+  });
+
+  it('with the default domain (localhost:PORT) a program reaches the URL as given: *.localhost resolves through the system (the set-up installs nss-myhostname)', async () => {
+    // What an agent does with `getHost(port)`: Node's fetch, which asks glibc, not its own resolver.
+    const local = new IngressServer({ domain: '', secret, backend: { route: async (id, p) => routes.get(`${id}:${p}`), connect: async () => '127.0.0.1' } });
+    const { port: p } = await local.listen('127.0.0.1', 0);
+    local.domain = `localhost:${p}`;
+    try {
+      assert.equal(await localNamesResolve(local.domain), true, 'install libnss-myhostname (./space does): glibc does not resolve *.localhost without it');
+      const r = await fetch(`http://${upPort}-${B}.localhost:${p}/hi`);
+      assert.equal(r.status, 200);
+      assert.equal((await r.json()).headers.host, `${upPort}-${B}.localhost:${p}`);
+    } finally {
+      await local.close();
+    }
+    assert.equal(await localNamesResolve('example.invalid'), true, 'a domain outside localhost is not checked');
   });
 
   it('a private port: no token 401, a wrong token 401, another sandbox\'s token 401, its own 200 — and the sandbox never sees it', async () => {

@@ -285,7 +285,7 @@ daemonCommand('daemon', 'run the daemon in the foreground').action(async (o: Dae
 
 program
   .command('doctor')
-  .description('check this host: runsc, cgroups, namespaces, nftables; which drivers can run here; whether it can keep volumes')
+  .description('check this host: runsc, cgroups, namespaces, nftables; which drivers can run here; whether it can keep volumes; whether preview names resolve')
   .option('--json', 'print JSON')
   .option('--data-dir <dir>', 'data directory (the microvm driver keeps its guest kernel there)', defaultDataDir())
   .action(async (o: { json?: boolean; dataDir: string }) => {
@@ -297,12 +297,16 @@ program
     const reports = [g, m];
     const { Ext4Volumes } = await import('@space/volume-ext4');
     const volumes = await new Ext4Volumes({ dir: '/nonexistent' }).doctor();
-    if (o.json) return void process.stdout.write(JSON.stringify({ drivers: reports, volumes }, null, 2) + '\n');
+    const { localNamesResolve } = await import('@space/ingress');
+    const previewNames = await localNamesResolve('localhost');
+    const ingress = { localhostResolves: previewNames, detail: previewNames ? '*.localhost resolves to loopback for every program (preview URLs work in code too)' : '*.localhost resolves in browsers and curl only: install libnss-myhostname for programs (Node fetch, Python), or use --ingress-domain with wildcard DNS' };
+    if (o.json) return void process.stdout.write(JSON.stringify({ drivers: reports, volumes, ingress }, null, 2) + '\n');
     for (const r of reports) {
       process.stdout.write(`${r.driver}: ${r.available ? 'AVAILABLE' : 'NOT AVAILABLE'}\n`);
       for (const c of r.checks) process.stdout.write(`  ${c.ok ? 'ok  ' : 'FAIL'} ${c.name.padEnd(20)} ${c.detail}\n`);
     }
     process.stdout.write(`volumes: ${volumes.available ? 'AVAILABLE' : 'NOT AVAILABLE'} (${volumes.detail})\n`);
+    process.stdout.write(`ingress names: ${previewNames ? 'ok' : 'BROWSERS AND CURL ONLY'} (${ingress.detail})\n`);
     if (!g.available) process.exitCode = 1;
   });
 

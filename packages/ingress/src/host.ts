@@ -3,6 +3,7 @@
  * The domain may carry a port (`localhost:7072`): browsers and curl resolve `*.localhost` to the
  * loopback address with no DNS set-up.
  */
+import { lookup } from 'node:dns/promises';
 
 /** A sandbox id as SPACE makes them. */
 const SANDBOX_ID = /^sb[a-z0-9]{18}$/;
@@ -47,4 +48,21 @@ export function parseIngressHost(host: string | undefined, domain: string): Ingr
   if (!/^[0-9]{1,5}$/.test(portText) || !SANDBOX_ID.test(sandboxId)) return undefined;
   const port = Number(portText);
   return isPort(port) ? { port, sandboxId } : undefined;
+}
+
+/**
+ * Whether this host's resolver gives loopback for names under `domain`, when `domain` is
+ * `localhost` or under it (other domains: true, not checked). Browsers and curl resolve
+ * `*.localhost` themselves; programs that ask the system (Node's `fetch`, Python) need glibc's
+ * `nss-myhostname` (Debian: `libnss-myhostname`) for it. Never throws; false after `timeoutMs`.
+ * @example await localNamesResolve('localhost:7072') // true with nss-myhostname
+ */
+export async function localNamesResolve(domain: string, timeoutMs = 3000): Promise<boolean> {
+  const host = domain.replace(/:\d+$/, '').toLowerCase();
+  if (host !== 'localhost' && !host.endsWith('.localhost')) return true;
+  const loopback = (a: { address: string }) => a.address === '::1' || a.address.startsWith('127.');
+  return Promise.race([
+    lookup(`8000-probe.${host}`, { all: true }).then((as) => as.length > 0 && as.every(loopback), () => false),
+    new Promise<boolean>((r) => setTimeout(r, timeoutMs, false).unref()),
+  ]);
 }

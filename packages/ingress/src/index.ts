@@ -12,7 +12,7 @@ export { IngressServer } from './server.js';
 export type { IngressBackend, IngressLogEntry, IngressRoute, IngressServerOptions } from './server.js';
 export { SandboxSlots } from './slots.js';
 export type { SlotLimits } from './slots.js';
-export { ingressHost, isPort, parseIngressHost } from './host.js';
+export { ingressHost, isPort, localNamesResolve, parseIngressHost } from './host.js';
 export type { IngressAddress } from './host.js';
 export { ACCESS_TOKEN_HEADER, E2B_ACCESS_TOKEN_HEADER, PASS_COOKIE, SIGNED_LINK_PATH, checkPass, cookieValue, hashToken, makePass, tokenMatches, withoutCookie } from './access.js';
 export type { PassSubject } from './access.js';

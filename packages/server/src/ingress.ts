@@ -5,7 +5,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { EVERY_PORT, SpaceError, type Logger, type PortExposure, type Sandbox, type SandboxNetwork, type SandboxService } from '@space/core';
-import { IngressServer, SIGNED_LINK_PATH, ingressHost, makePass, type IngressRoute } from '@space/ingress';
+import { IngressServer, SIGNED_LINK_PATH, ingressHost, localNamesResolve, makePass, type IngressRoute } from '@space/ingress';
 import type { NodeInfo } from '@space/api';
 import { nodeUnavailable } from './forward.js';
 
@@ -126,6 +126,9 @@ export async function startIngress(deps: { service: SandboxService; network: San
   server.domain = domain;
   const scheme = tls ? 'https' : 'http';
   logger.info({ ingress: url, domain }, 'ingress listening');
+  void localNamesResolve(domain).then((ok) => {
+    if (!ok) logger.warn({ domain }, `Preview names under ${domain} do not resolve to loopback through this host's resolver: browsers and curl reach them, programs that ask the system (Node's fetch, Python) get ENOTFOUND. Install libnss-myhostname (./space does), or give --ingress-domain a name with wildcard DNS (docs/ingress.md)`);
+  });
   return {
     url,
     domain,
@@ -139,3 +142,4 @@ export async function startIngress(deps: { service: SandboxService; network: San
     close: () => server.close(),
   };
 }
+
