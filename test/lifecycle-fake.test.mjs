@@ -433,6 +433,45 @@ describe('disk sizes at a template restore (fast lane)', () => {
   });
 });
 
+describe('an agent that refuses its identity (fast lane)', () => {
+  it('a restore waiting for it fails at once with the agent\'s reason, not at the boot timeout: a template create boots instead, a fork fails and its parent runs on', async () => {
+    const dir = mkdtempSync('/tmp/space-fake-');
+    const driver = new FakeDriver({ disks: { defaultMb: 1024, maxMb: 4096, grownByAgent: true } });
+    const store = SqliteStore.open(path.join(dir, 'space.db'));
+    const warned = [];
+    const logger = { info() {}, debug() {}, error() {}, warn: (o, msg) => warned.push({ ...o, msg }) };
+    logger.child = () => logger;
+    // Without the failure passed on, each wait below ends with TIMEOUT after this long instead.
+    const h = fakeHarness(dir, store, driver);
+    const svc = h.service({ logger, startTimeoutMs: 20_000 });
+    try {
+      await svc.start();
+      await svc.kill(T, (await svc.create(T, {})).id);
+      await until(async () => (await store.getTemplate('', 'minimal'))?.image, "minimal's image");
+      // As a microVM's agent whose disk the guest kernel never sees grown.
+      driver.refuseIdentity = (r) => (r.request.diskBytes ? 'the guest kernel did not see the disk grow' : undefined);
+      const sb = await svc.create(T, { diskMb: 2048 });
+      assert.equal(sb.createTimings?.source, 'boot', 'booted after the restore failed');
+      const fellBack = warned.find((w) => w.msg === 'restoring the template image failed; booting instead');
+      assert.equal(fellBack?.err?.code, 'DRIVER_FAILED', 'the agent\'s reason, not a TIMEOUT');
+      assert.match(fellBack.err.message, /did not take the sandbox's identity: the guest kernel did not see the disk grow/);
+      // A fork's copies are given their identity too.
+      driver.refuseIdentity = () => 'refused by the test';
+      const [copy] = await svc.fork(T, sb.id, { count: 1 });
+      assert.equal(copy.error?.code, 'DRIVER_FAILED', 'the agent\'s reason, not a TIMEOUT');
+      assert.match(copy.error.message, /refused by the test/);
+      driver.refuseIdentity = undefined;
+      assert.equal((await h.run(svc, sb.id, 'true')).exitCode, 0, 'the parent answers');
+      assert.deepEqual(await driver.list(), [sb.id], 'no copy is left running');
+      await svc.kill(T, sb.id);
+    } finally {
+      await svc.shutdown();
+      store.close?.();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('the metadata store away for a while (fast lane)', () => {
   it('usage sampling and the rolling-snapshot timer carry on; nothing is left unhandled', async () => {
     const dir = mkdtempSync('/tmp/space-fake-');

@@ -44,6 +44,8 @@ export interface FakeAgentHooks {
   die(reason: 'oom' | 'crashed'): void;
   /** The agent quiesced: it stays away until the driver reconnects it. */
   quiesced(): void;
+  /** Why the agent refuses an identity request (as a real one whose disk does not grow), or undefined to take it. */
+  refuseIdentity?(req: Record<string, unknown>): string | undefined;
 }
 
 /** A fresh machine for sandbox `id`. */
@@ -161,12 +163,15 @@ export class FakeAgent {
         return end({ pong: Date.now() });
       case 'health':
         return end({ uptimeMs: 1, processes: [...this.procs.values()].filter((p) => p.running).length, rssBytes: 1 << 20 });
-      case 'identity':
+      case 'identity': {
+        const refused = this.hooks.refuseIdentity?.(req);
+        if (refused !== undefined) throw new AgentError('DRIVER_FAILED', refused);
         this.m.sandboxId = String(req.sandboxId);
         if (typeof req.hostname === 'string') this.m.hostname = req.hostname;
         if (req.env && typeof req.env === 'object') this.m.env = { ...(req.env as Record<string, string>) };
         if (typeof req.diskBytes === 'number') this.m.diskBytes = req.diskBytes;
         return end({});
+      }
       case 'quiesce':
         end({});
         this.hooks.quiesced();

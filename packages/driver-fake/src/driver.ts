@@ -60,6 +60,14 @@ export interface FakeDriverOptions {
   disks?: DriverDisks;
 }
 
+/** What {@link FakeDriver.refuseIdentity} is asked about. */
+export interface FakeIdentityRequest {
+  /** The sandbox the agent runs in. */
+  sandboxId: string;
+  /** The identity request as the agent got it (`sandboxId`, `hostname`, `env`, `diskBytes`, …). */
+  request: Record<string, unknown>;
+}
+
 /**
  * The fake driver. One instance may outlive a `SandboxService` (as a runtime outlives a
  * daemon): a new service over the same store adopts its sandboxes.
@@ -76,6 +84,12 @@ export class FakeDriver implements SandboxDriver {
   private readonly mounted = new Map<string, DriverCreateSpec['mounts']>();
   private events: DriverEvents | undefined;
   private readonly sandboxes = new Map<string, FakeSandbox>();
+  /**
+   * Set by a test: agents refuse identity requests for which it returns a message (with
+   * DRIVER_FAILED, as a real agent whose disk does not grow), as long as it is set.
+   * @example driver.refuseIdentity = (r) => (r.request.diskBytes ? 'the disk did not grow' : undefined);
+   */
+  refuseIdentity?: (r: FakeIdentityRequest) => string | undefined;
   /** Calls made, in order (`create sb…`, `checkpoint sb…`): for tests that assert what ran. */
   readonly calls: string[] = [];
 
@@ -213,6 +227,7 @@ export class FakeDriver implements SandboxDriver {
     const [daemonEnd, agentEnd] = duplexPair();
     const agent = new FakeAgent(sb.machine, agentEnd, {
       quiesced: () => (sb.detached = true),
+      refuseIdentity: (request) => this.refuseIdentity?.({ sandboxId: id, request }),
       die: (reason) => {
         sb.running = false;
         sb.died = { reason, detail: reason === 'oom' ? 'the fake sandbox ran out of memory' : 'the fake sandbox crashed' };

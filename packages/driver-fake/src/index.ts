@@ -3,7 +3,7 @@
  * fast tests: core's whole lifecycle without runsc, QEMU or root.
  */
 export { FakeDriver } from './driver.js';
-export type { FakeDriverOptions } from './driver.js';
+export type { FakeDriverOptions, FakeIdentityRequest } from './driver.js';
 export { FakeRootfs } from './rootfs.js';
 export { newMachine } from './agent.js';
 export type { FakeEntry, FakeMachine } from './agent.js';

@@ -5,7 +5,7 @@
 import type { Duplex } from 'node:stream';
 import { PROTOCOL_VERSION } from '@space/protocol';
 import { AgentChannel } from '../agent/channel.js';
-import { SpaceError } from '../errors.js';
+import { SpaceError, toSpaceError } from '../errors.js';
 import { TERMINAL_STATES, assertAllowed, type EndReason } from '../model.js';
 import type { AgentHooks, SandboxContext } from './context.js';
 import { sendIdentity } from './identity.js';
@@ -67,9 +67,13 @@ export class AgentLinks implements AgentHooks {
       sendIdentity(ch, id, ident).then(() => {
         e.identityMs = Math.round(performance.now() - t0);
         accept();
-      }, (err) => {
+      }, (err: unknown) => {
         this.c.log.warn({ err, sandboxId: id }, 'agent did not take its new identity');
         ch.destroy();
+        // Whoever waits for this agent (a restore, a fork, a create from a template image) fails
+        // now with the agent's reason, not at the end of the boot timeout.
+        const why = toSpaceError(err);
+        e.fail(new SpaceError(why.code, `The agent of ${id} did not take the sandbox's identity: ${why.message}`, { cause: err }));
       });
     });
   }

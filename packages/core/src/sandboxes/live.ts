@@ -18,8 +18,8 @@ export type AgentIdentity = IdentityChange & { hostname: string };
  */
 export class LiveSandbox {
   channel?: AgentChannel;
-  /** Callers waiting for the agent to connect (see {@link waitAgent}). */
-  waiters: ((ch: AgentChannel | undefined) => void)[] = [];
+  /** Callers waiting for the agent to connect (see {@link waitAgent}): given the channel, undefined (none will come) or the error that stopped it. */
+  waiters: ((ch: AgentChannel | undefined | Error) => void)[] = [];
   timer?: NodeJS.Timeout;
   policyTimer?: NodeJS.Timeout;
   idleTimer?: NodeJS.Timeout;
@@ -72,22 +72,30 @@ export class LiveSandbox {
     clearTimeout(this.idleTimer);
   }
 
-  /** The agent's connection: the open one, or the next within `ms` (undefined if none comes). */
+  /**
+   * The agent's connection: the open one, or the next within `ms` (undefined if none comes).
+   * Rejects with the error {@link fail} is given: the agent connected but could not take its
+   * sandbox's identity. (Such a rejection is never reported as unhandled: a caller may start
+   * waiting before it starts the restore that the agent comes from.)
+   */
   waitAgent(ms: number): Promise<AgentChannel | undefined> {
     const open = this.openChannel;
     if (open) return Promise.resolve(open);
-    return new Promise((resolve) => {
+    const p = new Promise<AgentChannel | undefined>((resolve, reject) => {
       // (Unref'd: waiting for an agent keeps nothing alive; the daemon's listeners do.)
       const t = setTimeout(() => {
         this.waiters = this.waiters.filter((w) => w !== done);
         resolve(undefined);
       }, ms).unref();
-      const done = (ch: AgentChannel | undefined) => {
+      const done = (ch: AgentChannel | undefined | Error) => {
         clearTimeout(t);
-        resolve(ch);
+        if (ch instanceof Error) reject(ch);
+        else resolve(ch);
       };
       this.waiters.push(done);
     });
+    p.catch(() => {});
+    return p;
   }
 
   /** Makes `ch` the agent's connection and hands it to everyone waiting. */
@@ -100,6 +108,11 @@ export class LiveSandbox {
   /** Tells everyone waiting that no agent will come (the sandbox ended). */
   abandon(): void {
     for (const w of this.waiters.splice(0)) w(undefined);
+  }
+
+  /** Fails everyone waiting with `err` (the agent connected but refused its identity). */
+  fail(err: Error): void {
+    for (const w of this.waiters.splice(0)) w(err);
   }
 }
 
