@@ -1,8 +1,9 @@
 #!/usr/bin/env node
 // Density (issue 17): N idle `minimal` sandboxes of a daemon (warm pool off) beside N bare runsc
 // containers of the same rootfs running the agent's Node idle, in the same run: memory of their
-// host processes (PSS), what their cgroups charge, idle CPU (theirs and the daemon's), and the
-// agent's own memory inside a sandbox beside an empty Node with the same flags.
+// host processes (PSS; the bare ones also after a checkpoint and restore), what their cgroups
+// charge, idle CPU (theirs and the daemon's), and the agent's own memory inside a sandbox beside
+// an empty Node with the same flags.
 //   node scripts/bench-density.mjs [--sandboxes 20] [--idle-seconds 30] [--write]
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -95,7 +96,8 @@ try {
   const rootfs = templateRootfs(TEMPLATES_DIR, 'minimal');
   const names = [];
   for (let i = 0; i < N; i++) {
-    const name = `d${i}`;
+    // (Fixed width: runsc takes an id by its prefix, so `d1` would be ambiguous beside `d10`.)
+    const name = `d${String(i).padStart(3, '0')}`;
     const b = path.join(bareRoot, name);
     mkdirSync(b, { recursive: true });
     writeFileSync(path.join(b, 'config.json'), JSON.stringify(bareOciConfig({ rootfs, runtimeDir, name, cgroupsPath: `/${bareParent}/${name}` })));
@@ -105,6 +107,17 @@ try {
   }
   await new Promise((r) => setTimeout(r, 3000)); // the Node runtimes finish starting
   const bare = await measure(cgroupsUnder(bareParent, names));
+  // The same containers checkpointed and restored, as every SPACE sandbox is (from its
+  // template's image): what the runtime's restore itself costs in host memory.
+  for (const name of names) {
+    const img = path.join(bareRoot, `image-${name}`);
+    mkdirSync(img);
+    const c = spawnSync('runsc', ['--root', bareState, '--network=none', '--overlay2=root:memory', 'checkpoint', '--image-path', img, name], { encoding: 'utf8' });
+    if (c.status !== 0) throw new Error(`runsc checkpoint ${name} failed: ${c.stderr}`);
+    R('delete', '--force', name);
+    if (R('restore', '--detach', '--image-path', img, '--bundle', path.join(bareRoot, name), name).status !== 0) throw new Error(`runsc restore ${name} failed`);
+  }
+  const restored = await measure(cgroupsUnder(bareParent, names));
 
   const p50 = (xs) => quantile(xs, 50);
   const mib = (b) => (b / MiB).toFixed(1);
@@ -112,7 +125,9 @@ try {
     `| measurement (${N} idle sandboxes, 256 MiB each) | SPACE | bare runsc, same run | ratio | target |`,
     '|---|---:|---:|---:|---|',
     `| PSS of a sandbox's host processes, p50 (MiB) | ${mib(p50(ours.pss))} | ${mib(p50(bare.pss))} | ${(p50(ours.pss) / p50(bare.pss)).toFixed(2)}x | ≤ 50 MiB |`,
+    `|   the same, against the bare containers checkpointed and restored | ${mib(p50(ours.pss))} | ${mib(p50(restored.pss))} | ${(p50(ours.pss) / p50(restored.pss)).toFixed(2)}x | — |`,
     `| memory charged to the sandbox's limit (cgroup working set), p50 (MiB) | ${mib(p50(ours.ws))} | ${mib(p50(bare.ws))} | ${(p50(ours.ws) / p50(bare.ws)).toFixed(2)}x | — |`,
+    `|   the same, against the bare containers checkpointed and restored | ${mib(p50(ours.ws))} | ${mib(p50(restored.ws))} | ${(p50(ours.ws) / p50(restored.ws)).toFixed(2)}x | — |`,
     `| idle CPU of all ${N} sandboxes (% of one core, ${IDLE_S} s) | ${ours.cpuPct.toFixed(2)} | ${bare.cpuPct.toFixed(2)} | ${(ours.cpuPct / bare.cpuPct).toFixed(2)}x | ≤ 2% with the daemon |`,
     `| idle CPU of the daemon (% of one core) | ${ours.daemonPct.toFixed(2)} | — | — | (in the 2% above) |`,
     `| the agent's VmRSS inside a sandbox (MiB; bare: an empty Node, same flags) | ${mib(p50(agentRss))} | ${mib(emptyRss)} | ${(p50(agentRss) / emptyRss).toFixed(2)}x | ≤ 24 MiB |`,
@@ -120,7 +135,7 @@ try {
   const table = lines.join('\n');
   console.log(table);
   if (values.write) {
-    writeSection('density', 'Density: idle sandboxes on one host (issue 17)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ptrace platform, with \`node scripts/bench-density.mjs --write\` (part of \`./space bench\`): ${N} \`minimal\` sandboxes created one after another (warm pool off), each ran \`true\`, then ${IDLE_S} s idle; the bare baseline is ${N} \`runsc run\` containers of the same rootfs running the agent's Node idle (\`setInterval\`), without agent, API or network.\n\n${table}`);
+    writeSection('density', 'Density: idle sandboxes on one host (issue 17)', `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores, ptrace platform, with \`node scripts/bench-density.mjs --write\` (part of \`./space bench\`): ${N} \`minimal\` sandboxes created one after another (warm pool off), each ran \`true\`, then ${IDLE_S} s idle; the bare baseline is ${N} \`runsc run\` containers of the same rootfs running the agent's Node idle (\`setInterval\`), without agent, API or network, measured as started and again after a \`runsc checkpoint\` and \`runsc restore\` of each (a SPACE sandbox is restored from its template's image).\n\n${table}`);
   }
 } finally {
   for (const sb of made) await sb.kill().catch(() => {});
