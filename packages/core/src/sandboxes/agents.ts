@@ -10,6 +10,9 @@ import { TERMINAL_STATES, assertAllowed, type EndReason } from '../model.js';
 import type { AgentHooks, SandboxContext } from './context.js';
 import { sendIdentity } from './identity.js';
 
+/** Identity failures where the agent did not answer: its reconnect asks it again. */
+const TRANSIENT_IDENTITY_FAILURES = new Set(['TIMEOUT', 'AGENT_UNAVAILABLE', 'AGENT_DISCONNECTED']);
+
 /** The agents' connections. Built by the facade (SandboxService), which wires it into the hooks. */
 export class AgentLinks implements AgentHooks {
   constructor(private readonly c: SandboxContext) {}
@@ -70,10 +73,12 @@ export class AgentLinks implements AgentHooks {
       }, (err: unknown) => {
         this.c.log.warn({ err, sandboxId: id }, 'agent did not take its new identity');
         ch.destroy();
-        // Whoever waits for this agent (a restore, a fork, a create from a template image) fails
-        // now with the agent's reason, not at the end of the boot timeout.
+        // An agent that answered with a refusal (a disk it cannot grow) will refuse again:
+        // whoever waits for it (a restore, a fork, a create from a template image) fails now
+        // with its reason, not at the end of the boot timeout. A lost connection or no answer
+        // may pass: the agent reconnects and is asked again, within the same timeout.
         const why = toSpaceError(err);
-        e.fail(new SpaceError(why.code, `The agent of ${id} did not take the sandbox's identity: ${why.message}`, { cause: err }));
+        if (!TRANSIENT_IDENTITY_FAILURES.has(why.code)) e.fail(new SpaceError(why.code, `The agent of ${id} did not take the sandbox's identity: ${why.message}`, { cause: err }));
       });
     });
   }
