@@ -472,6 +472,35 @@ describe('an agent that refuses its identity (fast lane)', () => {
   });
 });
 
+describe('an agent whose connection drops while it takes its identity (fast lane)', () => {
+  it('is asked again when it reconnects: the create restores from the image, it does not boot', async () => {
+    const dir = mkdtempSync('/tmp/space-fake-');
+    const driver = new FakeDriver();
+    const store = SqliteStore.open(path.join(dir, 'space.db'));
+    const h = fakeHarness(dir, store, driver);
+    const svc = h.service({ startTimeoutMs: 20_000 });
+    // (The fake agent's reconnect timer is unref'd, as the daemon's listeners keep a real one's loop alive.)
+    const keepAlive = setInterval(() => {}, 1000);
+    try {
+      await svc.start();
+      await svc.kill(T, (await svc.create(T, {})).id);
+      await until(async () => (await store.getTemplate('', 'minimal'))?.image, "minimal's image");
+      let asked = 0;
+      driver.refuseIdentity = () => (++asked === 1 ? 'drop' : undefined);
+      const sb = await svc.create(T, {});
+      assert.equal(asked, 2, 'asked again after the reconnect');
+      assert.equal(sb.createTimings?.source, 'snapshot', 'restored from the image, not booted');
+      assert.equal(await h.out(svc, sb.id, 'hostname'), `${sb.id}\n`, 'with its own identity');
+      await svc.kill(T, sb.id);
+    } finally {
+      clearInterval(keepAlive);
+      await svc.shutdown();
+      store.close?.();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('the metadata store away for a while (fast lane)', () => {
   it('usage sampling and the rolling-snapshot timer carry on; nothing is left unhandled', async () => {
     const dir = mkdtempSync('/tmp/space-fake-');

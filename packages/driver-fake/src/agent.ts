@@ -44,7 +44,11 @@ export interface FakeAgentHooks {
   die(reason: 'oom' | 'crashed'): void;
   /** The agent quiesced: it stays away until the driver reconnects it. */
   quiesced(): void;
-  /** Why the agent refuses an identity request (as a real one whose disk does not grow), or undefined to take it. */
+  /**
+   * What the agent does with an identity request: a string refuses it with that message (as a
+   * real agent whose disk does not grow), `'drop'` closes the connection without an answer (it
+   * then reconnects, as a real one does), undefined takes it.
+   */
   refuseIdentity?(req: Record<string, unknown>): string | undefined;
 }
 
@@ -165,6 +169,7 @@ export class FakeAgent {
         return end({ uptimeMs: 1, processes: [...this.procs.values()].filter((p) => p.running).length, rssBytes: 1 << 20 });
       case 'identity': {
         const refused = this.hooks.refuseIdentity?.(req);
+        if (refused === 'drop') return this.close();
         if (refused !== undefined) throw new AgentError('DRIVER_FAILED', refused);
         this.m.sandboxId = String(req.sandboxId);
         if (typeof req.hostname === 'string') this.m.hostname = req.hostname;

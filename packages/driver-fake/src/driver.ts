@@ -86,7 +86,8 @@ export class FakeDriver implements SandboxDriver {
   private readonly sandboxes = new Map<string, FakeSandbox>();
   /**
    * Set by a test: agents refuse identity requests for which it returns a message (with
-   * DRIVER_FAILED, as a real agent whose disk does not grow), as long as it is set.
+   * DRIVER_FAILED, as a real agent whose disk does not grow), or close their connection without
+   * an answer where it returns `'drop'` (and reconnect), as long as it is set.
    * @example driver.refuseIdentity = (r) => (r.request.diskBytes ? 'the disk did not grow' : undefined);
    */
   refuseIdentity?: (r: FakeIdentityRequest) => string | undefined;
