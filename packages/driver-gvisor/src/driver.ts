@@ -188,7 +188,7 @@ export class GvisorDriver implements SandboxDriver {
     checks.push({ name: 'space-statefile', ok: codec, detail: codec ? 'checkpoint images are stored decompressed, so snapshots deduplicate' : 'missing: snapshots are stored as runsc compresses them (no deduplication); rebuild with golang-go installed' });
     checks.push({ name: 'root', ok: process.getuid?.() === 0, detail: process.getuid?.() === 0 ? 'running as root' : 'runsc with cgroups and namespaces needs root' });
     const btrfs = await tryRun('btrfs', ['--version'], 5_000);
-    checks.push({ name: 'btrfs-progs', ok: !!btrfs, detail: btrfs ? `${btrfs.stdout.trim()}${this.disks ? '' : ' (disks are off: --disks on uses it)'}` : 'apt-get install btrfs-progs (sandbox disks, --disks on)' });
+    checks.push({ name: 'btrfs-progs', ok: !!btrfs, detail: btrfs ? `${btrfs.stdout.trim()}${this.disks ? '' : ' (sandbox disks use it: --disks auto, the default on a single node, or on)'}` : 'apt-get install btrfs-progs (sandbox disks, --disks on)' });
     const required = ['runsc', 'cgroup v1 memory', 'cgroup v1 cpu', 'network namespaces', 'busybox-static', 'root', ...(this.disks ? ['btrfs-progs'] : [])];
     return { driver: this.name, available: checks.filter((c) => required.includes(c.name)).every((c) => c.ok), checks };
   }
