@@ -74,7 +74,8 @@ const bareRoot = path.join(dataDir, 'bare');
 const bareState = path.join(bareRoot, 'state');
 const bareParent = `space-bench-${path.basename(dataDir)}`;
 // (stdio ignored: a detached container inherits it, and spawnSync would wait for it to close)
-const R = (...a) => spawnSync('runsc', ['--root', bareState, '--network=none', '--overlay2=root:memory', ...a], { stdio: 'ignore' });
+const RUNSC = ['--root', bareState, '--network=none', '--overlay2=root:memory'];
+const R = (...a) => spawnSync('runsc', [...RUNSC, ...a], { stdio: 'ignore' });
 const made = [];
 try {
   await Templates.setPool('minimal', 0, conn);
@@ -112,7 +113,7 @@ try {
   for (const name of names) {
     const img = path.join(bareRoot, `image-${name}`);
     mkdirSync(img);
-    const c = spawnSync('runsc', ['--root', bareState, '--network=none', '--overlay2=root:memory', 'checkpoint', '--image-path', img, name], { encoding: 'utf8' });
+    const c = spawnSync('runsc', [...RUNSC, 'checkpoint', '--image-path', img, name], { encoding: 'utf8' });
     if (c.status !== 0) throw new Error(`runsc checkpoint ${name} failed: ${c.stderr}`);
     R('delete', '--force', name);
     if (R('restore', '--detach', '--image-path', img, '--bundle', path.join(bareRoot, name), name).status !== 0) throw new Error(`runsc restore ${name} failed`);

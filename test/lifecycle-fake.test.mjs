@@ -407,47 +407,51 @@ describe('lifecycle on the fake driver (fast lane)', () => {
   });
 });
 
+/**
+ * Runs `fn` against a started service over a fresh directory whose `minimal` template image is
+ * taken (its first create boots and has it taken; later creates restore it), then shuts it down
+ * and removes the directory. `opts` are the service's.
+ */
+async function withTemplateImage(driver, opts, fn) {
+  const dir = mkdtempSync('/tmp/space-fake-');
+  const store = SqliteStore.open(path.join(dir, 'space.db'));
+  const h = fakeHarness(dir, store, driver);
+  const svc = h.service(opts);
+  try {
+    await svc.start();
+    await svc.kill(T, (await svc.create(T, {})).id);
+    await until(async () => (await store.getTemplate('', 'minimal'))?.image, "minimal's image");
+    await fn(svc, h);
+  } finally {
+    await svc.shutdown();
+    store.close?.();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 describe('disk sizes at a template restore (fast lane)', () => {
   it('a driver whose agent grows its disk gets the size in the identity; another driver\'s agent is not told', async () => {
     for (const grownByAgent of [true, false]) {
-      const dir = mkdtempSync('/tmp/space-fake-');
       const driver = new FakeDriver({ disks: { defaultMb: 1024, maxMb: 4096, ...(grownByAgent ? { grownByAgent } : {}) } });
-      const store = SqliteStore.open(path.join(dir, 'space.db'));
-      const svc = fakeHarness(dir, store, driver).service();
-      try {
-        await svc.start();
-        // The first create boots and has the template's image taken; the next restores it.
-        await svc.kill(T, (await svc.create(T, {})).id);
-        await until(async () => (await store.getTemplate('', 'minimal'))?.image, "minimal's image");
+      await withTemplateImage(driver, {}, async (svc) => {
         const sb = await svc.create(T, { diskMb: 2048 });
         assert.equal(sb.createTimings?.source, 'snapshot', 'restored from the template image');
         assert.equal(sb.diskMb, 2048);
         assert.equal(driver.machine(sb.id).diskBytes, grownByAgent ? 2048 * 1048576 : undefined);
         await svc.kill(T, sb.id);
-      } finally {
-        await svc.shutdown();
-        store.close?.();
-        rmSync(dir, { recursive: true, force: true });
-      }
+      });
     }
   });
 });
 
 describe('an agent that refuses its identity (fast lane)', () => {
   it('a restore waiting for it fails at once with the agent\'s reason, not at the boot timeout: a template create boots instead, a fork fails and its parent runs on', async () => {
-    const dir = mkdtempSync('/tmp/space-fake-');
     const driver = new FakeDriver({ disks: { defaultMb: 1024, maxMb: 4096, grownByAgent: true } });
-    const store = SqliteStore.open(path.join(dir, 'space.db'));
     const warned = [];
     const logger = { info() {}, debug() {}, error() {}, warn: (o, msg) => warned.push({ ...o, msg }) };
     logger.child = () => logger;
     // Without the failure passed on, each wait below ends with TIMEOUT after this long instead.
-    const h = fakeHarness(dir, store, driver);
-    const svc = h.service({ logger, startTimeoutMs: 20_000 });
-    try {
-      await svc.start();
-      await svc.kill(T, (await svc.create(T, {})).id);
-      await until(async () => (await store.getTemplate('', 'minimal'))?.image, "minimal's image");
+    await withTemplateImage(driver, { logger, startTimeoutMs: 20_000 }, async (svc, h) => {
       // As a microVM's agent whose disk the guest kernel never sees grown.
       driver.refuseIdentity = (r) => (r.request.diskBytes ? 'the guest kernel did not see the disk grow' : undefined);
       const sb = await svc.create(T, { diskMb: 2048 });
@@ -464,39 +468,27 @@ describe('an agent that refuses its identity (fast lane)', () => {
       assert.equal((await h.run(svc, sb.id, 'true')).exitCode, 0, 'the parent answers');
       assert.deepEqual(await driver.list(), [sb.id], 'no copy is left running');
       await svc.kill(T, sb.id);
-    } finally {
-      await svc.shutdown();
-      store.close?.();
-      rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 });
 
 describe('an agent whose connection drops while it takes its identity (fast lane)', () => {
   it('is asked again when it reconnects: the create restores from the image, it does not boot', async () => {
-    const dir = mkdtempSync('/tmp/space-fake-');
     const driver = new FakeDriver();
-    const store = SqliteStore.open(path.join(dir, 'space.db'));
-    const h = fakeHarness(dir, store, driver);
-    const svc = h.service({ startTimeoutMs: 20_000 });
     // (The fake agent's reconnect timer is unref'd, as the daemon's listeners keep a real one's loop alive.)
     const keepAlive = setInterval(() => {}, 1000);
     try {
-      await svc.start();
-      await svc.kill(T, (await svc.create(T, {})).id);
-      await until(async () => (await store.getTemplate('', 'minimal'))?.image, "minimal's image");
-      let asked = 0;
-      driver.refuseIdentity = () => (++asked === 1 ? 'drop' : undefined);
-      const sb = await svc.create(T, {});
-      assert.equal(asked, 2, 'asked again after the reconnect');
-      assert.equal(sb.createTimings?.source, 'snapshot', 'restored from the image, not booted');
-      assert.equal(await h.out(svc, sb.id, 'hostname'), `${sb.id}\n`, 'with its own identity');
-      await svc.kill(T, sb.id);
+      await withTemplateImage(driver, { startTimeoutMs: 20_000 }, async (svc, h) => {
+        let asked = 0;
+        driver.refuseIdentity = () => (++asked === 1 ? 'drop' : undefined);
+        const sb = await svc.create(T, {});
+        assert.equal(asked, 2, 'asked again after the reconnect');
+        assert.equal(sb.createTimings?.source, 'snapshot', 'restored from the image, not booted');
+        assert.equal(await h.out(svc, sb.id, 'hostname'), `${sb.id}\n`, 'with its own identity');
+        await svc.kill(T, sb.id);
+      });
     } finally {
       clearInterval(keepAlive);
-      await svc.shutdown();
-      store.close?.();
-      rmSync(dir, { recursive: true, force: true });
     }
   });
 });
