@@ -107,7 +107,7 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     assert.ok(!existsSync(diskObject), "the disk's object goes with its snapshot");
   });
 
-  it("a snapshot of a disk nothing wrote to since the last one copies that one's stream; each restores on its own", async () => {
+  it("a snapshot of a disk stores the previous snapshot's stream and the change since (none: a few hundred bytes); each restores on its own", async () => {
     const sb = await fx.create({ template: 'minimal', diskMb: 1024 });
     await sb.files.write('/tmp/a.txt', 'one');
     const s1 = await sb.snapshot();
@@ -118,21 +118,36 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     const s4 = await sb.snapshot();
     const said = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message);
     const line = (s) => said.find((m) => m.includes(`snapshot ${s.id} `)) ?? '';
-    assert.match(line(s2), new RegExp(`disk unchanged since ${s1.id}, stored once`));
+    // Nothing written since s1: s2 stores s1's stream and a change of a few hundred bytes.
+    const changeBytes = (s) => Number(new RegExp(`disk stored as its changes since \\w+ \\((\\d+) bytes\\)`).exec(line(s))?.[1]);
+    assert.match(line(s2), new RegExp(`disk stored as its changes since ${s1.id}`));
+    assert.ok(changeBytes(s2) < 1024, line(s2));
     // The disk's pending writes go out before the sandbox stops, not in its downtime.
     for (const s of [s1, s2, s3, s4]) assert.match(line(s), /\(ms: flush \d+, checks \d+, quiesce/, line(s));
-    for (const s of [s1, s3, s4]) assert.doesNotMatch(line(s), /unchanged since/, `${s.id} changed its disk (or had no snapshot before)`);
-    // Each stream stands alone: s1 goes (and the collector with it), then s2 restores from the
-    // store without the node's copy.
+    // A changed disk stores the change since the previous snapshot, after that one's parts.
+    assert.doesNotMatch(line(s1), /changes since/, 'the first snapshot stores the whole');
+    assert.match(line(s3), new RegExp(`disk stored as its changes since ${s2.id}`));
+    assert.match(line(s4), new RegExp(`disk stored as its changes since ${s3.id}`));
+    // Each snapshot's parts stand alone: s1 goes (and the collector with it), then s2 and s4
+    // restore from the store without the node's copies (s4: s1's whole stream, then the
+    // changes to s3, then to s4, received in order).
     const del = await fetch(`${fx.url}/v1/sandboxes/${sb.id}/snapshots/${s1.id}`, { method: 'DELETE', headers: { authorization: `Bearer ${fx.key}` } });
     assert.equal(del.status, 204);
     await fetch(`${fx.url}/v1/admin/gc`, { method: 'POST', headers: { authorization: `Bearer ${fx.key}` } });
     execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s2.id)]);
     await sb.rollback(s2.id);
     assert.equal(await sb.files.read('/tmp/a.txt'), 'one');
-    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s4.id)]);
+    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s3.id), path.join(mnt, 'copies', s4.id)]);
     await sb.rollback(s4.id);
     assert.equal((await sb.commands.run('test -e /tmp/a.txt')).exitCode, 1, 'the deletion was stored, not s3\'s file');
+    // A change made against a copy received from the store (s4's, just now) restores too.
+    await sb.files.write('/tmp/b.txt', 'five');
+    const s5 = await sb.snapshot();
+    const said5 = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message).find((m) => m.includes(`snapshot ${s5.id} `));
+    assert.match(said5, new RegExp(`disk stored as its changes since ${s4.id}`));
+    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s5.id)]);
+    await sb.rollback(s5.id);
+    assert.equal(await sb.files.read('/tmp/b.txt'), 'five');
     await sb.kill();
   });
 

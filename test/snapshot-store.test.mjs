@@ -7,7 +7,7 @@ import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, ut
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
-import { COARSE_CHUNKS, DedupBlobStore, EncryptedBlobStore, FINE_CHUNKS, KeyService, LocalKeyProvider, PACK_TARGET, cutPoint, deleteImage, getImage, putImage } from '../packages/core/dist/index.js';
+import { COARSE_CHUNKS, DedupBlobStore, EncryptedBlobStore, FINE_CHUNKS, KeyService, LocalKeyProvider, MAX_ATTACHMENT_PARTS, PACK_TARGET, cutPoint, deleteImage, getImage, putImage } from '../packages/core/dist/index.js';
 import { LocalBlobStore } from '../packages/blob-local/dist/index.js';
 import { SqliteStore } from '../packages/store-sqlite/dist/index.js';
 
@@ -209,48 +209,86 @@ describe('snapshot store', () => {
     assert.equal(await blobs.stat('snapshots/t5/sn1.att'), undefined, 'deleted with its object');
   });
 
-  it('an attachment unchanged since an earlier image is a copy of its object: no pass over its bytes, and it outlives the earlier one', async () => {
+  it('an attachment is stored as the earlier image\'s parts and the change since: no pass over those bytes, restored in order, each stands alone, and a chain ends', async () => {
     const img = mkdtempSync(path.join(dir, 'img-'));
     writeFileSync(path.join(img, 'state.bin'), randomBytes(10_000));
-    writeFileSync(path.join(img, 'mark.json'), '{"copy":"c2"}');
-    const attached = randomBytes(400_000);
+    writeFileSync(path.join(img, 'mark.json'), '{"copy":"c3"}');
+    const whole = randomBytes(300_000);
     let opened = 0;
-    let unchanged = false;
+    let changeSize = 1000;
+    let failChange = false;
+    const changes = [];
+    const applied = [];
     const att = {
       name: 'test-attachment-v1',
       suffix: 'att',
-      open: async (src) => (path.basename(src) === 'mark.json' ? (opened++, Readable.from([attached])) : undefined),
-      unchangedSince: async (src, earlier) => unchanged && path.basename(src) === 'mark.json' && earlier === 'sn10',
+      open: async (src) => (path.basename(src) === 'mark.json' ? (opened++, Readable.from([whole])) : undefined),
+      openSince: async (src, earlier) => {
+        if (path.basename(src) !== 'mark.json' || earlier === 'gone') return undefined;
+        if (failChange) return Readable.from((async function* () { yield randomBytes(500); throw new Error('btrfs send failed'); })());
+        changes.push(randomBytes(changeSize++));
+        return Readable.from([changes.at(-1)]);
+      },
       needed: async () => true,
-      apply: async () => {},
+      apply: async (_src, bytes) => void applied.push(await readAll(bytes)),
     };
-    const meta = (id) => ({ id, sandboxId: 'sb1', tenantId: 't6', template: 'x', driver: 'fake', driverVersion: '1', createdAt: new Date().toISOString() });
+    const readers = { codecNamed: () => undefined, attachmentNamed: (n) => (n === att.name ? att : undefined) };
     const forms = { codecs: [], attachments: [att] };
-    const first = await putImage(blobs, 'snapshots/t6/sn10', img, meta('sn10'), forms);
-    assert.deepEqual([opened, first.copied], [1, []]);
-    // The attachment says it changed: stored as before, even with an earlier image named.
-    const again = await putImage(blobs, 'snapshots/t6/sn11', img, meta('sn11'), forms, { earlier: { id: 'sn10', key: 'snapshots/t6/sn10' } });
-    assert.deepEqual([opened, again.copied], [2, []]);
-    unchanged = true;
-    const packsBefore = packs('t6').length;
-    const copy = await putImage(blobs, 'snapshots/t6/sn12', img, meta('sn12'), forms, { earlier: { id: 'sn10', key: 'snapshots/t6/sn10' } });
-    assert.deepEqual([opened, copy.copied], [2, ['att']], 'unchanged: copied, never opened');
-    assert.deepEqual(copy.meta.attachments, [{ file: 'mark.json', name: 'test-attachment-v1', key: 'att', size: attached.length }]);
-    assert.equal(copy.sizeBytes, first.sizeBytes, 'the same bytes, as the snapshot counts them');
-    assert.equal(packs('t6').length, packsBefore + 1, 'one new pack: the image, not the attachment');
-    // The earlier image goes, and a collection by a daemon that did not write either: the copy stays whole.
-    await deleteImage(blobs, 'snapshots/t6/sn10', ['att']);
-    await deleteImage(blobs, 'snapshots/t6/sn11', ['att']);
+    const meta = (id) => ({ id, sandboxId: 'sb1', tenantId: 't9', template: 'x', driver: 'fake', driverVersion: '1', createdAt: new Date().toISOString() });
+    const key = (n) => `snapshots/t9/sn${n}`;
+    const put = (n, earlier) => putImage(blobs, key(n), img, meta(`sn${n}`), forms, earlier ? { earlier: { id: `sn${earlier}`, key: key(earlier) } } : {});
+    const keys = (p) => p.meta.attachments.map((a) => a.key);
+    const restore = async (n) => {
+      applied.length = 0;
+      await getImage(blobs, key(n), `sn${n}`, mkdtempSync(path.join(dir, 'out-')), 2 ** 30, readers);
+      assert.equal(applied.length, 1, 'the parts go to the attachment as one stream');
+      return applied[0];
+    };
+    const first = await put(1);
+    assert.deepEqual([keys(first), first.since], [['att'], []]);
+    const packsBefore = packs('t9').length;
+    const second = await put(2, 1);
+    assert.deepEqual([opened, second.since], [1, [{ suffix: 'att', size: changes[0].length }]], 'the change, not the whole again');
+    assert.deepEqual(second.meta.attachments.map((a) => [a.key, a.size]), [['att', whole.length], ['att-p2', changes[0].length]]);
+    assert.equal(packs('t9').length, packsBefore + 2, 'two new packs: the image and the change; the whole is a copy');
+    assert.ok(second.sizeBytes > whole.length + changes[0].length + 10_000, 'the snapshot counts every part');
+    const third = await put(3, 2);
+    assert.deepEqual(keys(third), ['att', 'att-p2', 'att-p3']);
+    assert.ok((await restore(3)).equals(Buffer.concat([whole, changes[0], changes[1]])), 'the whole, then each change, in order');
+    // The earlier images go, and a collection by a daemon that did not write them: the third stands alone.
+    await deleteImage(blobs, key(1), ['att']);
+    await deleteImage(blobs, key(2), ['att']);
+    for (const k of ['sn2.att', 'sn2.att-p2']) assert.equal(await blobs.stat(`snapshots/t9/${k}`), undefined, `${k} went with its object`);
     const old = new Date(Date.now() - 10 * 60_000);
-    for (const k of ['sn12', 'sn12.att']) utimesSync(path.join(dir, 'blobs', 'snapshots', 't6', k), old, old);
-    assert.ok((await new DedupBlobStore(encrypted, keys).gc(async () => ['snapshots/t1/a', 'snapshots/t1/b', 'snapshots/t2/a', 'snapshots/t6/sn12'])) > 0, 'the earlier images\' own packs went');
-    assert.ok((await readAll(await blobs.get('snapshots/t6/sn12.att'))).equals(attached));
-    // The earlier image is gone now: the bytes are stored anew.
-    const anew = await putImage(blobs, 'snapshots/t6/sn13', img, meta('sn13'), forms, { earlier: { id: 'sn10', key: 'snapshots/t6/sn10' } });
-    assert.deepEqual([opened, anew.copied], [3, []]);
-    assert.ok((await readAll(await blobs.get('snapshots/t6/sn13.att'))).equals(attached));
-    await assert.rejects(blobs.copy('snapshots/t6/sn13.att', 'snapshots/t7/sn13.att'), (e) => e.code === 'INTERNAL', 'copies stay within a tenant');
-    await assert.rejects(blobs.copy('snapshots/t6/nope.att', 'snapshots/t6/sn14.att'), (e) => e.code === 'SNAPSHOT_NOT_FOUND');
+    for (const k of ['sn3', 'sn3.att', 'sn3.att-p2', 'sn3.att-p3']) utimesSync(path.join(dir, 'blobs', 'snapshots', 't9', k), old, old);
+    assert.ok((await new DedupBlobStore(encrypted, keys).gc(async () => ['snapshots/t1/a', 'snapshots/t1/b', 'snapshots/t2/a', 'snapshots/t5/sn1', 'snapshots/t9/sn3'])) > 0, "the earlier images' own packs went");
+    assert.ok((await restore(3)).equals(Buffer.concat([whole, changes[0], changes[1]])));
+    // The earlier image is gone: the whole is stored anew; and so when the attachment cannot make the change.
+    assert.deepEqual(keys(await put(4, 2)), ['att']);
+    assert.equal(opened, 2);
+    assert.deepEqual(keys(await put(5, 'gone')), ['att']);
+    // A change that fails half-way (btrfs send exiting badly): the whole, and nothing of the change left.
+    failChange = true;
+    assert.deepEqual(keys(await put(50, 3)), ['att']);
+    for (const k of ['sn50.att-p2', 'sn50.att-p3', 'sn50.att-p4']) assert.equal(await blobs.stat(`snapshots/t9/${k}`), undefined, k);
+    failChange = false;
+    // A chain ends at MAX_ATTACHMENT_PARTS parts: the next snapshot stores the whole again.
+    let n = 5;
+    for (; n < 4 + MAX_ATTACHMENT_PARTS; n++) assert.equal(keys(await put(n + 1, n)).length, n - 3);
+    const longest = await restore(n);
+    assert.equal(longest.length, whole.length + changes.slice(-(MAX_ATTACHMENT_PARTS - 1)).reduce((a, c) => a + c.length, 0));
+    assert.deepEqual(keys(await put(n + 1, n)), ['att'], 'the whole again after the longest chain');
+    // ...and once the changes add up to more than the whole.
+    changeSize = whole.length / 2 + 1;
+    assert.equal(keys(await put(n + 2, n + 1)).length, 2);
+    assert.equal(keys(await put(n + 3, n + 2)).length, 3);
+    assert.deepEqual(keys(await put(n + 4, n + 3)), ['att'], 'the changes stored since the whole passed it');
+    // A part missing from the store: refused as corrupt.
+    await blobs.delete(`${key(3)}.att-p2`);
+    await assert.rejects(getImage(blobs, key(3), 'sn3', mkdtempSync(path.join(dir, 'out-')), 2 ** 30, readers), (e) => e.code === 'SNAPSHOT_CORRUPT');
+    await assert.rejects(blobs.copy('snapshots/t9/sn3.att', 'snapshots/t7/sn3.att'), (e) => e.code === 'INTERNAL', 'copies stay within a tenant');
+    await assert.rejects(blobs.copy('snapshots/t9/nope.att', 'snapshots/t9/sn99.att'), (e) => e.code === 'SNAPSHOT_NOT_FOUND');
+    await blobs.gc(async () => []); // (the part deleted above: the next test counts what a collection takes)
   });
   it('an object stored whole is cut into pack-sized pieces without looking for chunks to share, reads back, and is collected like any', async () => {
     const data = randomBytes(PACK_TARGET * 2 + 12_345);

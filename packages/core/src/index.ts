@@ -41,7 +41,7 @@ export type { DataKeyRecord, KeyProvider, TenantKey } from './security/keys.js';
 export type { NodeRecord, PortExposure, VolumeRecord, VolumeSnapshotRecord } from './records.js';
 export { EncryptedBlobStore, ENCRYPTION_CHUNK } from './storage/encrypted-blobs.js';
 export { COARSE_CHUNKS, DedupBlobStore, FINE_CHUNKS, PACK_TARGET, cutPoint, type ChunkShape } from './storage/dedup-blobs.js';
-export { deleteImage, getImage, putImage } from './storage/image-objects.js';
+export { MAX_ATTACHMENT_PARTS, deleteImage, getImage, putImage } from './storage/image-objects.js';
 export { AsyncQueue, KeyedSerial } from './async-queue.js';
 export { Volumes, VOLUME_NAME_RE, checkMountPath } from './volumes/volumes.js';
 export type { ResolvedMount, VolumesOptions } from './volumes/volumes.js';

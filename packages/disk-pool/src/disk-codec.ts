@@ -7,7 +7,9 @@
  * deduplicated by content) holds the disk too, and restores where the copy is gone: the stream
  * is received again. It is piped from `btrfs send` into the store as it comes, and read only by a
  * restore that lacks the copy: a wake or a fork on the node that took the snapshot fetches the
- * mark alone.
+ * mark alone. Where the sandbox's previous snapshot's copy is still in the pool, a new snapshot
+ * stores only the change since it ({@link DiskStream.openSince}), after a copy of that one's
+ * stored parts; a restore receives the parts in order.
  *
  * Snapshots stored before (format 2) hold the stream inside the image, after the mark:
  * {@link DiskCodec} reads them. Its form: `SPACEDSK` (8 bytes), u32 length of the mark, the
@@ -16,7 +18,7 @@
 import { spawn } from 'node:child_process';
 import { createReadStream, existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
-import { Readable } from 'node:stream';
+import { PassThrough, Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { SpaceError, type ImageAttachment, type ImageFileCodec } from '@space/core';
 import type { DiskPool } from './disk-pool.js';
@@ -87,26 +89,19 @@ export class DiskStream implements ImageAttachment {
   }
 
   /**
-   * Whether this image's disk copy holds exactly what image `earlier`'s copy held: an incremental
-   * `btrfs send` of one against the other (metadata only, a few milliseconds where the trees are
-   * shared) carries no change. Then `earlier`'s stored stream makes this copy too, and the
-   * snapshot store copies it instead of reading the disk again (an idle sandbox with a GiB on its
-   * disk: a rolling snapshot or hibernate no longer sends and hashes that GiB each time). Both
-   * copies are of one sandbox's disk, so they grew from the same template (the stream's parent).
+   * The change from image `earlier`'s disk copy to this image's: `btrfs send -p <earlier's copy>
+   * <this copy>`, which walks only the parts of the two trees that differ and carries the files
+   * changed since. Received after earlier's stored stream (its parts), it makes this copy. Both
+   * copies are of one sandbox's disk; undefined when either is gone from the pool.
    */
-  async unchangedSince(src: string, earlier: string): Promise<boolean> {
+  async openSince(src: string, earlier: string): Promise<Readable | undefined> {
     const pool = this.pool();
-    if (!pool || path.basename(src) !== DISK_MARK) return false;
-    try {
-      const mark = await readDiskMark(src);
-      const before = pool.copyPath(earlier);
-      const copy = pool.copyPath(mark.copy);
-      if (earlier === mark.copy || !existsSync(before) || !existsSync(copy)) return false;
-      const stream = await readAtMost(btrfsOutput(['send', '-q', '--no-data', '-p', before, copy], this.timeoutMs), UNCHANGED_MAX);
-      return stream !== undefined && sendsNothing(stream);
-    } catch {
-      return false; // (the whole stream is sent instead)
-    }
+    if (!pool || path.basename(src) !== DISK_MARK) return undefined;
+    const mark = await readDiskMark(src);
+    const before = pool.copyPath(earlier);
+    const copy = pool.copyPath(mark.copy);
+    if (earlier === mark.copy || !existsSync(before) || !existsSync(copy)) return undefined;
+    return btrfsOutput(['send', '-q', '-p', before, copy], this.timeoutMs);
   }
 
   async needed(src: string): Promise<boolean> {
@@ -172,14 +167,19 @@ async function receiveCopy(pool: DiskPool, mark: DiskMark, stream: Readable, tim
   if (!pool.templatePath(mark.template)) throw new SpaceError('SNAPSHOT_CORRUPT', `The disk of this snapshot grew from template files (${mark.template}) this node's pool does not hold; create a sandbox of that template here first`);
   const scratch = await fs.mkdtemp(path.join(path.dirname(pool.copyPath(mark.copy)), '.recv-'));
   try {
-    await btrfs(['receive', '-q', '-e', scratch], timeoutMs, { stdin: stream });
-    const got = (await fs.readdir(scratch))[0];
-    if (!got) throw new SpaceError('SNAPSHOT_CORRUPT', 'The stored disk stream holds no subvolume');
+    // Every stream to its end (a whole, then the changes since, each against the one before: a
+    // stream names its parent, which btrfs finds among those received before it).
+    await btrfs(['receive', '-q', scratch], timeoutMs, { stdin: stream });
+    const received = await fs.readdir(scratch);
+    // A stream's subvolume is named as the copy it was sent from: the last one's is this copy.
+    const got = path.basename(pool.copyPath(mark.copy));
+    if (!received.includes(got)) throw new SpaceError('SNAPSHOT_CORRUPT', received.length ? `The stored disk streams make ${received.join(', ')}, not copy ${mark.copy}` : 'The stored disk stream holds no subvolume');
     // A read-only subvolume cannot be renamed: a snapshot of it takes its place (no bytes copied).
     await btrfs(['subvolume', 'snapshot', '-r', path.join(scratch, got), pool.copyPath(mark.copy)], timeoutMs);
-    await btrfs(['subvolume', 'delete', path.join(scratch, got)], timeoutMs);
+    // (Through the pool's trash: emptied first, so that dropping them keeps the quota counts exact.)
+    for (const d of received) await pool.remove(path.join(scratch, d));
   } catch (err) {
-    for (const d of await fs.readdir(scratch).catch(() => [] as string[])) await btrfs(['subvolume', 'delete', path.join(scratch, d)], timeoutMs).catch(() => {});
+    for (const d of await fs.readdir(scratch).catch(() => [] as string[])) await pool.remove(path.join(scratch, d)).catch(() => {});
     if (err instanceof SpaceError) throw err;
     throw new SpaceError('SNAPSHOT_CORRUPT', `The stored disk could not be received: ${(err as Error).message}`, { cause: err });
   } finally {
@@ -225,57 +225,18 @@ function btrfsOutput(args: string[], timeoutMs: number): Readable {
     child.on('close', (code, sig) => (code === 0 ? resolve() : reject(new SpaceError('DRIVER_FAILED', `btrfs ${args[0]} failed (${sig ?? `exit ${code}`}): ${stderr()}`))));
   }).finally(() => clearTimeout(timer));
   exited.catch(() => {}); // judged at the stream's end (below)
+  // Read from now on: a child's output that nothing listens to when it exits is drained and
+  // dropped by Node (a stream read later, after a copy in the store, came out empty). The pipe
+  // holds btrfs back once its buffer is full.
+  const out = child.stdout!.pipe(new PassThrough());
   async function* output(): AsyncGenerator<Buffer> {
-    for await (const chunk of child.stdout!) yield chunk as Buffer;
+    for await (const chunk of out) yield chunk as Buffer;
     await exited;
   }
   const stream = Readable.from(output(), { objectMode: false });
   // Destroyed before its end (read or not: a store that failed first): btrfs goes too.
   stream.once('close', () => child.exitCode === null && child.signalCode === null && child.kill('SIGKILL'));
   return stream;
-}
-
-/** A `btrfs send` stream with no change in it is ~125 bytes; one this long has changes. */
-const UNCHANGED_MAX = 4096;
-const SEND_MAGIC = Buffer.from('btrfs-stream\0');
-/** btrfs send commands (uapi send.h): the one an incremental stream starts with, and its end. */
-const SEND_SNAPSHOT = 2;
-const SEND_END = 21;
-
-/**
- * Whether a `btrfs send -p` stream changes nothing: its header, then only the command naming
- * the snapshot and its parent, then the end (each command: u32 length, u16 command, u32 CRC,
- * then its attributes).
- *
- * @example
- * sendsNothing(await readAtMost(btrfsOutput(['send', '--no-data', '-p', a, b], 30_000), 4096)); // true when a and b hold the same
- */
-export function sendsNothing(stream: Buffer): boolean {
-  if (stream.length < SEND_MAGIC.length + 4 || !stream.subarray(0, SEND_MAGIC.length).equals(SEND_MAGIC)) return false;
-  const seen: number[] = [];
-  for (let at = SEND_MAGIC.length + 4; at < stream.length; ) {
-    if (at + 10 > stream.length) return false;
-    seen.push(stream.readUInt16LE(at + 4));
-    at += 10 + stream.readUInt32LE(at);
-    if (at > stream.length) return false;
-  }
-  return seen.length === 2 && seen[0] === SEND_SNAPSHOT && seen[1] === SEND_END;
-}
-
-/** A stream's bytes when it ends within `max` (and without error); undefined once it passes `max` (destroyed then). */
-async function readAtMost(r: Readable, max: number): Promise<Buffer | undefined> {
-  const parts: Buffer[] = [];
-  let n = 0;
-  try {
-    for await (const c of r) {
-      parts.push(c as Buffer);
-      n += (c as Buffer).length;
-      if (n > max) return undefined;
-    }
-  } finally {
-    r.destroy();
-  }
-  return Buffer.concat(parts);
 }
 
 /** The last 4 KiB a stream wrote, trimmed, as a function to call once it has ended. */

@@ -326,11 +326,15 @@ export class DiskPool {
   }
 
   /**
-   * Removes a subvolume: at once from its place (moved to the trash, made writable first, as a
-   * read-only subvolume cannot be moved), then emptied and deleted in the background (see
-   * {@link purge}). Its qgroup goes by itself once the kernel has dropped it.
+   * Removes a subvolume of the pool (gone already: nothing to do): at once from its place (moved
+   * to the trash, made writable first, as a read-only subvolume cannot be moved), then emptied
+   * and deleted in the background (see {@link purge}). Its qgroup goes by itself once the kernel
+   * has dropped it.
+   *
+   * @example
+   * await pool.remove(path.join(scratch, 'sn1')); // a subvolume received from a stored stream
    */
-  private async remove(p: string): Promise<void> {
+  async remove(p: string): Promise<void> {
     if (!existsSync(p)) return;
     // -f: a copy received from the store carries a received UUID, which this flip drops (nothing needs it).
     await this.cmd('btrfs', ['property', 'set', '-f', '-ts', p, 'ro', 'false']);

@@ -150,18 +150,22 @@ export interface ImageAttachment {
    */
   open(src: string): Promise<Readable | undefined>;
   /**
-   * Whether image file `src` stands for exactly what the same file of image `earlier` (an
-   * earlier snapshot's id, on this node) stood for, so that the object stored for that one serves
-   * this one too and nothing is opened. False whenever it cannot tell.
+   * The change from what the same file of image `earlier` (an earlier snapshot's id, on this
+   * node) stood for to what image file `src` stands for, as bytes that {@link apply} takes after
+   * the earlier image's bytes: stored as one more part after a copy of that image's parts, so a
+   * snapshot after a small change (or none) stores the change, not everything again. What the
+   * parts make must be what `src` stands for, exactly (a later change is made against it).
+   * Undefined when it cannot make one (then the whole is opened).
    *
    * @example
-   * if (await attachment.unchangedSince?.(`${imageDir}/space-disk.json`, 'sn2')) await blobs.copy('snapshots/t/sn2.disk', 'snapshots/t/sn3.disk');
+   * const change = await attachment.openSince?.(`${imageDir}/space-disk.json`, 'sn2'); // btrfs send -p <sn2's copy> <this copy>
    */
-  unchangedSince?(src: string, earlier: string): Promise<boolean>;
+  openSince?(src: string, earlier: string): Promise<Readable | undefined>;
   /** Whether restoring unpacked image file `src` needs the stored bytes (what they make is not on this node). */
   needed(src: string): Promise<boolean>;
   /**
-   * Makes what image file `src` stands for from the stored bytes; nothing half-made is left on a
+   * Makes what image file `src` stands for from the stored bytes (the parts stored for it, one
+   * after another: a whole, then changes from {@link openSince}); nothing half-made is left on a
    * failure. Rejects with `SNAPSHOT_CORRUPT` when the bytes do not make it.
    */
   apply(src: string, bytes: Readable): Promise<void>;

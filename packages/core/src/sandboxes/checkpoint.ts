@@ -231,10 +231,10 @@ export class Checkpoints implements CheckpointHooks {
     // deduplicates well) is stored as always.
     const whole = asWritten && forms.codecs.length > 0;
     // The sandbox's newest snapshot before this one: what it stored beside its image (a disk's
-    // stream) serves this one too where nothing changed since (the driver checks).
+    // stream) serves this one too, followed by the change since (the driver makes it).
     const before = forms.attachments.length && sb.lastSnapshotId && sb.lastSnapshotId !== id ? await this.c.store.getSnapshot(sb.lastSnapshotId) : undefined;
     const earlier = before?.sandboxId === sb.id && before.blobKey ? { id: before.id, key: before.blobKey } : undefined;
-    const { meta, sizeBytes, copied } = await this.c.faults.during('snapshot:during-store', putImage(this.c.blobs, blobKey, imageDir, {
+    const { meta, sizeBytes, since } = await this.c.faults.during('snapshot:during-store', putImage(this.c.blobs, blobKey, imageDir, {
       id,
       sandboxId: sb.id,
       tenantId: sb.tenantId,
@@ -265,8 +265,8 @@ export class Checkpoints implements CheckpointHooks {
     await this.c.store.updateSandbox(sb.id, { lastSnapshotId: id });
     laps?.lap('store');
     if (laps) this.c.log.info({ sandboxId: sb.id, snapshotId: id, trigger, downtimeMs, ms: laps.ms }, 'snapshot stored');
-    const unchanged = copied.length && earlier ? `; ${copied.join(', ')} unchanged since ${earlier.id}, stored once` : '';
-    await this.c.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime${laps ? ` (ms: ${laps})` : ''}${unchanged}`);
+    const changes = since.length && earlier ? `; ${since.map((c) => `${c.suffix} stored as its changes since ${earlier.id} (${c.size} bytes)`).join(', ')}` : '';
+    await this.c.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime${laps ? ` (ms: ${laps})` : ''}${changes}`);
     return snapshot;
   }
 

@@ -6,16 +6,55 @@
  * long as the object whose key it extends: dedup-blobs.ts).
  */
 import path from 'node:path';
+import { Readable } from 'node:stream';
 import { SpaceError } from '../errors.js';
 import type { BlobStore } from '../ports/blob-store.js';
 import type { ImageForms, ImageReaders } from '../ports/driver.js';
 import { imageEntries, packSnapshot, readSnapshot, type SnapshotMeta } from './snapshot-format.js';
 
 /**
+ * At most this many parts per file: the whole, then the changes since earlier snapshots, each
+ * after the last ({@link ImageAttachment.openSince}). A restore on a node without what they make
+ * applies them all; so the next snapshot after the longest chain, or after changes that add up
+ * to more than the whole, stores the whole again.
+ */
+export const MAX_ATTACHMENT_PARTS = 32;
+
+/** The key suffix of part `i` (from 0) of the bytes an attachment with suffix `suffix` stores. */
+function partKey(suffix: string, i: number): string {
+  return i === 0 ? suffix : `${suffix}-p${i + 1}`;
+}
+
+/** The key suffixes of the parts object `key` has for attachment `suffix`, in order (none: not stored). */
+async function storedParts(blobs: BlobStore, key: string, suffix: string): Promise<string[]> {
+  const parts: string[] = [];
+  while (parts.length < MAX_ATTACHMENT_PARTS && (await blobs.stat(`${key}.${partKey(suffix, parts.length)}`))) parts.push(partKey(suffix, parts.length));
+  return parts;
+}
+
+/**
+ * Copies parts `parts` of object `from` to object `to` (manifests, not bytes); their sizes, or
+ * undefined, with none of them left under `to`, when one cannot be copied (`from` deleted
+ * meanwhile) or `worth` says no to the sizes.
+ */
+async function copyParts(blobs: BlobStore, from: string, to: string, parts: string[], worth: (sizes: number[]) => boolean): Promise<number[] | undefined> {
+  const sizes: number[] = [];
+  try {
+    for (const p of parts) sizes.push(await blobs.copy!(`${from}.${p}`, `${to}.${p}`));
+    if (worth(sizes)) return sizes;
+  } catch {
+    // (undefined: the whole is stored instead)
+  }
+  for (const p of parts.slice(0, sizes.length)) await blobs.delete(`${to}.${p}`).catch(() => {});
+  return undefined;
+}
+
+/**
  * Stores image directory `imageDir` as object `key` and its attachments. Returns the image's
- * metadata, the bytes stored (object and attachments, before deduplication) and the suffixes of
- * the attachments `copied`: one that stands for what it stood for in image `opts.earlier` is a
- * copy of that one's object.
+ * metadata, the bytes stored (object and attachments, before deduplication) and, per attachment
+ * stored as its change since image `opts.earlier` (a copy of that one's parts, which costs
+ * manifests, not a pass over the bytes, then the change as one more part), its suffix and the
+ * change's size.
  *
  * @example
  * const { sizeBytes } = await putImage(blobs, `snapshots/acme/${id}`, imageDir, { id, sandboxId, ... }, driverRouter.imageForms('gvisor'));
@@ -32,32 +71,41 @@ export async function putImage(
     /** The object shares nothing with stored ones (a runtime's compressed image): stored without looking for chunks to share ({@link BlobStore.putWhole}). */
     whole?: boolean;
   } = {},
-): Promise<{ meta: SnapshotMeta; sizeBytes: number; copied: string[] }> {
+): Promise<{ meta: SnapshotMeta; sizeBytes: number; since: { suffix: string; size: number }[] }> {
   const { earlier } = opts;
   const attachments: NonNullable<SnapshotMeta['attachments']> = [];
-  const copied: string[] = [];
+  const since: { suffix: string; size: number }[] = [];
   try {
     if (forms.attachments.length) {
       for (const name of await imageEntries(imageDir)) {
         for (const a of forms.attachments) {
           const file = path.join(imageDir, name);
-          // Recorded before the write, so that a failure deletes whatever of it was stored.
-          const entry = { file: name, name: a.name, key: a.suffix, size: 0 };
-          // What an earlier snapshot of the sandbox stored already (a disk nothing wrote to
-          // since): its object is copied, which costs a manifest, not a pass over the bytes.
-          if (earlier && blobs.copy && (await a.unchangedSince?.(file, earlier.id))) {
-            // The earlier snapshot went meanwhile (retention), or its object cannot be read:
-            // the bytes are stored anew (a store that cannot write them fails that put). A
-            // failed copy wrote nothing (its one write is the store's atomic put).
-            const size = await blobs.copy(`${earlier.key}.${a.suffix}`, `${key}.${a.suffix}`).catch(() => undefined);
-            if (size !== undefined) {
-              attachments.push({ ...entry, size });
-              copied.push(a.suffix);
-              break;
+          if (earlier && blobs.copy && a.openSince) {
+            // What the sandbox's previous snapshot stored, then the change since: a snapshot
+            // after a small change (or none) does not store everything again. Where that one
+            // went meanwhile (retention), its copy left the node, or its parts are many or add
+            // up to more than their whole, the whole is stored.
+            const parts = await storedParts(blobs, earlier.key, a.suffix);
+            const change = parts.length > 0 && parts.length < MAX_ATTACHMENT_PARTS ? await a.openSince(file, earlier.id) : undefined;
+            const sizes = change && (await copyParts(blobs, earlier.key, key, parts, (s) => s.slice(1).reduce((n, x) => n + x, 0) <= s[0]!));
+            if (change && sizes) {
+              const last = partKey(a.suffix, parts.length);
+              const size = await blobs.put(`${key}.${last}`, change).finally(() => change.destroy()).catch(() => undefined);
+              if (size !== undefined) {
+                parts.forEach((p, i) => attachments.push({ file: name, name: a.name, key: p, size: sizes[i]! }));
+                attachments.push({ file: name, name: a.name, key: last, size });
+                since.push({ suffix: a.suffix, size });
+                break;
+              }
+              // The change could not be made (btrfs failing) or stored: the whole, as if there were no earlier one.
+              for (const p of [...parts, last]) await blobs.delete(`${key}.${p}`).catch(() => {});
             }
+            change?.destroy();
           }
           const bytes = await a.open(file);
           if (!bytes) continue;
+          // Recorded before the write, so that a failure deletes whatever of it was stored.
+          const entry = { file: name, name: a.name, key: a.suffix, size: 0 };
           attachments.push(entry);
           // A store that fails (a revoked key) may leave the stream unread: its producer stops with it.
           entry.size = await blobs.put(`${key}.${a.suffix}`, bytes).finally(() => bytes.destroy());
@@ -67,7 +115,7 @@ export async function putImage(
     }
     const { stream, meta: full } = await packSnapshot(imageDir, { ...meta, ...(attachments.length ? { attachments } : {}) }, forms.codecs);
     const size = opts.whole && blobs.putWhole ? await blobs.putWhole(key, stream) : await blobs.put(key, stream);
-    return { meta: full, sizeBytes: size + attachments.reduce((n, a) => n + a.size, 0), copied };
+    return { meta: full, sizeBytes: size + attachments.reduce((n, a) => n + a.size, 0), since };
   } catch (err) {
     // Nothing names what was stored; it goes now (or with the next collection).
     for (const a of attachments) await blobs.delete(`${key}.${a.key}`).catch(() => {});
@@ -77,21 +125,33 @@ export async function putImage(
 
 /**
  * Reads object `key` into `imageDir` (verified: SNAPSHOT_CORRUPT) and makes what its
- * attachments stand for where this node lacks it, from their stored bytes.
+ * attachments stand for where this node lacks it, from their stored bytes (a file's parts one
+ * after another).
  *
  * @example
  * await getImage(blobs, snap.blobKey, snap.id, dir, 2 ** 35, driverRouter);
  */
 export async function getImage(blobs: BlobStore, key: string, id: string, imageDir: string, maxPayload: number, forms: ImageReaders): Promise<SnapshotMeta> {
   const meta = await readSnapshot(id, await blobs.get(key), imageDir, maxPayload, (name) => forms.codecNamed(name));
-  for (const a of meta.attachments ?? []) {
+  const byFile = new Map<string, NonNullable<SnapshotMeta['attachments']>>();
+  for (const a of meta.attachments ?? []) byFile.set(a.file, [...(byFile.get(a.file) ?? []), a]);
+  for (const [name, parts] of byFile) {
+    const a = parts[0]!;
     const attachment = forms.attachmentNamed(a.name);
     if (!attachment) throw new SpaceError('DRIVER_UNAVAILABLE', `Snapshot ${id} stores the bytes of ${a.file} as ${a.name}, which no driver of this daemon reads; start spaced with the driver that took it (${meta.driver}, with the same options)`, { details: { snapshotId: id } });
-    const file = path.join(imageDir, a.file);
+    if (parts.some((p) => p.name !== a.name)) throw new SpaceError('SNAPSHOT_CORRUPT', `Snapshot ${id} is corrupt: the parts of ${a.file} are of different kinds; it was not restored`, { details: { snapshotId: id } });
+    const file = path.join(imageDir, name);
     if (!(await attachment.needed(file))) continue;
-    const bytes = await blobs.get(`${key}.${a.key}`).catch((err: unknown) => {
-      throw err instanceof SpaceError && err.code !== 'SNAPSHOT_NOT_FOUND' ? err : new SpaceError('SNAPSHOT_CORRUPT', `Snapshot ${id} is corrupt: the stored bytes of ${a.file} are missing; it was not restored`, { cause: err, details: { snapshotId: id } });
-    });
+    const part = (p: (typeof parts)[number]): Promise<Readable> =>
+      blobs.get(`${key}.${p.key}`).catch((err: unknown) => {
+        throw err instanceof SpaceError && err.code !== 'SNAPSHOT_NOT_FOUND' ? err : new SpaceError('SNAPSHOT_CORRUPT', `Snapshot ${id} is corrupt: the stored bytes of ${a.file} are missing; it was not restored`, { cause: err, details: { snapshotId: id } });
+      });
+    const first = await part(a);
+    async function* all(): AsyncGenerator<Buffer> {
+      yield* first;
+      for (const p of parts.slice(1)) yield* await part(p);
+    }
+    const bytes = parts.length === 1 ? first : Readable.from(all(), { objectMode: false });
     await attachment.apply(file, bytes).catch((err: unknown) => {
       throw err instanceof SpaceError && err.code !== 'SNAPSHOT_CORRUPT' ? err : new SpaceError('SNAPSHOT_CORRUPT', `Snapshot ${id} is corrupt: ${a.file} could not be made from its stored bytes (${err instanceof Error ? err.message : String(err)}); it was not restored`, { cause: err, details: { snapshotId: id } });
     });
@@ -100,13 +160,18 @@ export async function getImage(blobs: BlobStore, key: string, id: string, imageD
 }
 
 /**
- * Deletes object `key` and whatever attachments it may have (`suffixes`: every enabled driver's;
- * deleting one that is not there does nothing).
+ * Deletes object `key` and whatever attachments it may have, every part (`suffixes`: every
+ * enabled driver's; deleting one that is not there does nothing).
  *
  * @example
  * await deleteImage(blobs, snap.blobKey, drivers.attachmentSuffixes());
  */
 export async function deleteImage(blobs: BlobStore, key: string, suffixes: readonly string[]): Promise<void> {
   await blobs.delete(key);
-  for (const s of suffixes) await blobs.delete(`${key}.${s}`);
+  for (const s of suffixes) {
+    await blobs.delete(`${key}.${s}`);
+    // Its further parts, in order (any left by a crash half-way are collected: an attachment
+    // lives as long as its object).
+    for (let i = 1; i < MAX_ATTACHMENT_PARTS && (await blobs.stat(`${key}.${partKey(s, i)}`)); i++) await blobs.delete(`${key}.${partKey(s, i)}`);
+  }
 }

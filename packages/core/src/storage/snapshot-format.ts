@@ -15,6 +15,9 @@
  * Version 3 added `attachments`: bytes an image file stands for, stored as objects of their own
  * beside the snapshot's (see ImageAttachment and image-objects.ts); written only by a
  * snapshot that has some (others stay version 2, readable by daemons from before).
+ * Version 4 lets a file's bytes be stored in several parts, applied in the order listed (a
+ * whole, then the changes since: ImageAttachment.openSince); written only by a snapshot with a
+ * file stored so, which daemons from before refuse instead of applying its first part alone.
  *
  * `metadata.payloadSha256` covers the payload; {@link readSnapshot} verifies both hashes and all
  * sizes while unpacking, and refuses with `SNAPSHOT_CORRUPT` before anything is restored.
@@ -29,7 +32,7 @@ import { CHECKPOINT_COMPLETE, type ImageFileCodec } from '../ports/driver.js';
 
 export const SNAPSHOT_MAGIC = Buffer.from('SPACESNP');
 /** The newest format written (a snapshot without attachments is written as version 2). */
-export const SNAPSHOT_FORMAT_VERSION = 3;
+export const SNAPSHOT_FORMAT_VERSION = 4;
 /** An ImageAttachment's key suffix. */
 const SUFFIX = /^[a-z0-9-]{1,32}$/;
 const MAX_META = 64 * 1024;
@@ -51,11 +54,17 @@ export interface SnapshotMeta {
   files: { name: string; size: number; codec?: string }[];
   /**
    * Image files whose bytes are stored apart, as `<this object's key>.<key>` (version 3): the
-   * attachment's name, its key suffix, and the stored size.
+   * attachment's name, its key suffix, and the stored size. A file listed more than once
+   * (version 4) is stored in parts, applied in this order.
    */
   attachments?: { file: string; name: string; key: string; size: number }[];
   payloadSize: number;
   payloadSha256: string;
+}
+
+/** Whether some file's bytes are stored in more than one part (format version 4). */
+function inParts(attachments: NonNullable<SnapshotMeta['attachments']>): boolean {
+  return new Set(attachments.map((a) => a.file)).size < attachments.length;
 }
 
 /** The names of a runtime image directory's entries that are part of the image, in payload order. */
@@ -106,7 +115,7 @@ export async function packSnapshot(imageDir: string, meta: Omit<SnapshotMeta, 'f
   const metaBuf = Buffer.from(JSON.stringify(full));
   const head = Buffer.alloc(FIXED);
   SNAPSHOT_MAGIC.copy(head, 0);
-  head.writeUInt16BE(full.attachments?.length ? 3 : 2, 8);
+  head.writeUInt16BE(!full.attachments?.length ? 2 : inParts(full.attachments) ? 4 : 3, 8);
   head.writeUInt32BE(metaBuf.length, 10);
   createHash('sha256').update(metaBuf).digest().copy(head, 14);
   async function* body(): AsyncGenerator<Buffer> {
@@ -166,7 +175,7 @@ export async function readSnapshot(id: string, src: Readable, imageDir: string, 
   for (const f of meta.files) if (typeof f.name !== 'string' || !/^[A-Za-z0-9._-]{1,128}$/.test(f.name)) throw corrupt(id, 'bad file name');
   if (meta.attachments !== undefined) {
     const ok = version >= 3 && Array.isArray(meta.attachments) && meta.attachments.every((a) => meta.files.some((f) => f.name === a.file && f.codec === undefined) && typeof a.name === 'string' && typeof a.key === 'string' && SUFFIX.test(a.key) && Number.isSafeInteger(a.size) && a.size >= 0);
-    if (!ok) throw corrupt(id, 'bad attachments');
+    if (!ok || (version < 4 && inParts(meta.attachments))) throw corrupt(id, 'bad attachments');
   }
   const decoders = new Map<string, ImageFileCodec>();
   for (const f of meta.files) {
