@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { DiskPool } from '../packages/driver-gvisor/dist/index.js';
@@ -102,9 +102,14 @@ describe('disk pool (btrfs)', () => {
     assert.deepEqual(await pool.list(), { disks: ['sba'], copies: [] });
   });
 
-  it('the pool survives being unmounted: opened again, its disks and templates are there', async () => {
+  it('the pool survives being unmounted: opened again, its disks and templates are there, and receives a crash cut short are gone', async () => {
+    // A receive of stored streams cut short by a crash: its scratch directory, a subvolume in it.
+    const scratch = await pool.receiving();
+    execFileSync('btrfs', ['subvolume', 'create', path.join(scratch, 'sn1')]);
+    assert.deepEqual((await pool.list()).copies, [], 'not a copy');
     await pool.close();
     pool = await open();
+    assert.deepEqual(readdirSync(path.join(pool.mountPoint, 'copies')), [], 'the scratch directory and what it held are gone');
     assert.deepEqual((await pool.list()).disks, ['sba']);
     assert.ok(pool.templatePath('tpl'));
     assert.equal((await pool.usage('sba')).limitBytes, 64 * MiB, 'limits are kept');

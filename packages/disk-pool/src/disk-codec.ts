@@ -165,7 +165,7 @@ export class DiskCodec implements ImageFileCodec {
  */
 async function receiveCopy(pool: DiskPool, mark: DiskMark, stream: Readable, timeoutMs: number): Promise<void> {
   if (!pool.templatePath(mark.template)) throw new SpaceError('SNAPSHOT_CORRUPT', `The disk of this snapshot grew from template files (${mark.template}) this node's pool does not hold; create a sandbox of that template here first`);
-  const scratch = await fs.mkdtemp(path.join(path.dirname(pool.copyPath(mark.copy)), '.recv-'));
+  const scratch = await pool.receiving();
   try {
     // Every stream to its end (a whole, then the changes since, each against the one before: a
     // stream names its parent, which btrfs finds among those received before it).

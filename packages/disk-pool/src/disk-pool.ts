@@ -62,6 +62,9 @@ function isMountPoint(dir: string): boolean {
   return mountPoints().has(path.resolve(dir));
 }
 
+/** Scratch directories of receives under way, in `copies/`. */
+const RECEIVING = '.recv-';
+
 /**
  * The node's pool of sandbox disks.
  *
@@ -138,6 +141,12 @@ export class DiskPool {
       for (const d of ['templates', 'disks', 'copies', 'trash']) await fs.mkdir(path.join(mnt, d), { recursive: true });
       // What a crash left half-removed.
       for (const t of await fs.readdir(path.join(mnt, 'trash'))) pool.purge(path.join(mnt, 'trash', t));
+      // Receives a crash cut short (disk-codec.ts: scratch directories beside the copies): what
+      // they received goes through the trash.
+      for (const r of (await fs.readdir(path.join(mnt, 'copies'))).filter((n) => n.startsWith(RECEIVING))) {
+        for (const d of await fs.readdir(path.join(mnt, 'copies', r))) await pool.remove(path.join(mnt, 'copies', r, d)).catch(() => {});
+        await fs.rmdir(path.join(mnt, 'copies', r)).catch(() => {});
+      }
     } catch (err) {
       if (err instanceof SpaceError && (err.code === 'CONFIG_INVALID' || err.code === 'KEY_INVALID')) throw err;
       throw new SpaceError('CONFIG_INVALID', `Cannot set up the disk pool in ${opts.dir}: ${(err as Error).message}. Sandbox disks need btrfs-progs, loop devices and btrfs in the kernel, and to keep them encrypted fscrypt and ext4 with encryption (./space up installs btrfs-progs and fscrypt)`, { cause: err });
@@ -343,9 +352,17 @@ export class DiskPool {
     this.purge(trash);
   }
 
+  /**
+   * A new scratch directory beside the copies to receive stored streams into (removed, with what
+   * is in it, by the next open after a crash).
+   */
+  receiving(): Promise<string> {
+    return fs.mkdtemp(path.join(this.mountPoint, 'copies', RECEIVING));
+  }
+
   /** Disks and copies that exist (after a crash: compare with what the daemon knows). */
   async list(): Promise<{ disks: string[]; copies: string[] }> {
-    const names = async (d: string) => (await fs.readdir(path.join(this.mountPoint, d))).filter((n) => !n.endsWith('.part')).sort();
+    const names = async (d: string) => (await fs.readdir(path.join(this.mountPoint, d))).filter((n) => !n.endsWith('.part') && !n.startsWith(RECEIVING)).sort();
     return { disks: await names('disks'), copies: await names('copies') };
   }
 
