@@ -148,6 +148,16 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s5.id)]);
     await sb.rollback(s5.id);
     assert.equal(await sb.files.read('/tmp/b.txt'), 'five');
+    // After a rollback to an older snapshot, the next change is made against the newest one
+    // (the session's last snapshot), which this disk did not grow from: it restores all the same.
+    await sb.rollback(s2.id);
+    await sb.files.write('/tmp/c.txt', 'six');
+    const s6 = await sb.snapshot();
+    const said6 = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message).find((m) => m.includes(`snapshot ${s6.id} `));
+    assert.match(said6, new RegExp(`disk stored as its changes since ${s5.id}`));
+    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s6.id)]);
+    await sb.rollback(s6.id);
+    assert.deepEqual([await sb.files.read('/tmp/a.txt'), await sb.files.read('/tmp/c.txt'), (await sb.commands.run('test -e /tmp/b.txt')).exitCode], ['one', 'six', 1]);
     await sb.kill();
   });
 
