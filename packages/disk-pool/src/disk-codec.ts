@@ -176,8 +176,9 @@ async function receiveCopy(pool: DiskPool, mark: DiskMark, stream: Readable, tim
     if (!received.includes(got)) throw new SpaceError('SNAPSHOT_CORRUPT', received.length ? `The stored disk streams make ${received.join(', ')}, not copy ${mark.copy}` : 'The stored disk stream holds no subvolume');
     // A read-only subvolume cannot be renamed: a snapshot of it takes its place (no bytes copied).
     await btrfs(['subvolume', 'snapshot', '-r', path.join(scratch, got), pool.copyPath(mark.copy)], timeoutMs);
-    // (Through the pool's trash: emptied first, so that dropping them keeps the quota counts exact.)
-    for (const d of received) await pool.remove(path.join(scratch, d));
+    // Through the pool's trash: emptied first, so that dropping them keeps the quota counts
+    // exact. (One that cannot go now is swept when the pool next opens: the copy is whole.)
+    for (const d of received) await pool.remove(path.join(scratch, d)).catch(() => {});
   } catch (err) {
     for (const d of await fs.readdir(scratch).catch(() => [] as string[])) await pool.remove(path.join(scratch, d)).catch(() => {});
     if (err instanceof SpaceError) throw err;
