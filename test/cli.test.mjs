@@ -182,6 +182,13 @@ describe('space CLI', () => {
     assert.match(await ok('snapshot-policy', id, '--every', '10m', '--keep', '6'), /every 600000 ms, keep 6/);
     assert.match(await ok('snapshot-policy', id, '--off'), /no rolling snapshots/);
     assert.match(await ok('events', id), /hibernated to snapshot/);
+    // Deleting snapshots: one the sandbox has goes; a wrong id is refused and changes nothing.
+    const extra = (await ok('snapshot', id)).trim();
+    const bad = await space('snapshot-rm', id, 'snnotasnapshot0000000');
+    assert.equal(bad.code, 1);
+    assert.match(bad.stderr, /SNAPSHOT_NOT_FOUND/);
+    assert.equal(await ok('snapshot-rm', id, snap, extra), `${snap} deleted\n${extra} deleted\n`);
+    assert.ok(!JSON.parse(await ok('snapshots', id, '--json')).some((s) => [snap, extra].includes(s.id)));
     for (const f of [...forks, fromSnap]) await ok('kill', f);
   });
 

@@ -625,6 +625,17 @@ program
   });
 
 program
+  .command('snapshot-rm <id> <snapshot...>')
+  .description("delete snapshots of a sandbox (the others stay restorable; not the one a hibernated sandbox sleeps in)")
+  .action(async (id: string, snapshots: string[]) => {
+    const sb = await Sandbox.connect(id, connection());
+    for (const s of snapshots) {
+      await sb.deleteSnapshot(s);
+      process.stdout.write(`${s} deleted\n`);
+    }
+  });
+
+program
   .command('rollback <id> <snapshot>')
   .description('roll a sandbox back to one of its snapshots')
   .action(async (id: string, snapshot: string) => {

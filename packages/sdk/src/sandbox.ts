@@ -183,6 +183,18 @@ export class Sandbox {
     return (await this.api.json<{ snapshots: SnapshotInfo[] }>('GET', `/v1/sandboxes/${this.id}/snapshots`)).snapshots;
   }
 
+  /**
+   * Deletes one of the sandbox's snapshots: its stored image and disk, and the node's copy.
+   * The others stay restorable. Fails with `SANDBOX_INVALID_STATE` (409) for the snapshot a
+   * hibernated sandbox sleeps in, and `SNAPSHOT_NOT_FOUND` (404) for one the sandbox does not have.
+   *
+   * @example
+   * for (const s of (await sb.snapshots()).slice(0, -3)) await sb.deleteSnapshot(s.id); // keep the newest three
+   */
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    await this.api.request('DELETE', `/v1/sandboxes/${this.id}/snapshots/${encodeURIComponent(snapshotId)}`);
+  }
+
   /** Rolls the sandbox back to one of its snapshots, in place (verified before anything changes). */
   async rollback(snapshotId: string): Promise<void> {
     this.info = await this.api.json<SandboxInfo>('POST', `/v1/sandboxes/${this.id}/rollback`, { json: { snapshotId }, timeoutMs: 600_000 });
