@@ -116,8 +116,18 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     const s3 = await sb.snapshot();
     assert.equal((await sb.commands.run('rm /tmp/a.txt')).exitCode, 0); // a change that writes no data: a deletion
     const s4 = await sb.snapshot();
-    const said = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message);
+    let said = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message);
     const line = (s) => said.find((m) => m.includes(`snapshot ${s.id} `)) ?? '';
+    // Takes a snapshot that stores its change since `earlier`, removes the node's copy of it, and
+    // rolls back to it: the disk comes from the store.
+    const changeThenRestore = async (earlier) => {
+      const s = await sb.snapshot();
+      said = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message);
+      assert.match(line(s), new RegExp(`disk stored as its changes since ${earlier.id}`));
+      execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s.id)]);
+      await sb.rollback(s.id);
+      return s;
+    };
     // Nothing written since s1: s2 stores s1's stream and a change of a few hundred bytes.
     const changeBytes = (s) => Number(new RegExp(`disk stored as its changes since \\w+ \\((\\d+) bytes\\)`).exec(line(s))?.[1]);
     assert.match(line(s2), new RegExp(`disk stored as its changes since ${s1.id}`));
@@ -142,21 +152,13 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     assert.equal((await sb.commands.run('test -e /tmp/a.txt')).exitCode, 1, 'the deletion was stored, not s3\'s file');
     // A change made against a copy received from the store (s4's, just now) restores too.
     await sb.files.write('/tmp/b.txt', 'five');
-    const s5 = await sb.snapshot();
-    const said5 = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message).find((m) => m.includes(`snapshot ${s5.id} `));
-    assert.match(said5, new RegExp(`disk stored as its changes since ${s4.id}`));
-    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s5.id)]);
-    await sb.rollback(s5.id);
+    const s5 = await changeThenRestore(s4);
     assert.equal(await sb.files.read('/tmp/b.txt'), 'five');
     // After a rollback to an older snapshot, the next change is made against the newest one
     // (the session's last snapshot), which this disk did not grow from: it restores all the same.
     await sb.rollback(s2.id);
     await sb.files.write('/tmp/c.txt', 'six');
-    const s6 = await sb.snapshot();
-    const said6 = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message).find((m) => m.includes(`snapshot ${s6.id} `));
-    assert.match(said6, new RegExp(`disk stored as its changes since ${s5.id}`));
-    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s6.id)]);
-    await sb.rollback(s6.id);
+    await changeThenRestore(s5);
     assert.deepEqual([await sb.files.read('/tmp/a.txt'), await sb.files.read('/tmp/c.txt'), (await sb.commands.run('test -e /tmp/b.txt')).exitCode], ['one', 'six', 1]);
     await sb.kill();
   });
