@@ -345,7 +345,8 @@ export class DiskPool {
    */
   async remove(p: string): Promise<void> {
     if (!existsSync(p)) return;
-    // -f: a copy received from the store carries a received UUID, which this flip drops (nothing needs it).
+    // -f: a copy received from the store carries a received UUID, which this flip drops. (In its
+    // place the copy needs it: a change stored against it names it. Once it goes, nothing does.)
     await this.cmd('btrfs', ['property', 'set', '-f', '-ts', p, 'ro', 'false']);
     const trash = path.join(this.mountPoint, 'trash', `${path.basename(p)}.${Date.now().toString(36)}${Math.random().toString(36).slice(2, 6)}`);
     await fs.rename(p, trash);
@@ -355,6 +356,9 @@ export class DiskPool {
   /**
    * A new scratch directory beside the copies to receive stored streams into (removed, with what
    * is in it, by the next open after a crash).
+   *
+   * @example
+   * const scratch = await pool.receiving(); // <pool>/copies/.recv-XXXXXX
    */
   receiving(): Promise<string> {
     return fs.mkdtemp(path.join(this.mountPoint, 'copies', RECEIVING));
