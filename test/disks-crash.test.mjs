@@ -3,6 +3,7 @@
 // snapshot, wake, rollback, fork). After each restart the session runs (or stays hibernated)
 // with the files of the moment, and the pool holds no disk or copy that nothing owns.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { readdirSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -106,4 +107,39 @@ describe('sandbox disks: SIGKILL of the daemon', { timeout: 20 * 60_000 }, () =>
       assert.deepEqual(await strays(), []);
     });
   }
+
+  it('a snapshot killed while it stores its change since the previous one is rolled forward at restart, and it and the next restore from the store', async () => {
+    let sb = await Sandbox.create({ ...d.conn, template: 'minimal', diskMb: 1024 });
+    ids.add(sb.id);
+    await sb.commands.run('head -c 67108864 /dev/urandom > /tmp/big', { timeoutMs: 120_000 });
+    const first = await sb.snapshot();
+    // A change big enough that its store is under way when the daemon dies.
+    await sb.commands.run('head -c 33554432 /dev/urandom > /tmp/a', { timeoutMs: 120_000 });
+    await kill();
+    await start({ SPACE_FAULT_INJECT: 'snapshot:during-store' });
+    sb = await Sandbox.connect(sb.id, d.conn);
+    await sb.snapshot().catch(() => {});
+    assert.equal((await d.exited).sig ?? (await d.exited), 'SIGKILL', 'snapshot:during-store was reached');
+    await start();
+    sb = await Sandbox.connect(sb.id, d.conn);
+    assert.equal(sb.info.state, 'running');
+    // Its checkpoint was complete: the restart stores it as the snapshot it was meant to be.
+    const listed = (await sb.snapshots()).map((s) => s.id);
+    assert.equal(listed.length, 2, `rolled forward: ${listed}`);
+    assert.equal(listed[0], first.id);
+    const cut = listed[1];
+    const sums = 'md5sum /tmp/big /tmp/a | cut -d" " -f1';
+    const then = (await sb.commands.run(sums)).stdout;
+    await sb.files.write('/tmp/b', 'b');
+    const next = await sb.snapshot();
+    const said = (await sb.events()).filter((e) => e.type === 'snapshot').map((e) => e.message).find((m) => m.includes(`snapshot ${next.id} `));
+    assert.match(said, new RegExp(`disk stored as its changes since ${cut}`));
+    // Both from the store, without the node's copies.
+    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', cut), path.join(mnt, 'copies', next.id)]);
+    await sb.rollback(cut);
+    assert.deepEqual([(await sb.commands.run(sums)).stdout, await sb.files.exists('/tmp/b')], [then, false]);
+    await sb.rollback(next.id);
+    assert.deepEqual([(await sb.commands.run(sums)).stdout, await sb.files.read('/tmp/b')], [then, 'b']);
+    assert.deepEqual(await strays(), []);
+  });
 });
