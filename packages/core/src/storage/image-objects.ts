@@ -168,10 +168,7 @@ export async function getImage(blobs: BlobStore, key: string, id: string, imageD
  */
 export async function deleteImage(blobs: BlobStore, key: string, suffixes: readonly string[]): Promise<void> {
   await blobs.delete(key);
-  for (const s of suffixes) {
-    await blobs.delete(`${key}.${s}`);
-    // Its further parts, in order (any left by a crash half-way are collected: an attachment
-    // lives as long as its object).
-    for (let i = 1; i < MAX_ATTACHMENT_PARTS && (await blobs.stat(`${key}.${partKey(s, i)}`)); i++) await blobs.delete(`${key}.${partKey(s, i)}`);
-  }
+  // Every part, in order (any left by a crash half-way are collected: an attachment lives as
+  // long as its object).
+  for (const s of suffixes) for (const p of await storedParts(blobs, key, s)) await blobs.delete(`${key}.${p}`);
 }
