@@ -154,13 +154,42 @@ describe('sandbox disks (gVisor, --disks on)', () => {
     await sb.files.write('/tmp/b.txt', 'five');
     const s5 = await changeThenRestore(s4);
     assert.equal(await sb.files.read('/tmp/b.txt'), 'five');
-    // After a rollback to an older snapshot, the next change is made against the newest one
-    // (the session's last snapshot), which this disk did not grow from: it restores all the same.
+    // After a rollback to an older snapshot, the next change is made against that one (what the
+    // disk grew from), not the session's newest (s5); and the one after against it in turn.
     await sb.rollback(s2.id);
     await sb.files.write('/tmp/c.txt', 'six');
-    await changeThenRestore(s5);
+    const s6 = await changeThenRestore(s2);
     assert.deepEqual([await sb.files.read('/tmp/a.txt'), await sb.files.read('/tmp/c.txt'), (await sb.commands.run('test -e /tmp/b.txt')).exitCode], ['one', 'six', 1]);
+    await sb.files.write('/tmp/d.txt', 'seven');
+    await changeThenRestore(s6);
+    assert.deepEqual([await sb.files.read('/tmp/c.txt'), await sb.files.read('/tmp/d.txt')], ['six', 'seven']);
     await sb.kill();
+  });
+
+  it("a fork's first snapshot stores its change since the snapshot it was forked from, and restores from the store after its parent is gone", async () => {
+    const parent = await fx.create({ template: 'minimal', diskMb: 1024 });
+    const data = randomBytes(4 * MiB).toString('base64');
+    await parent.files.write('/tmp/parent.txt', data);
+    const [child] = await parent.fork({ count: 1 });
+    fx.track(child);
+    const from = (await child.refresh()).fromSnapshotId;
+    assert.ok(from, 'the fork names the snapshot it was copied from');
+    await child.files.write('/tmp/child.txt', 'mine');
+    const s = await child.snapshot();
+    const line = (await child.events()).filter((e) => e.type === 'snapshot').map((e) => e.message).find((m) => m.includes(`snapshot ${s.id} `)) ?? '';
+    const m = new RegExp(`disk stored as its changes since ${from} \\((\\d+) bytes\\)`).exec(line);
+    assert.ok(m, line);
+    assert.ok(Number(m[1]) < 64 * 1024, `the change is the child's file, not the parent's file (5.6 MB): ${line}`);
+    // The parent and its snapshots go (and the collector runs): the child's snapshot holds its
+    // own copies of the parts it needs.
+    await parent.kill();
+    await fetch(`${fx.url}/v1/admin/gc`, { method: 'POST', headers: { authorization: `Bearer ${fx.key}` } });
+    await child.files.write('/tmp/child.txt', 'changed');
+    execFileSync('btrfs', ['subvolume', 'delete', path.join(mnt, 'copies', s.id)]);
+    await child.rollback(s.id);
+    assert.equal(await child.files.read('/tmp/child.txt'), 'mine');
+    assert.equal(await child.files.read('/tmp/parent.txt'), data);
+    await child.kill();
   });
 
   it('forks ×2 diverge and leave the parent unchanged; a fork of 1 GiB of files adds < 50 MiB to the pool', async () => {

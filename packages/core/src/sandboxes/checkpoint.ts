@@ -230,10 +230,10 @@ export class Checkpoints implements CheckpointHooks {
     // chunk (~20 ms of a hibernate's store). A driver without codecs (microVM: raw RAM, which
     // deduplicates well) is stored as always.
     const whole = asWritten && forms.codecs.length > 0;
-    // The sandbox's newest snapshot before this one: what it stored beside its image (a disk's
-    // stream) serves this one too, followed by the change since (the driver makes it).
-    const before = forms.attachments.length && sb.lastSnapshotId && sb.lastSnapshotId !== id ? await this.c.store.getSnapshot(sb.lastSnapshotId) : undefined;
-    const earlier = before?.sandboxId === sb.id && before.blobKey ? { id: before.id, key: before.blobKey } : undefined;
+    // What the sandbox's disk grew from (see diskGrewFrom): what that snapshot stored beside its
+    // image (a disk's stream) serves this one too, followed by the change since (the driver makes it).
+    const before = forms.attachments.length ? await this.diskGrewFrom(sb, id) : undefined;
+    const earlier = before?.blobKey ? { id: before.id, key: before.blobKey } : undefined;
     const { meta, sizeBytes, since } = await this.c.faults.during('snapshot:during-store', putImage(this.c.blobs, blobKey, imageDir, {
       id,
       sandboxId: sb.id,
@@ -268,6 +268,26 @@ export class Checkpoints implements CheckpointHooks {
     const changes = since.length && earlier ? `; ${since.map((c) => `${c.suffix} stored as its changes since ${earlier.id} (${c.size} bytes)`).join(', ')}` : '';
     await this.c.event(sb.id, 'snapshot', `snapshot ${id} (${trigger}${intent.name ? `, "${intent.name}"` : ''}): ${sizeBytes} bytes, ${downtimeMs} ms downtime${laps ? ` (ms: ${laps})` : ''}${changes}`);
     return snapshot;
+  }
+
+  /**
+   * The snapshot the sandbox's disk last grew from, other than snapshot `id`: its newest own
+   * snapshot, unless it was restored from another since — the one it was rolled back to, or the
+   * parent's snapshot a fork was copied from (that sandbox's, the same tenant's), until it takes
+   * its own. A snapshot taken after that restore names it as its parent (`parentSnapshotId`).
+   * Any stored snapshot of the tenant would give a correct change (btrfs sends the difference
+   * of any two trees); the one the disk grew from gives the smallest, and lets a fork's first
+   * snapshot store its change since the fork instead of the whole disk.
+   */
+  private async diskGrewFrom(sb: Sandbox, id: string): Promise<Snapshot | undefined> {
+    const get = async (sid: string | undefined) => {
+      const s = sid && sid !== id ? await this.c.store.getSnapshot(sid) : undefined;
+      return s?.tenantId === sb.tenantId ? s : undefined;
+    };
+    const last = await get(sb.lastSnapshotId);
+    const own = last?.sandboxId === sb.id ? last : undefined;
+    if (own && (!sb.fromSnapshotId || own.id === sb.fromSnapshotId || own.parentSnapshotId === sb.fromSnapshotId)) return own;
+    return (await get(sb.fromSnapshotId)) ?? own;
   }
 
   /**
