@@ -699,6 +699,27 @@ describe('two nodes with disks: warm pools and volumes in placement', () => {
     assert.equal(sized.info.node, 'a', 'not the pool\'s shape: it restores on the node asked');
   });
 
+  it("node a, which cannot load b's template image (its disk grew from b's template files), takes its own and keeps it beside: the record and b's image stay", STEP, async () => {
+    const recorded = async () => (await Templates.list(a.conn)).find((t) => t.name === 'minimal').image?.createdAt;
+    const bImage = await recorded();
+    assert.ok(bImage, 'b took the image the record names');
+    // a's first create above booted and had a's own image taken in the background: a's next creates restore it.
+    const fromImage = await eventually(async () => {
+      const sb = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
+      ids.push(sb.id);
+      await sb.kill();
+      return sb.info.createTimings?.source === 'snapshot' && sb;
+    }, { tries: 30, everyMs: 500 });
+    assert.equal(fromImage.info.node, 'a');
+    assert.equal(await recorded(), bImage, "the record still names b's image");
+    // b still restores its own (a size its pool does not keep), which a did not remove.
+    const onB = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 });
+    ids.push(onB.id);
+    assert.deepEqual([onB.info.node, onB.info.createTimings?.source], ['b', 'snapshot'], JSON.stringify(onB.info.createTimings));
+    await onB.kill();
+    assert.equal(await recorded(), bImage);
+  });
+
   it('a create mounting a volume runs on the node that keeps it, whichever node is asked; volumes of two nodes in one create: VOLUMES_ON_DIFFERENT_NODES', STEP, async () => {
     await Volumes.create('on-b', { ...b.conn, sizeMb: 64 });
     await Volumes.create('on-a', { ...a.conn, sizeMb: 64 });

@@ -103,6 +103,9 @@ export interface TemplateServiceOptions {
 const UPLOAD_TTL_MS = 3600_000;
 const UPLOAD_ID_RE = /^up[a-f0-9]{24}$/;
 
+/** In the working copy of an image a node keeps beside the record's ({@link TemplateService.captureImage}): its {@link TemplateImage}. */
+const NODE_IMAGE_META = 'space-node-image.json';
+
 const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
 
 /**
@@ -233,11 +236,28 @@ export class TemplateService {
     return path.join(this.opts.imagesDir, image.key);
   }
 
-  /** The template's image if it is current and its working copy is there (written back from the stored copy if needed). */
+  /**
+   * The template's image if it is current and its working copy is there (written back from the
+   * stored copy if needed) — or, where this node could not load that one, its own
+   * ({@link captureImage}).
+   */
   async usableImage(t: Template): Promise<TemplateImage | undefined> {
-    if (!t.image || !TemplateService.isCurrent(t.image, await this.imageKey(t))) return undefined;
+    const contentKey = await this.imageKey(t);
+    if (!t.image || !TemplateService.isCurrent(t.image, contentKey)) return undefined;
     if (existsSync(path.join(this.imageDir(t.image), '.space-complete'))) return t.image;
+    const own = await this.nodeImage(contentKey);
+    if (own) return own;
     return (await this.loadImage(t, t.image)) ? t.image : undefined;
+  }
+
+  /** This node's own image for `contentKey`, kept beside the record's (see {@link captureImage}), if its working copy is there. */
+  private async nodeImage(contentKey: string): Promise<TemplateImage | undefined> {
+    const key = this.captureKey(contentKey);
+    if (!this.opts.shared || key === contentKey) return undefined;
+    const dir = path.join(this.opts.imagesDir, key);
+    if (!existsSync(path.join(dir, '.space-complete'))) return undefined;
+    const meta = await fs.readFile(path.join(dir, NODE_IMAGE_META), 'utf8').catch(() => undefined);
+    return meta ? (JSON.parse(meta) as TemplateImage) : undefined;
   }
 
   /** Writes the working copy of `image` from its stored copy, once at a time per image. */
@@ -294,7 +314,21 @@ export class TemplateService {
         // It may have been removed since the caller looked it up.
         if (!(await this.opts.store.getTemplate(t.tenantId, t.name))) throw new SpaceError('TEMPLATE_NOT_FOUND', `Template ${t.name} was removed`);
         const rootfs = await this.rootfsOf(t, progress);
-        const key = this.captureKey(await this.imageKey(t));
+        const contentKey = await this.imageKey(t);
+        const key = this.captureKey(contentKey);
+        const recorded = (await this.opts.store.getTemplate(t.tenantId, t.name))?.image;
+        // The record names another node's current image, which this node could not load: with
+        // disks, an image's disk grew from that node's template files, which this node's pool
+        // does not hold (docs/disks.md, "Not yet": disks do not move between nodes). This node
+        // takes its own and keeps it beside, in its working copies only: the record, and the
+        // other node's image that every other node may be using, stay as they are. (Replacing
+        // the record made the nodes take it in turns, each removing the other's image.)
+        if (this.opts.shared && recorded && recorded.key !== key && TemplateService.isCurrent(recorded, contentKey)) {
+          const own = await this.opts.capture(t, rootfs, key, progress);
+          await fs.writeFile(path.join(this.imageDir(own), NODE_IMAGE_META), JSON.stringify(own));
+          const cur = await this.opts.store.getTemplate(t.tenantId, t.name);
+          return { ...(cur ?? t), image: own };
+        }
         const old = t.image;
         const image = await this.keep(t, await this.opts.capture(t, rootfs, key, progress));
         const cur = await this.opts.store.getTemplate(t.tenantId, t.name);
