@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -699,18 +699,17 @@ describe('two nodes with disks: warm pools and volumes in placement', () => {
     assert.equal(sized.info.node, 'a', 'not the pool\'s shape: it restores on the node asked');
   });
 
-  it("node a, which cannot load b's template image (its disk grew from b's template files), takes its own and keeps it beside: the record and b's image stay", STEP, async () => {
+  it("node a restores b's template image — its disk grew from b's template files, which a receives from the store once — and the record and b's image stay", STEP, async () => {
     const recorded = async () => (await Templates.list(a.conn)).find((t) => t.name === 'minimal').image?.createdAt;
     const bImage = await recorded();
     assert.ok(bImage, 'b took the image the record names');
-    // a's first create above booted and had a's own image taken in the background: a's next creates restore it.
-    const fromImage = await eventually(async () => {
-      const sb = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
-      ids.push(sb.id);
-      await sb.kill();
-      return sb.info.createTimings?.source === 'snapshot' && sb;
-    }, { tries: 30, everyMs: 500 });
-    assert.equal(fromImage.info.node, 'a');
+    const onA = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256 });
+    ids.push(onA.id);
+    assert.deepEqual([onA.info.node, onA.info.createTimings?.source], ['a', 'snapshot'], JSON.stringify(onA.info.createTimings));
+    assert.equal((await onA.commands.run('echo fine')).stdout, 'fine\n');
+    await onA.kill();
+    const received = readdirSync(path.join(dirs.a, 'disks', 'mnt', 'templates')).filter((n) => n.startsWith('base-'));
+    assert.equal(received.length, 1, `b's template files, received on a: ${received}`);
     assert.equal(await recorded(), bImage, "the record still names b's image");
     // b still restores its own (a size its pool does not keep), which a did not remove.
     const onB = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256 });
@@ -718,6 +717,41 @@ describe('two nodes with disks: warm pools and volumes in placement', () => {
     assert.deepEqual([onB.info.node, onB.info.createTimings?.source], ['b', 'snapshot'], JSON.stringify(onB.info.createTimings));
     await onB.kill();
     assert.equal(await recorded(), bImage);
+  });
+
+  it('a session with a disk moves between nodes and back: its files, processes and snapshots go with it', STEP, async () => {
+    const sb = await Sandbox.create({ ...a.conn, template: 'minimal', memoryMb: 256, diskMb: 1024 });
+    ids.push(sb.id);
+    assert.equal(sb.info.node, 'a');
+    const data = randomBytes(2 * 1048576).toString('base64');
+    await sb.files.write('/root/data.txt', data);
+    await sb.commands.run('sleep 3600', { background: true });
+    const s1 = await sb.snapshot();
+    // In a cluster a snapshot holds the template files its disk grew from too: a copy of the stored ones.
+    assert.ok(existsSync(path.join(blobs, 'snapshots', s1.tenantId, `${s1.id}.disk-base`)), 'stored beside the snapshot');
+    await sb.move('b');
+    assert.deepEqual([sb.info.node, sb.info.state], ['b', 'running']);
+    assert.equal(await sb.files.read('/root/data.txt'), data, 'the disk came along');
+    assert.match((await sb.commands.run('ps -eo args')).stdout, /sleep 3600/);
+    // On b: it writes, snapshots (its change since the snapshot it woke from), rolls back to a's snapshot.
+    await sb.files.write('/root/b.txt', 'written on b');
+    const s2 = await sb.snapshot();
+    await sb.rollback(s1.id);
+    assert.equal((await sb.commands.run('test -e /root/b.txt')).exitCode, 1, "a's snapshot, restored on b");
+    assert.equal(await sb.files.read('/root/data.txt'), data);
+    await sb.rollback(s2.id);
+    assert.equal(await sb.files.read('/root/b.txt'), 'written on b');
+    // And back to a, which has lost the template files (b's) the disk grew from: they come from
+    // the snapshot, then what b changed.
+    const templatesA = path.join(dirs.a, 'disks', 'mnt', 'templates');
+    const bases = readdirSync(templatesA).filter((n) => n.startsWith('base-'));
+    assert.equal(bases.length, 1);
+    execFileSync('btrfs', ['subvolume', 'delete', path.join(templatesA, bases[0])]);
+    await sb.move('a');
+    assert.deepEqual([sb.info.node, sb.info.state], ['a', 'running']);
+    assert.deepEqual(readdirSync(templatesA).filter((n) => n.startsWith('base-')), bases, 'received again');
+    assert.deepEqual([await sb.files.read('/root/b.txt'), await sb.files.read('/root/data.txt')], ['written on b', data]);
+    await sb.kill();
   });
 
   it('a create mounting a volume runs on the node that keeps it, whichever node is asked; volumes of two nodes in one create: VOLUMES_ON_DIFFERENT_NODES', STEP, async () => {
@@ -764,6 +798,26 @@ describe('two nodes with disks: warm pools and volumes in placement', () => {
       assert.equal(await E2B.Volume.destroy(vol.volumeId, viaA), true);
     } finally {
       delete process.env.E2B_VOLUME_API_URL;
+    }
+  });
+
+  it('node b stopped: its hibernated session with a disk is taken over by a on the next request and wakes there with its files', STEP, async () => {
+    const sb = await Sandbox.create({ ...b.conn, template: 'minimal', memoryMb: 256, diskMb: 1024 });
+    ids.push(sb.id);
+    assert.equal(sb.info.node, 'b');
+    await sb.files.write('/root/kept', 'across nodes');
+    await sb.hibernate();
+    await daemons.b.close();
+    try {
+      const viaA = await Sandbox.connect(sb.id, a.conn);
+      assert.equal(await viaA.files.read('/root/kept'), 'across nodes', 'woken on a, its disk with it');
+      const now = await viaA.refresh();
+      assert.deepEqual([now.node, now.state], ['a', 'running']);
+      await viaA.kill();
+    } finally {
+      // Node b again, for the clean-up.
+      await node('b', { minimal: 1 });
+      b.conn.apiUrl = b.url = daemons.b.url;
     }
   });
 });

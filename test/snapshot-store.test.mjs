@@ -297,6 +297,56 @@ describe('snapshot store', () => {
     await assert.rejects(blobs.copy('snapshots/t9/nope.att', 'snapshots/t9/sn99.att'), (e) => e.code === 'SNAPSHOT_NOT_FOUND');
     await blobs.gc(async () => []); // (the part deleted above: the next test counts what a collection takes)
   });
+  it("a portable image (a cluster's) stores what its attachment is made against beside it, a copy after the first; a restore lacking it applies it first; it goes with its object", async () => {
+    const img = mkdtempSync(path.join(dir, 'img-'));
+    writeFileSync(path.join(img, 'state.bin'), randomBytes(10_000));
+    writeFileSync(path.join(img, 'mark.json'), '{"copy":"c4"}');
+    const template = randomBytes(200_000);
+    let baseOpened = 0;
+    let haveBase = true;
+    const done = [];
+    const att = {
+      name: 'test-attachment-v1',
+      suffix: 'att',
+      open: async (src) => (path.basename(src) === 'mark.json' ? Readable.from([randomBytes(1000)]) : undefined),
+      base: async (src) => (path.basename(src) === 'mark.json' ? { id: 'tpl-1', open: () => (baseOpened++, Readable.from([template])) } : undefined),
+      needed: async () => true,
+      needsBase: async () => !haveBase,
+      applyBase: async (_src, bytes) => void done.push(['base', await readAll(bytes)]),
+      apply: async (_src, bytes) => void done.push(['apply', (await readAll(bytes)).length]),
+    };
+    const readers = { codecNamed: () => undefined, attachmentNamed: (n) => (n === att.name ? att : undefined) };
+    const meta = (id) => ({ id, sandboxId: 'sb1', tenantId: 't11', template: 'x', driver: 'fake', driverVersion: '1', createdAt: new Date().toISOString() });
+    const forms = { codecs: [], attachments: [att] };
+    await putImage(blobs, 'snapshots/t11/sn1', img, meta('sn1'), forms);
+    assert.equal(await blobs.stat('snapshots/t11/sn1.att-base'), undefined, 'not portable: no base');
+    await putImage(blobs, 'snapshots/t11/sn2', img, meta('sn2'), forms, { portable: true });
+    await putImage(blobs, 'snapshots/t11/sn3', img, meta('sn3'), forms, { portable: true });
+    assert.equal(baseOpened, 1, 'the second is a copy of the first: the template is not read again');
+    for (const k of ['sn2', 'sn3']) assert.ok((await readAll(await blobs.get(`snapshots/t11/${k}.att-base`))).equals(template), k);
+    // The image the store last copied it from deleted: the next stores it anew.
+    await deleteImage(blobs, 'snapshots/t11/sn3', ['att']);
+    assert.equal(await blobs.stat('snapshots/t11/sn3.att-base'), undefined, 'deleted with its object');
+    await putImage(blobs, 'snapshots/t11/sn4', img, meta('sn4'), forms, { portable: true });
+    assert.equal(baseOpened, 2, 'the last holder went: stored anew');
+    // An image after an earlier one (its disk grew from the same template) copies the earlier's.
+    await deleteImage(blobs, 'snapshots/t11/sn4', ['att']);
+    await putImage(blobs, 'snapshots/t11/sn5', img, meta('sn5'), forms, { portable: true, earlier: { id: 'sn2', key: 'snapshots/t11/sn2' } });
+    assert.equal(baseOpened, 2, "a copy of sn2's");
+    assert.ok((await readAll(await blobs.get('snapshots/t11/sn5.att-base'))).equals(template));
+    const restore = async (k) => {
+      done.length = 0;
+      await getImage(blobs, `snapshots/t11/${k}`, k, mkdtempSync(path.join(dir, 'out-')), 2 ** 30, readers);
+      return done.map(([what, x]) => (what === 'base' ? [what, x.equals(template)] : [what, x]));
+    };
+    assert.deepEqual(await restore('sn2'), [['apply', 1000]], 'a node that has it: not read');
+    haveBase = false;
+    assert.deepEqual(await restore('sn2'), [['base', true], ['apply', 1000]], 'a node that lacks it: first');
+    await assert.rejects(restore('sn1'), (e) => e.code === 'TEMPLATE_NOT_ON_NODE' && /another node/.test(e.message), 'one stored without it cannot restore there');
+    for (const k of ['sn1', 'sn2', 'sn5']) await deleteImage(blobs, `snapshots/t11/${k}`, ['att']);
+    await blobs.gc(async () => []); // (the next test counts what a collection takes)
+  });
+
   it('an object stored whole is cut into pack-sized pieces without looking for chunks to share, reads back, and is collected like any', async () => {
     const data = randomBytes(PACK_TARGET * 2 + 12_345);
     assert.equal(await blobs.putWhole('snapshots/t8/w1', Readable.from([data.subarray(0, 1000), data.subarray(1000)])), data.length);

@@ -303,6 +303,7 @@ export class SandboxService {
       blobs: opts.blobs,
       workDir: opts.workDir,
       nodeName: opts.nodeName,
+      shared,
       owns: this.owns,
       maxSnapshotBytes: opts.maxSnapshotBytes ?? 32 * 1024 ** 3,
       journal: new Journal(this.store),
@@ -712,8 +713,9 @@ export class SandboxService {
 
   /**
    * Hibernates the sandbox here (when it runs) and hands it to node `to`, which wakes it on the
-   * next request (or at once, asked by the API when it ran before). Sandboxes with a disk or
-   * volumes, and a tenant template's sandboxes where `to` lacks its files, do not move.
+   * next request (or at once, asked by the API when it ran before). A disk goes with it (the
+   * snapshot holds it, and the template files it grew from); sandboxes with volumes, and a
+   * tenant template's sandboxes where `to` lacks its files, do not move.
    *
    * @example
    * const { sandbox } = await svc.move('tenant1', 'sb3k9x', 'node-b'); // sandbox.node === 'node-b'

@@ -23,7 +23,7 @@ import { pipeline } from 'node:stream/promises';
 import { SpaceError, type ImageAttachment, type ImageFileCodec } from '@space/core';
 import type { DiskPool } from './disk-pool.js';
 
-/** In a checkpoint image made with disks: `{ "copy": id, "template": name }`. */
+/** In a checkpoint image made with disks: `{ "copy": id, "template": name, "base": uuid }`. */
 export const DISK_MARK = 'space-disk.json';
 
 /** What {@link DISK_MARK} says. */
@@ -32,6 +32,12 @@ export interface DiskMark {
   copy: string;
   /** The pool's template the disk grew from (`templates/<template>`): the parent of the stored stream. */
   template: string;
+  /**
+   * That template's identity in streams ({@link DiskPool.streamUuid}), the same on every node
+   * holding it: another node finds it by this, under whatever name. (Marks from before
+   * 2026-12-07 have none: their template is found by name only.)
+   */
+  base?: string;
 }
 
 const MAGIC = Buffer.from('SPACEDSK');
@@ -44,8 +50,8 @@ export function parseDiskMark(text: string): DiskMark {
   } catch {
     m = undefined;
   }
-  if (typeof m?.copy !== 'string' || typeof m.template !== 'string') throw new SpaceError('SNAPSHOT_CORRUPT', `The image's disk mark is not valid: ${text.slice(0, 200)}`);
-  return { copy: m.copy, template: m.template };
+  if (typeof m?.copy !== 'string' || typeof m.template !== 'string' || (m.base !== undefined && typeof m.base !== 'string')) throw new SpaceError('SNAPSHOT_CORRUPT', `The image's disk mark is not valid: ${text.slice(0, 200)}`);
+  return { copy: m.copy, template: m.template, ...(m.base !== undefined ? { base: m.base } : {}) };
 }
 
 /** Reads and checks the mark in image file `file`. */
@@ -82,11 +88,42 @@ export class DiskStream implements ImageAttachment {
     const pool = this.pool();
     if (!pool || path.basename(src) !== DISK_MARK) return undefined;
     const mark = await readDiskMark(src);
-    const parent = pool.templatePath(mark.template);
+    const parent = await templateOf(pool, mark);
     const copy = pool.copyPath(mark.copy);
     if (!parent || !existsSync(copy)) throw new SpaceError('DRIVER_FAILED', `The disk copy ${mark.copy} or its template ${mark.template} is missing from the pool: the snapshot cannot be stored`);
     return btrfsOutput(['send', '-q', '-p', parent, copy], this.timeoutMs);
   }
+
+  /** The template the disk grew from, whole (`btrfs send` of it): what another node needs first. */
+  async base(src: string): Promise<{ id: string; open(): Readable } | undefined> {
+    const pool = this.pool();
+    if (!pool || path.basename(src) !== DISK_MARK) return undefined;
+    const mark = await readDiskMark(src);
+    const parent = mark.base && (await templateOf(pool, mark));
+    if (!mark.base || !parent) return undefined;
+    return { id: mark.base, open: () => btrfsOutput(['send', '-q', parent], this.timeoutMs) };
+  }
+
+  async needsBase(src: string): Promise<boolean> {
+    const mark = await readDiskMark(src);
+    return mark.base !== undefined && !(await templateOf(poolFor(this.pool()), mark));
+  }
+
+  async applyBase(src: string, bytes: Readable): Promise<void> {
+    const mark = await readDiskMark(src);
+    if (!mark.base) throw new SpaceError('SNAPSHOT_CORRUPT', 'The disk mark names no template identity');
+    const uuid = mark.base;
+    const pool = poolFor(this.pool());
+    // Once per template at a time (restores of one template's sandboxes at once share it).
+    let p = this.receivingBases.get(uuid);
+    if (!p) {
+      p = receiveBase(pool, uuid, bytes, this.timeoutMs).finally(() => this.receivingBases.delete(uuid));
+      this.receivingBases.set(uuid, p);
+    } else bytes.destroy();
+    await p;
+  }
+
+  private readonly receivingBases = new Map<string, Promise<string>>();
 
   /**
    * The change from image `earlier`'s disk copy to this image's: `btrfs send -p <earlier's copy>
@@ -164,7 +201,7 @@ export class DiskCodec implements ImageFileCodec {
  * never leaves a partial copy that looks whole.
  */
 async function receiveCopy(pool: DiskPool, mark: DiskMark, stream: Readable, timeoutMs: number): Promise<void> {
-  if (!pool.templatePath(mark.template)) throw new SpaceError('SNAPSHOT_CORRUPT', `The disk of this snapshot grew from template files (${mark.template}) this node's pool does not hold; create a sandbox of that template here first`);
+  if (!(await templateOf(pool, mark))) throw new SpaceError('TEMPLATE_NOT_ON_NODE', `The disk of this snapshot grew from template files (${mark.template}${mark.base ? `, ${mark.base}` : ''}) this node's pool does not hold; restore it on the node that took it`);
   const scratch = await pool.receiving();
   try {
     // Every stream to its end (a whole, then the changes since, each against the one before: a
@@ -184,6 +221,41 @@ async function receiveCopy(pool: DiskPool, mark: DiskMark, stream: Readable, tim
     if (err instanceof SpaceError) throw err;
     throw new SpaceError('SNAPSHOT_CORRUPT', `The stored disk could not be received: ${(err as Error).message}`, { cause: err });
   } finally {
+    await fs.rmdir(scratch).catch(() => {});
+  }
+}
+
+/**
+ * The path of the template subvolume the disk of `mark` grew from: by its identity in streams
+ * where the mark has one (whatever its name on this node), else by name; undefined when absent.
+ *
+ * @example
+ * await templateOf(pool, { copy: 'sn1', template: 'minimal-3f.1557', base: 'd0622188-…' }); // '<pool>/templates/base-d0622188-…' on another node
+ */
+export async function templateOf(pool: DiskPool, mark: DiskMark): Promise<string | undefined> {
+  const named = pool.templatePath(mark.template);
+  if (!mark.base) return named;
+  if (named && (await pool.streamUuid(named).catch(() => undefined)) === mark.base) return named;
+  const name = await pool.templateByUuid(mark.base);
+  return name ? pool.templatePath(name) : undefined;
+}
+
+/**
+ * Makes another node's template subvolume `uuid` in this pool from a full stream of it
+ * ({@link DiskPool.keepBase}): received into a scratch directory first, so a crash or a stream
+ * that fails at its end leaves nothing that looks whole. Returns its name.
+ */
+async function receiveBase(pool: DiskPool, uuid: string, stream: Readable, timeoutMs: number): Promise<string> {
+  const scratch = await pool.receiving();
+  try {
+    await btrfs(['receive', '-q', scratch], timeoutMs, { stdin: stream }).catch((err: unknown) => {
+      throw new SpaceError('SNAPSHOT_CORRUPT', `The stored template files could not be received: ${(err as Error).message}`, { cause: err });
+    });
+    const got = await fs.readdir(scratch);
+    if (got.length !== 1) throw new SpaceError('SNAPSHOT_CORRUPT', `The stored template files make ${got.length} subvolumes, not one`);
+    return await pool.keepBase(path.join(scratch, got[0]!), uuid);
+  } finally {
+    for (const d of await fs.readdir(scratch).catch(() => [] as string[])) await pool.remove(path.join(scratch, d)).catch(() => {});
     await fs.rmdir(scratch).catch(() => {});
   }
 }

@@ -53,6 +53,9 @@ export interface DiskUsage {
 
 const NAME = /^[a-z0-9][a-z0-9._-]{0,127}$/;
 
+/** A subvolume UUID as btrfs prints it. */
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+
 function checkName(kind: string, name: string): void {
   if (!NAME.test(name)) throw new SpaceError('BAD_REQUEST', `Invalid ${kind} name ${JSON.stringify(name)}: use 1 to 128 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit`);
 }
@@ -230,6 +233,60 @@ export class DiskPool {
   templatePath(name: string): string | undefined {
     const p = this.at('templates', name);
     return existsSync(p) ? p : undefined;
+  }
+
+  /**
+   * The identity `btrfs send` gives subvolume `p` in its streams, the same on every node that
+   * holds it: its received UUID when it was received from a stream, else its own UUID. A change
+   * sent against it names it as its parent, and `btrfs receive` finds the parent by it.
+   */
+  async streamUuid(p: string): Promise<string> {
+    let u = this.uuids.get(p);
+    if (!u) {
+      u = this.cmd('btrfs', ['subvolume', 'show', p]).then((out) => {
+        const field = (name: string) => new RegExp(`^\\s*${name}:\\s*(\\S+)`, 'm').exec(out)?.[1];
+        const received = field('Received UUID');
+        const own = field('UUID');
+        if (!own) throw new SpaceError('DRIVER_FAILED', `btrfs subvolume show gave no UUID for ${p}`);
+        return received && received !== '-' ? received : own;
+      });
+      this.uuids.set(p, u);
+      u.catch(() => this.uuids.delete(p));
+    }
+    return u;
+  }
+
+  /** Stream identities of read-only subvolumes, by path (templates: they never change). */
+  private readonly uuids = new Map<string, Promise<string>>();
+
+  /**
+   * The name of the template subvolume whose stream identity is `uuid` ({@link streamUuid}):
+   * one imported here, or one received from another node's ({@link keepBase}); undefined
+   * when the pool has none.
+   */
+  async templateByUuid(uuid: string): Promise<string | undefined> {
+    const received = `base-${uuid}`;
+    if (UUID.test(uuid) && existsSync(this.at('templates', received))) return received;
+    for (const name of await fs.readdir(path.join(this.mountPoint, 'templates'))) {
+      if (name.endsWith('.part')) continue;
+      if ((await this.streamUuid(this.at('templates', name)).catch(() => undefined)) === uuid) return name;
+    }
+    return undefined;
+  }
+
+  /**
+   * Keeps `received`, a subvolume received from a full stream of another node's template
+   * subvolume (in a {@link receiving} directory), as `templates/base-<uuid>`: a read-only
+   * snapshot of it, which keeps its received UUID — by which changes sent against the template
+   * on that node find their parent here. Returns its name. SNAPSHOT_CORRUPT when the stream made
+   * another subvolume.
+   */
+  async keepBase(received: string, uuid: string): Promise<string> {
+    if (!UUID.test(uuid) || (await this.streamUuid(received)) !== uuid) throw new SpaceError('SNAPSHOT_CORRUPT', `The stored template files make ${path.basename(received)}, not the template ${uuid}`);
+    this.uuids.delete(received);
+    const name = `base-${uuid}`;
+    if (!existsSync(this.at('templates', name))) await this.cmd('btrfs', ['subvolume', 'snapshot', '-r', received, this.at('templates', name)]);
+    return name;
   }
 
   /**

@@ -5,5 +5,5 @@
  */
 export { DiskPool, IMAGE_ID, imageId } from './disk-pool.js';
 export type { DiskPoolOptions, DiskUsage } from './disk-pool.js';
-export { DISK_MARK, DiskCodec, DiskStream, parseDiskMark } from './disk-codec.js';
+export { DISK_MARK, DiskCodec, DiskStream, parseDiskMark, templateOf } from './disk-codec.js';
 export type { DiskMark } from './disk-codec.js';

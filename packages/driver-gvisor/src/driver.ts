@@ -17,7 +17,7 @@ import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
 import { AGENT_ARGV, RUNTIME, ensureRuntime } from '@space/core';
 import { StatefileCodec } from './statefile-codec.js';
-import { DISK_MARK, DiskCodec, DiskPool, DiskStream, IMAGE_ID, imageId, parseDiskMark, type DiskMark, type DiskUsage } from '@space/disk-pool';
+import { DISK_MARK, DiskCodec, DiskPool, DiskStream, IMAGE_ID, imageId, parseDiskMark, templateOf, type DiskMark, type DiskUsage } from '@space/disk-pool';
 
 /** Options of {@link GvisorDriver}. */
 export interface GvisorDriverOptions {
@@ -130,7 +130,7 @@ export class GvisorDriver implements SandboxDriver {
     this.stateDir = path.join(opts.dataDir, 'runsc');
     this.boxesDir = path.join(opts.dataDir, 'sandboxes');
     if (opts.disks) {
-      this.disks = { defaultMb: opts.disks.defaultMb ?? 5120, maxMb: opts.disks.maxMb ?? 65536 };
+      this.disks = { defaultMb: opts.disks.defaultMb ?? 5120, maxMb: opts.disks.maxMb ?? 65536, movable: true };
       if (this.disks.defaultMb > this.disks.maxMb) throw new SpaceError('CONFIG_INVALID', `The default disk (${this.disks.defaultMb} MiB) is larger than the largest allowed (${this.disks.maxMb} MiB): lower --disk-default or raise --disk-max`);
     }
     this.imageCodecs = opts.disks ? [new DiskCodec(() => this.pool), this.imageCodec] : [this.imageCodec];
@@ -270,7 +270,9 @@ export class GvisorDriver implements SandboxDriver {
     const laps = new Laps();
     if (this.pool) {
       const mark = await this.diskMarkOf(imageDir);
-      await this.setDiskTemplate(spec.id, mark.template);
+      // Its name on this node: another node's template, received from the store, is base-<uuid> here.
+      const template = await templateOf(this.pool, mark);
+      await this.setDiskTemplate(spec.id, template ? path.basename(template) : mark.template);
       await this.pool.diskFromCopy(mark.copy, rid, this.diskBytes(spec));
       laps.lap('diskMs');
     }
@@ -352,7 +354,11 @@ export class GvisorDriver implements SandboxDriver {
       // marked complete: an image is never complete without its copy.
       const copy = imageId(imageDir);
       await this.pool.removeCopy(copy); // a template image taken again under its key
-      const mark: DiskMark = { copy, template: (await fs.readFile(path.join(this.box(id).dir, 'disk-template'), 'utf8')).trim() };
+      const template = (await fs.readFile(path.join(this.box(id).dir, 'disk-template'), 'utf8')).trim();
+      // The template's identity too, by which another node finds it (or receives it) whatever its name there.
+      const tp = this.pool.templatePath(template);
+      const base = tp ? await this.pool.streamUuid(tp).catch(() => undefined) : undefined;
+      const mark: DiskMark = { copy, template, ...(base ? { base } : {}) };
       await fs.writeFile(path.join(imageDir, DISK_MARK), JSON.stringify(mark));
       Object.assign(env, { SPACE_DISK: this.pool.diskPath(rid), SPACE_DISK_COPY: this.pool.copyPath(copy) });
       script = '"$@" && btrfs subvolume snapshot -r "$SPACE_DISK" "$SPACE_DISK_COPY" && : > "$SPACE_COMPLETE_MARK"';
@@ -398,6 +404,9 @@ export class GvisorDriver implements SandboxDriver {
 
   /** Records which of the pool's templates the sandbox's disk grew from (named in its checkpoints' marks). */
   private async setDiskTemplate(id: string, template: string): Promise<void> {
+    // Read now (and kept) rather than in the checkpoint's downtime, which names it in its mark.
+    const p = this.pool?.templatePath(template);
+    if (p) void this.pool!.streamUuid(p).catch(() => {});
     const dir = this.box(id).dir;
     await fs.mkdir(dir, { recursive: true, mode: 0o700 });
     await fs.writeFile(path.join(dir, 'disk-template'), template);

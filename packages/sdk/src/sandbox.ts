@@ -155,7 +155,7 @@ export class Sandbox {
 
   /**
    * Moves it to another node of the cluster (`Nodes.list`): hibernated on its node, woken on
-   * `node` when it was running. Sandboxes with a disk or volumes do not move.
+   * `node` when it was running, its disk with it. Sandboxes with volumes do not move.
    *
    * @example
    * await sb.move('node-b'); // sb.info.node === 'node-b'

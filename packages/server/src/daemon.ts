@@ -226,8 +226,10 @@ const DISKS_DECIDED = 'disks-auto';
 
 /**
  * What `--disks auto` comes to, and why (said in the log at start):
- * - **off** for nodes sharing a database: their sessions move between nodes, and a disk does
- *   not move yet (docs/disks.md);
+ * - **off** for nodes sharing a database: a disk moves with its session (every snapshot holds the
+ *   template files it grew from), but a tenant's first snapshot of a template's sandbox on a
+ *   node stores them (~40 s for `base`), and restoring a lost node's running sandboxes on disks
+ *   is not tested yet (docs/disks.md, "In a cluster");
  * - what it came to before, for a data directory that decided already (its sandboxes and
  *   template images were made with or without disks, and restore only so);
  * - **off** for a data directory made before disks were the default (it holds live sandboxes
@@ -239,7 +241,7 @@ const DISKS_DECIDED = 'disks-auto';
  */
 export async function resolveDisksMode(mode: 'auto' | 'on' | 'off', ctx: { shared: boolean; store: MetadataStore; imagesDir: string }): Promise<{ mode: 'on' | 'off'; why: string }> {
   if (mode !== 'auto') return { mode, why: `--disks ${mode}` };
-  if (ctx.shared) return { mode: 'off', why: 'nodes sharing a database move sessions, and a sandbox disk does not move yet: start with --disks on to keep sessions on their nodes' };
+  if (ctx.shared) return { mode: 'off', why: 'nodes sharing a database: sandbox disks move with their sessions, but a tenant\'s first snapshot of a template\'s sandbox on a node stores the template\'s files (~40 s for base), and restoring a lost node\'s running sandboxes on disks is not tested yet: start with --disks on for them (docs/disks.md, "In a cluster")' };
   const decided = await ctx.store.getMeta(DISKS_DECIDED);
   if (decided === 'on' || decided === 'off') return { mode: decided, why: `this data directory was set up with disks ${decided}` };
   let decision: { mode: 'on' | 'off'; why: string };

@@ -120,7 +120,7 @@ export async function registerRoutes(app: App, deps: AppDeps): Promise<void> {
     const results = await svc.fork(req.principal.tenantId, req.params.id, { count: req.body?.count ?? 1, ...(req.body?.snapshotId ? { snapshotId: req.body.snapshotId } : {}) });
     return reply.code(201).send({ results });
   });
-  app.post('/v1/sandboxes/:id/move', { schema: { tags: ['sessions'], params: S.IdParams, body: S.MoveBody, description: 'Moves the sandbox to another node of the cluster: hibernated here, woken there (if it ran). Sandboxes with a disk or volumes do not move.', ...sbOut } }, async (req) => {
+  app.post('/v1/sandboxes/:id/move', { schema: { tags: ['sessions'], params: S.IdParams, body: S.MoveBody, description: 'Moves the sandbox to another node of the cluster: hibernated here, woken there (if it ran). A disk goes with it; sandboxes with volumes do not move.', ...sbOut } }, async (req) => {
     const cluster = requireCluster();
     const target = (await cluster.nodes()).find((n) => n.name === req.body.node);
     if (!target) throw new SpaceError('BAD_REQUEST', `No node ${JSON.stringify(req.body.node)} in this deployment; \`space nodes\` lists them`);

@@ -88,6 +88,11 @@ export interface DriverDisks {
    * agent grow the file system (identity `diskBytes`) before the create returns (a microVM's).
    */
   grownByAgent?: boolean;
+  /**
+   * A disk moves with its session between nodes of a cluster: its images name the template it
+   * grew from by an identity every node shares ({@link ImageAttachment.base}).
+   */
+  movable?: boolean;
 }
 
 /** What `space doctor` reports for a driver. */
@@ -169,6 +174,20 @@ export interface ImageAttachment {
    * failure. Rejects with `SNAPSHOT_CORRUPT` when the bytes do not make it.
    */
   apply(src: string, bytes: Readable): Promise<void>;
+  /**
+   * What the bytes of image file `src` are made against that another node may lack (a disk's
+   * template files: its stream's parent), with its identity (the same on every node that has
+   * it) and a way to read it whole. Stored beside the snapshot (`<key>.<suffix>-base`) where
+   * snapshots must restore on other nodes (a cluster). Undefined: nothing such.
+   *
+   * @example
+   * const b = await attachment.base?.(`${imageDir}/space-disk.json`); // { id: '<template's btrfs UUID>', open: () => btrfs send <template> }
+   */
+  base?(src: string): Promise<{ id: string; open(): Readable } | undefined>;
+  /** Whether restoring image file `src` needs its {@link base} first (this node lacks it). */
+  needsBase?(src: string): Promise<boolean>;
+  /** Makes the {@link base} of image file `src` on this node from its stored bytes, kept for later restores. */
+  applyBase?(src: string, bytes: Readable): Promise<void>;
 }
 
 /** How a driver stores its image files (see DriverRouter.imageForms): codecs, and attachments. */

@@ -243,7 +243,7 @@ export class Checkpoints implements CheckpointHooks {
       driverVersion: await this.c.driver.versionOf(sb.driver),
       ...(sb.fromSnapshotId ? { parentSnapshotId: sb.fromSnapshotId } : {}),
       createdAt,
-    }, asWritten ? { ...forms, codecs: [] } : forms, { ...(earlier ? { earlier } : {}), whole }));
+    }, asWritten ? { ...forms, codecs: [] } : forms, { ...(earlier ? { earlier } : {}), whole, portable: this.c.shared }));
     await this.c.faults.fault('snapshot:after-blob');
     const trigger = intent.trigger ?? 'manual';
     const snapshot: Snapshot = {

@@ -143,6 +143,11 @@ export interface SandboxContext {
   /** This node's name, recorded on the sandboxes it makes. */
   readonly nodeName: string | undefined;
   /**
+   * The store is shared with other nodes (a cluster): images are stored so that any node can
+   * restore them (with what their disks grew from: `putImage`'s `portable`).
+   */
+  readonly shared: boolean;
+  /**
    * Whether this node acts on the sandbox: always when it is the store's only daemon; with a
    * shared store (nodes of a cluster), only on the sandboxes it runs (`node` is its name).
    */

@@ -189,10 +189,17 @@ export class Sessions implements SessionHooks {
     return taken;
   }
 
-  /** Throws unless the sandbox can run on node `to`: no disk or volume (kept on its node), its template's files there. */
+  /**
+   * Throws unless the sandbox can run on node `to`: no volume (kept on its node), its template's
+   * files there. A gVisor disk moves: a cluster's snapshots hold what it grew from (`putImage`'s
+   * `portable`); a microVM's does not yet.
+   */
   async assertMovable(sb: Sandbox, to: string): Promise<void> {
-    if (sb.diskMb !== undefined || sb.volumes?.length) {
-      throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} keeps its ${sb.diskMb !== undefined ? 'disk' : 'volumes'} on node ${sb.node}: it cannot move to another node (yet)`, { details: { sandboxId: sb.id, node: sb.node } });
+    if (sb.volumes?.length) {
+      throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} mounts volumes, which are kept on node ${sb.node}: it cannot move to another node (yet)`, { details: { sandboxId: sb.id, node: sb.node } });
+    }
+    if (sb.diskMb !== undefined && !this.c.driver.disksOf(sb.driver)?.movable) {
+      throw new SpaceError('SANDBOX_INVALID_STATE', `Sandbox ${sb.id} keeps its disk on node ${sb.node}: a disk of the ${sb.driver} driver cannot move to another node (yet)`, { details: { sandboxId: sb.id, node: sb.node } });
     }
     const t = await this.c.templates.resolve(sb.tenantId, sb.template).catch(() => undefined);
     const here = to === this.c.nodeName;

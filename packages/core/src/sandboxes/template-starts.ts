@@ -155,6 +155,7 @@ export class TemplateStarts implements StartHooks {
           dir,
           { id: image.key, sandboxId: image.sourceId, tenantId: t.tenantId || '_builtin', template: t.name, driver: this.c.driver.name, driverVersion: await this.c.driver.version(), createdAt: image.createdAt },
           this.c.driver.imageForms(this.c.driver.name),
+          { portable: this.c.shared },
         );
       },
       load: async (t, image, dir) => {

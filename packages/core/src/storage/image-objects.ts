@@ -70,16 +70,30 @@ export async function putImage(
     earlier?: { id: string; key: string };
     /** The object shares nothing with stored ones (a runtime's compressed image): stored without looking for chunks to share ({@link BlobStore.putWhole}). */
     whole?: boolean;
+    /**
+     * The image must restore on other nodes too (a cluster): what its attachments' bytes are
+     * made against ({@link ImageAttachment.base}: a disk's template files) is stored beside them.
+     */
+    portable?: boolean;
   } = {},
 ): Promise<{ meta: SnapshotMeta; sizeBytes: number; since: { suffix: string; size: number }[] }> {
   const { earlier } = opts;
   const attachments: NonNullable<SnapshotMeta['attachments']> = [];
   const since: { suffix: string; size: number }[] = [];
+  const bases: string[] = [];
   try {
     if (forms.attachments.length) {
       for (const name of await imageEntries(imageDir)) {
         for (const a of forms.attachments) {
           const file = path.join(imageDir, name);
+          if (opts.portable && a.base) {
+            const b = await a.base(file);
+            if (b) {
+              bases.push(`${key}.${baseKey(a.suffix)}`);
+              // The earlier image's disk grew from the same template: its copy serves first.
+              await putBase(blobs, key, a.suffix, b, earlier?.key);
+            }
+          }
           if (earlier && blobs.copy && a.openSince) {
             // What the sandbox's previous snapshot stored, then the change since: a snapshot
             // after a small change (or none) does not store everything again. Where that one
@@ -118,7 +132,7 @@ export async function putImage(
     return { meta: full, sizeBytes: size + attachments.reduce((n, a) => n + a.size, 0), since };
   } catch (err) {
     // Nothing names what was stored; it goes now (or with the next collection).
-    for (const a of attachments) await blobs.delete(`${key}.${a.key}`).catch(() => {});
+    for (const k of [...attachments.map((a) => `${key}.${a.key}`), ...bases]) await blobs.delete(k).catch(() => {});
     throw err;
   }
 }
@@ -142,6 +156,14 @@ export async function getImage(blobs: BlobStore, key: string, id: string, imageD
     if (parts.some((p) => p.name !== a.name)) throw new SpaceError('SNAPSHOT_CORRUPT', `Snapshot ${id} is corrupt: the parts of ${a.file} are of different kinds; it was not restored`, { details: { snapshotId: id } });
     const file = path.join(imageDir, name);
     if (!(await attachment.needed(file))) continue;
+    if (attachment.needsBase && attachment.applyBase && (await attachment.needsBase(file))) {
+      // Taken on another node: what its bytes are made against (a disk's template files) first.
+      const k = `${key}.${baseKey(attachment.suffix)}`;
+      if (!(await blobs.stat(k))) throw new SpaceError('TEMPLATE_NOT_ON_NODE', `Snapshot ${id} was taken on another node, and ${a.file} grew from that node's template files, which this node lacks and the snapshot does not hold (it was taken outside a cluster, or before 2026-12-07); restore it on the node that took it`, { details: { snapshotId: id } });
+      await attachment.applyBase(file, await blobs.get(k)).catch((err: unknown) => {
+        throw err instanceof SpaceError && err.code !== 'SNAPSHOT_CORRUPT' ? err : new SpaceError('SNAPSHOT_CORRUPT', `Snapshot ${id} is corrupt: the template files ${a.file} grew from could not be made from its stored bytes (${err instanceof Error ? err.message : String(err)}); it was not restored`, { cause: err, details: { snapshotId: id } });
+      });
+    }
     const part = (p: (typeof parts)[number]): Promise<Readable> =>
       blobs.get(`${key}.${p.key}`).catch((err: unknown) => {
         throw err instanceof SpaceError && err.code !== 'SNAPSHOT_NOT_FOUND' ? err : new SpaceError('SNAPSHOT_CORRUPT', `Snapshot ${id} is corrupt: the stored bytes of ${a.file} are missing; it was not restored`, { cause: err, details: { snapshotId: id } });
@@ -170,5 +192,39 @@ export async function deleteImage(blobs: BlobStore, key: string, suffixes: reado
   await blobs.delete(key);
   // Every part, in order (any left by a crash half-way are collected: an attachment lives as
   // long as its object).
-  for (const s of suffixes) for (const p of await storedParts(blobs, key, s)) await blobs.delete(`${key}.${p}`);
+  for (const s of suffixes) {
+    for (const p of await storedParts(blobs, key, s)) await blobs.delete(`${key}.${p}`);
+    await blobs.delete(`${key}.${baseKey(s)}`);
+  }
+}
+
+/** The key suffix of what an attachment's bytes are made against ({@link ImageAttachment.base}). */
+function baseKey(suffix: string): string {
+  return `${suffix}-base`;
+}
+
+/**
+ * Per blob store, tenant and base: the last object that stored it. A snapshot's base is a copy of
+ * the earlier image's or that one (a manifest: milliseconds, where storing a template's files
+ * again reads and hashes them all: ~30 s for `base` here); stored anew when there is neither,
+ * or they have gone since.
+ */
+const baseHolders = new WeakMap<BlobStore, Map<string, string>>();
+
+/** Stores base `b` of attachment `suffix` as `<key>.<suffix>-base`: a copy of `<earlier>.<suffix>-base` or of the last one stored, else its bytes. */
+async function putBase(blobs: BlobStore, key: string, suffix: string, b: { id: string; open(): Readable }, earlier?: string): Promise<void> {
+  const to = `${key}.${baseKey(suffix)}`;
+  let holders = baseHolders.get(blobs);
+  if (!holders) baseHolders.set(blobs, (holders = new Map()));
+  const ref = `${key.split('/')[1]}|${suffix}|${b.id}`;
+  let copied = false;
+  for (const from of [earlier && `${earlier}.${baseKey(suffix)}`, holders.get(ref)]) {
+    if (copied || !from || !blobs.copy) continue;
+    copied = await blobs.copy(from, to).then(() => true, () => false);
+  }
+  if (!copied) {
+    const bytes = b.open();
+    await blobs.put(to, bytes).finally(() => bytes.destroy());
+  }
+  holders.set(ref, to);
 }

@@ -317,12 +317,12 @@ export class TemplateService {
         const contentKey = await this.imageKey(t);
         const key = this.captureKey(contentKey);
         const recorded = (await this.opts.store.getTemplate(t.tenantId, t.name))?.image;
-        // The record names another node's current image, which this node could not load: with
-        // disks, an image's disk grew from that node's template files, which this node's pool
-        // does not hold (docs/disks.md, "Not yet": disks do not move between nodes). This node
-        // takes its own and keeps it beside, in its working copies only: the record, and the
-        // other node's image that every other node may be using, stay as they are. (Replacing
-        // the record made the nodes take it in turns, each removing the other's image.)
+        // The record names another node's current image, which this node could not load (with
+        // disks, one stored before 2026-12-07 without the template files its disk grew from,
+        // which this node's pool does not hold). This node takes its own and keeps it beside,
+        // in its working copies only: the record, and the other node's image that every other
+        // node may be using, stay as they are. (Replacing the record made the nodes take it in
+        // turns, each removing the other's image.)
         if (this.opts.shared && recorded && recorded.key !== key && TemplateService.isCurrent(recorded, contentKey)) {
           const own = await this.opts.capture(t, rootfs, key, progress);
           await fs.writeFile(path.join(this.imageDir(own), NODE_IMAGE_META), JSON.stringify(own));
