@@ -18,11 +18,22 @@ export const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/spac
  * of 10.232.0.0/13, so daemons of files running side by side never meet.
  */
 export function egressRange(dataDir) {
-  const h = createHash('sha256').update(dataDir).digest();
-  const lane = process.env.SPACE_TEST_LANE;
-  if (lane === '0' || lane === '1') return `10.${232 + Number(lane) * 4 + (h[0] % 4)}.${h[1]}.0/24`;
-  return `10.${232 + (h[0] % 8)}.${h[1]}.0/24`;
+  const known = rangeOf.get(dataDir);
+  if (known) return known;
+  // Two daemons of one file drawing the same /24 (1 in ~1,000 per pair: seen in CI, a cluster
+  // file's third node refused with EADDRINUSE): the later one draws again.
+  for (let i = 0; ; i++) {
+    const h = createHash('sha256').update(i ? `${dataDir}#${i}` : dataDir).digest();
+    const lane = process.env.SPACE_TEST_LANE;
+    const range = lane === '0' || lane === '1' ? `10.${232 + Number(lane) * 4 + (h[0] % 4)}.${h[1]}.0/24` : `10.${232 + (h[0] % 8)}.${h[1]}.0/24`;
+    if ([...rangeOf.values()].includes(range)) continue;
+    rangeOf.set(dataDir, range);
+    return range;
+  }
 }
+
+/** The ranges this process's daemons were given, by data directory (a restarted daemon gets its own again). */
+const rangeOf = new Map();
 
 /**
  * Starts a daemon for one test file.

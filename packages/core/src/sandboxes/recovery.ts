@@ -128,7 +128,8 @@ export class Recovery implements RecoveryHooks {
    * doing this each sandbox goes to one — and restored here from its newest snapshot (event
    * `recovered`, saying how much time was lost), or ends `dead` (`node-lost`) without one. A
    * sandbox that cannot run here (its volumes are on the lost node, or its template's files) is
-   * left to wait for that node; a disk is restored with the rest from the snapshot. Returns how many were restored and how many ended.
+   * left to wait for that node; a disk is restored with the rest from the snapshot. Returns how
+   * many were restored and how many ended.
    */
   async adoptLost(lost: string): Promise<{ restored: number; ended: number }> {
     const me = this.c.nodeName;
