@@ -202,25 +202,36 @@ export class DiskCodec implements ImageFileCodec {
  */
 async function receiveCopy(pool: DiskPool, mark: DiskMark, stream: Readable, timeoutMs: number): Promise<void> {
   if (!(await templateOf(pool, mark))) throw new SpaceError('TEMPLATE_NOT_ON_NODE', `The disk of this snapshot grew from template files (${mark.template}${mark.base ? `, ${mark.base}` : ''}) this node's pool does not hold; restore it on the node that took it`);
-  const scratch = await pool.receiving();
   try {
     // Every stream to its end (a whole, then the changes since, each against the one before: a
     // stream names its parent, which btrfs finds among those received before it).
-    await btrfs(['receive', '-q', scratch], timeoutMs, { stdin: stream });
-    const received = await fs.readdir(scratch);
-    // A stream's subvolume is named as the copy it was sent from: the last one's is this copy.
-    const got = path.basename(pool.copyPath(mark.copy));
-    if (!received.includes(got)) throw new SpaceError('SNAPSHOT_CORRUPT', received.length ? `The stored disk streams make ${received.join(', ')}, not copy ${mark.copy}` : 'The stored disk stream holds no subvolume');
-    // A read-only subvolume cannot be renamed: a snapshot of it takes its place (no bytes copied).
-    await btrfs(['subvolume', 'snapshot', '-r', path.join(scratch, got), pool.copyPath(mark.copy)], timeoutMs);
-    // Through the pool's trash: emptied first, so that dropping them keeps the quota counts
-    // exact. (One that cannot go now is swept when the pool next opens: the copy is whole.)
-    for (const d of received) await pool.remove(path.join(scratch, d)).catch(() => {});
+    await receiveScratch(pool, stream, timeoutMs, async (scratch, received) => {
+      // A stream's subvolume is named as the copy it was sent from: the last one's is this copy.
+      const got = path.basename(pool.copyPath(mark.copy));
+      if (!received.includes(got)) throw new SpaceError('SNAPSHOT_CORRUPT', received.length ? `The stored disk streams make ${received.join(', ')}, not copy ${mark.copy}` : 'The stored disk stream holds no subvolume');
+      // A read-only subvolume cannot be renamed: a snapshot of it takes its place (no bytes copied).
+      await btrfs(['subvolume', 'snapshot', '-r', path.join(scratch, got), pool.copyPath(mark.copy)], timeoutMs);
+    });
   } catch (err) {
-    for (const d of await fs.readdir(scratch).catch(() => [] as string[])) await pool.remove(path.join(scratch, d)).catch(() => {});
     if (err instanceof SpaceError) throw err;
     throw new SpaceError('SNAPSHOT_CORRUPT', `The stored disk could not be received: ${(err as Error).message}`, { cause: err });
+  }
+}
+
+/**
+ * Receives `stream` (one or more `btrfs send` streams) into a new scratch directory of the pool
+ * and hands the subvolumes it made to `keep`; then they go, through the pool's trash, emptied
+ * first so that dropping them keeps the quota counts exact (one that cannot go now is swept
+ * when the pool next opens), and the directory with them. A crash, or a stream that fails at
+ * its end, so leaves nothing that looks whole.
+ */
+async function receiveScratch<T>(pool: DiskPool, stream: Readable, timeoutMs: number, keep: (scratch: string, received: string[]) => Promise<T>): Promise<T> {
+  const scratch = await pool.receiving();
+  try {
+    await btrfs(['receive', '-q', scratch], timeoutMs, { stdin: stream });
+    return await keep(scratch, await fs.readdir(scratch));
   } finally {
+    for (const d of await fs.readdir(scratch).catch(() => [] as string[])) await pool.remove(path.join(scratch, d)).catch(() => {});
     await fs.rmdir(scratch).catch(() => {});
   }
 }
@@ -246,17 +257,14 @@ export async function templateOf(pool: DiskPool, mark: DiskMark): Promise<string
  * that fails at its end leaves nothing that looks whole. Returns its name.
  */
 async function receiveBase(pool: DiskPool, uuid: string, stream: Readable, timeoutMs: number): Promise<string> {
-  const scratch = await pool.receiving();
   try {
-    await btrfs(['receive', '-q', scratch], timeoutMs, { stdin: stream }).catch((err: unknown) => {
-      throw new SpaceError('SNAPSHOT_CORRUPT', `The stored template files could not be received: ${(err as Error).message}`, { cause: err });
+    return await receiveScratch(pool, stream, timeoutMs, async (scratch, got) => {
+      if (got.length !== 1) throw new SpaceError('SNAPSHOT_CORRUPT', `The stored template files make ${got.length} subvolumes, not one`);
+      return pool.keepBase(path.join(scratch, got[0]!), uuid);
     });
-    const got = await fs.readdir(scratch);
-    if (got.length !== 1) throw new SpaceError('SNAPSHOT_CORRUPT', `The stored template files make ${got.length} subvolumes, not one`);
-    return await pool.keepBase(path.join(scratch, got[0]!), uuid);
-  } finally {
-    for (const d of await fs.readdir(scratch).catch(() => [] as string[])) await pool.remove(path.join(scratch, d)).catch(() => {});
-    await fs.rmdir(scratch).catch(() => {});
+  } catch (err) {
+    if (err instanceof SpaceError) throw err;
+    throw new SpaceError('SNAPSHOT_CORRUPT', `The stored template files could not be received: ${(err as Error).message}`, { cause: err });
   }
 }
 
