@@ -1,12 +1,13 @@
 // The node's pool of sandbox disks (issue 23's first part) on a real btrfs in a loop-mounted
-// sparse image: a disk is its template's files without a copy, a limit that stops a writer with
+// image: a disk is its template's files without a copy, a limit that stops a writer with
 // EDQUOT, point-in-time copies and forks that share unchanged blocks, and a pool that survives
 // being unmounted (as after a reboot). The pool is kept in its vault (an ext4 image encrypted
-// with fscrypt) as the daemon keeps it: what reaches the host's disk is ciphertext.
+// with fscrypt) as the daemon keeps it: what reaches the host's disk is ciphertext. Both images
+// take their size on the host when made, so a host disk that fills up leaves the pool working.
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, statfsSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { DiskPool } from '../packages/driver-gvisor/dist/index.js';
@@ -24,7 +25,11 @@ describe('disk pool (btrfs)', () => {
   let dir, pool, template;
   const key = randomBytes(32);
   const open = (k = key) => DiskPool.open({ dir: path.join(dir, 'pool'), sizeBytes: 2048 * MiB, key: k });
-  const allocated = () => statSync(pool.imagePath).blocks * 512;
+  /** What the pool's file system holds (its image is allocated whole on the host: btrfs counts). */
+  const allocated = () => {
+    const s = statfsSync(pool.mountPoint);
+    return (s.blocks - s.bfree) * s.bsize;
+  };
   // btrfs allocates lazily: make its numbers current before reading them.
   const settle = () => execFileSync('btrfs', ['filesystem', 'sync', pool.mountPoint]);
   /** Writes `mb` MiB of random data to `file` with dd; resolves to dd's exit status and stderr. */
@@ -148,5 +153,63 @@ describe('disk pool (btrfs)', () => {
     assert.equal(again.encrypted, false);
     assert.equal(again.imagePath, path.join(old, 'pool.img'));
     await again.close();
+  });
+});
+
+// Measured before reservations (docs/disks.md, "When the host's disk fills up"): a pool whose
+// sparse image sat on a host file system that filled up turned read-only — every disk in it —
+// and stayed so after space was freed.
+describe('disk pool: the host\'s disk fills up', () => {
+  let dir, hostDir, pool;
+  before(() => {
+    dir = mkdtempSync('/tmp/spt-hostfull-');
+    hostDir = path.join(dir, 'host');
+    mkdirSync(hostDir);
+    // A small file system of its own stands for the host's: 4 GiB, ext4.
+    execFileSync('truncate', ['-s', '4G', path.join(dir, 'host.img')]);
+    execFileSync('mkfs.ext4', ['-q', path.join(dir, 'host.img')]);
+    execFileSync('mount', ['-o', 'loop', path.join(dir, 'host.img'), hostDir]);
+  });
+  after(async () => {
+    await pool?.close();
+    // (A failed assertion may leave a pool it opened mounted: everything under the host goes.)
+    for (const m of ['disks/mnt', 'disks/vault', '.']) spawnSync('umount', [path.join(hostDir, m)]);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('a pool that does not fit is refused and leaves nothing; one that does takes its size on the host at once', async () => {
+    const free = () => statfsSync(hostDir).bavail * statfsSync(hostDir).bsize;
+    await assert.rejects(DiskPool.open({ dir: path.join(hostDir, 'disks'), sizeBytes: 8192 * MiB, key: randomBytes(32) }), (e) => e.code === 'CONFIG_INVALID' && /does not fit/.test(e.message) && /--disk-pool-size/.test(e.message));
+    assert.deepEqual(readdirSync(path.join(hostDir, 'disks')).filter((f) => f.endsWith('.img')), [], 'no image left');
+    const before = free();
+    pool = await DiskPool.open({ dir: path.join(hostDir, 'disks'), sizeBytes: 1024 * MiB, key: randomBytes(32) });
+    const vault = statSync(path.join(hostDir, 'disks', 'vault.img'));
+    assert.ok(vault.blocks * 512 >= vault.size, 'the vault\'s image is allocated whole');
+    assert.ok(before - free() >= 3 * 1024 * MiB, `the pool (1 GiB) and its room for work files (2 GiB) are taken on the host: ${((before - free()) / MiB).toFixed(0)} MiB`);
+  });
+
+  it('with the host full, the pool keeps working: a disk takes writes until the pool is full (ENOSPC), new disks are refused (CAPACITY_EXHAUSTED)', async () => {
+    const tpl = path.join(dir, 'tpl');
+    mkdirSync(tpl);
+    await pool.importTemplate('tpl', tpl);
+    const root = await pool.createDisk('sbfull', 'tpl', 2048 * MiB);
+    // Everything the host has left but 8 MiB goes to another program's file.
+    const s = statfsSync(hostDir);
+    execFileSync('fallocate', ['--length', String(s.bavail * s.bsize - 8 * MiB), path.join(hostDir, 'filler')]);
+    await assert.rejects(pool.checkHostRoom(1024 * MiB), (e) => e.code === 'CAPACITY_EXHAUSTED' && /nearly full/.test(e.message) && e.details?.resource === 'disk');
+    const w = spawnSync('dd', ['if=/dev/urandom', `of=${path.join(root, 'a.bin')}`, 'bs=1M', 'count=300', 'conv=fsync'], { encoding: 'utf8' });
+    assert.equal(w.status, 0, `a write into the pool with the host full: ${w.stderr}`);
+    const full = spawnSync('dd', ['if=/dev/zero', `of=${path.join(root, 'b.bin')}`, 'bs=1M', 'count=2000', 'conv=fsync'], { encoding: 'utf8' });
+    assert.notEqual(full.status, 0);
+    assert.match(full.stderr, /No space left on device/, 'the pool itself full: ENOSPC, not an I/O error');
+    rmSync(path.join(root, 'b.bin'));
+    execFileSync('btrfs', ['filesystem', 'sync', pool.mountPoint]);
+    writeFileSync(path.join(root, 'after.txt'), 'still writable\n');
+    assert.equal(readFileSync(path.join(root, 'after.txt'), 'utf8'), 'still writable\n');
+    assert.equal(execFileSync('sha256sum', [path.join(root, 'a.bin')], { encoding: 'utf8' }).length > 0, true);
+    const opts = readFileSync('/proc/mounts', 'utf8').split('\n').find((l) => l.split(' ')[1] === pool.mountPoint)?.split(' ')[3] ?? '';
+    assert.match(opts, /^rw\b/, `the pool is still mounted read-write: ${opts}`);
+    await pool.removeDisk('sbfull');
+    rmSync(path.join(hostDir, 'filler'));
   });
 });

@@ -1,9 +1,10 @@
 // What `--disks auto` comes to (fast lane, no runtime): on for a new data directory
-// of a node on its own when the host has btrfs and loop devices — this machine's set-up installs
-// btrfs-progs; off for nodes sharing a database (a disk does not move between nodes yet) and
+// of a node on its own when the host has btrfs, loop devices and room for a pool — this
+// machine's set-up installs btrfs-progs; off for nodes sharing a database (a disk does not move between nodes yet) and
 // for a data directory made before (its sandboxes and images have no disk); decided once and
 // kept. Real SQLite.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
@@ -59,6 +60,21 @@ describe('--disks auto', () => {
       assert.match(r.why, /lacks btrfs-progs \(apt-get install btrfs-progs\)/);
     } finally {
       process.env.PATH = saved;
+      store.close();
+    }
+  });
+
+  it('a host without room for a disk pool (which takes its size on the host when made): off, saying how much it needs', async () => {
+    const store = open('no-room');
+    const small = path.join(dir, 'small');
+    mkdirSync(small);
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=64m', 'tmpfs', small]);
+    try {
+      const r = await resolveDisksMode('auto', { shared: false, store, imagesDir: images('no-room'), hostDir: small });
+      assert.equal(r.mode, 'off');
+      assert.match(r.why, /lacks room for a disk pool \(\d+ MiB free under .*small; a pool takes 3328 MiB at least\)/);
+    } finally {
+      execFileSync('umount', [small]);
       store.close();
     }
   });

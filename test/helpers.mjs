@@ -10,6 +10,9 @@ import { Sandbox, SpaceError } from '../packages/sdk/dist/index.js';
 
 /** Template cache shared by test daemons so `base` is built once per machine. */
 export const TEMPLATES_DIR = process.env.SPACE_TEMPLATES_DIR ?? '/var/cache/space/templates';
+// Every disk pool a test daemon makes takes its size on the host at once (docs/disks.md, "The
+// pool's size"): 8 GiB each, not the default 32, so that the two lanes' daemons fit side by side.
+process.env.SPACE_DISK_POOL_SIZE ??= '8G';
 
 /**
  * The sandbox network of a test daemon: a /24 of its own, derived from its data directory, so
@@ -101,7 +104,9 @@ const SCAN_CHUNK = 64 * 1024 * 1024;
 function dataRanges(file) {
   const out = execFileSync('filefrag', ['-e', '-b4096', file], { encoding: 'utf8' });
   const ranges = [];
-  for (const m of out.matchAll(/^\s*\d+:\s*(\d+)\.\.\s*(\d+):/gm)) {
+  // Extents allocated but never written (`fallocate`: a disk pool's reserved room) read as zeros.
+  for (const m of out.matchAll(/^\s*\d+:\s*(\d+)\.\.\s*(\d+):.*$/gm)) {
+    if (/\bunwritten\b/.test(m[0])) continue;
     const [start, end] = [Number(m[1]) * 4096, (Number(m[2]) + 1) * 4096];
     const last = ranges.at(-1);
     if (last && last[1] === start) last[1] = end;

@@ -88,6 +88,7 @@ interface DaemonFlags {
   diskPool?: string;
   diskDefault?: string;
   diskMax?: string;
+  diskPoolSize?: string;
   volumes?: string;
   database?: string;
   blobStore?: string;
@@ -116,6 +117,7 @@ function daemonCommand(name: string, description: string): Command {
     .option('--disk-pool <dir>', 'directory of the disk pool (default: DATA_DIR/disks)')
     .option('--disk-default <size>', 'disk size of a sandbox whose create gives none, e.g. 5G')
     .option('--disk-max <size>', 'largest disk a create may ask for, e.g. 64G')
+    .option('--disk-pool-size <size>', 'size of a new disk pool, taken on the host when it is made (default: 32G, or half of the free space if less)')
     .option('--volumes <auto|on|off>', 'named volumes: auto (on when the host can: fscrypt, ext4 encryption), on, or off')
     .option('--database <url>', 'metadata in PostgreSQL: postgres://USER@HOST:PORT/DB (password in PGPASSWORD or ~/.pgpass); default SQLite in the data directory')
     .option('--blob-store <url>', 'snapshots and template images: file:///PATH or s3://BUCKET[/PREFIX]?endpoint=http://HOST:PORT (keys in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); default DATA_DIR/blobs')
@@ -125,7 +127,7 @@ function daemonCommand(name: string, description: string): Command {
 }
 
 function daemonArgs(o: DaemonFlags): string[] {
-  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.maxMemory ? ['--max-memory', o.maxMemory] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : []), ...(o.workDir ? ['--work-dir', o.workDir] : []), ...(o.nodeName ? ['--node-name', o.nodeName] : []), ...(o.advertiseUrl ? ['--advertise-url', o.advertiseUrl] : [])];
+  return ['--data-dir', o.dataDir, '--listen', o.listen, ...(o.templatesDir ? ['--templates-dir', o.templatesDir] : []), ...(o.maxSandboxes ? ['--max-sandboxes', o.maxSandboxes] : []), ...(o.maxMemory ? ['--max-memory', o.maxMemory] : []), ...(o.pool ? ['--pool', o.pool] : []), ...(o.driver ? ['--driver', o.driver] : []), ...(o.drivers ? ['--drivers', o.drivers] : []), ...(o.microvmAccel ? ['--microvm-accel', o.microvmAccel] : []), ...(o.e2bInternet ? ['--e2b-internet', o.e2bInternet] : []), ...(o.e2bPublicTraffic ? ['--e2b-public-traffic', o.e2bPublicTraffic] : []), ...(o.disks ? ['--disks', o.disks] : []), ...(o.diskPool ? ['--disk-pool', o.diskPool] : []), ...(o.diskDefault ? ['--disk-default', o.diskDefault] : []), ...(o.diskMax ? ['--disk-max', o.diskMax] : []), ...(o.diskPoolSize ? ['--disk-pool-size', o.diskPoolSize] : []), ...(o.volumes ? ['--volumes', o.volumes] : []), ...(o.database ? ['--database', o.database] : []), ...(o.blobStore ? ['--blob-store', o.blobStore] : []), ...(o.workDir ? ['--work-dir', o.workDir] : []), ...(o.nodeName ? ['--node-name', o.nodeName] : []), ...(o.advertiseUrl ? ['--advertise-url', o.advertiseUrl] : [])];
 }
 
 /**
@@ -208,7 +210,7 @@ daemonCommand('up', 'start the daemon in the background (or find it running), re
     // deployment's keys work on every node (it shares their database).
     const keyNote = existsSync(st.keyFile) ? st.keyFile : `${st.keyFile} — none written: this node joined a deployment that has API keys; put one of them there (e.g. another node's admin.key) for this context`;
     process.stdout.write(
-      `SPACE is running\n  url:      ${st.url}\n  console:  ${st.url}/ (sign in with the API key)\n  data dir: ${dataDir}\n  API key:  ${keyNote}\n  pid:      ${st.pid}\n${st.disks ? `  disks:    ${st.disks.mode} (${st.disks.why})\n` : ''}${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}` +
+      `SPACE is running\n  url:      ${st.url}\n  console:  ${st.url}/ (sign in with the API key)\n  data dir: ${dataDir}\n  API key:  ${keyNote}\n  pid:      ${st.pid}\n${st.disks ? `  disks:    ${st.disks.mode} (${st.disks.why})${st.disks.poolBytes ? `; the pool takes ${(st.disks.poolBytes / 2 ** 30).toFixed(1)} GiB of the host's disk: --disk-pool-size` : ''}\n` : ''}${st.e2bUrl ? `  E2B API:  ${st.e2bUrl} (export $(space e2b env))\n` : ''}` +
         `  context:  ${name}${current ? ' (current)' : ` (not current: use it with \`space --context ${name} …\` or \`space context use ${name}\`)`}\n` +
         ('error' in onPath ? `  command:  not installed (${onPath.error})\n` : `  command:  ${onPath.path}${onPath.installed ? ' (installed now)' : ''}\n`) +
         `${current ? 'The CLI is configured; try: space create\n' : ''}`,

@@ -11,7 +11,14 @@
  * Layout under the mount point: `templates/<name>`, `disks/<id>`, `copies/<id>`.
  * Everything is done with the `btrfs` command (btrfs-progs), the tool made for it.
  *
- * At rest, encrypted: given a key, the pool's image lives in a vault — a sparse ext4 image whose
+ * Reserved on the host: a pool takes its whole size on the host's disk when it is made
+ * (`fallocate`: instant, nothing written), its vault's image too. A sparse image over a host
+ * disk that fills up answers I/O errors, and btrfs then turns the whole pool read-only — every
+ * sandbox's disk at once, until it is mounted again (measured: docs/disks.md, "The pool's size,
+ * and a host disk that fills up"). Reserved, a full host leaves the pool as it is; a writer that fills the pool
+ * itself gets `ENOSPC`. Pools made before reservations (2026-12-07) stay sparse.
+ *
+ * At rest, encrypted: given a key, the pool's image lives in a vault — an ext4 image whose
  * `files` directory is encrypted with fscrypt ({@link EncryptedImage}) — so the disks' files, and
  * the work files the daemon keeps there ({@link DiskPool.scratchDir}), reach the host's disk as
  * ciphertext. Why a file system in a file in a file system: this kernel has no dm-crypt, and
@@ -30,7 +37,10 @@ const run = promisify(execFile);
 export interface DiskPoolOptions {
   /** Directory of the pool: its image (`pool.img`) and mount point (`mnt`). */
   dir: string;
-  /** Size of the pool's (sparse) image, bytes; only used when the image is made. */
+  /**
+   * Size of the pool, bytes, taken on the host when it is made (only then; see
+   * {@link defaultPoolBytes}). Its vault adds room for work files: a quarter of it, 2 GiB at least.
+   */
   sizeBytes: number;
   /** Each btrfs command must finish within this. @default 60000 */
   timeoutMs?: number;
@@ -65,6 +75,30 @@ function isMountPoint(dir: string): boolean {
   return mountPoints().has(path.resolve(dir));
 }
 
+const GiB = 2 ** 30;
+
+/**
+ * A pool's size when the operator gives none: 32 GiB, or half of what the host file system under
+ * `dir` has free beyond `reserveBytes` if that is less (less again where its room for work files
+ * would not fit beside it) — the pool takes it on the host at once. Below {@link MIN_POOL_BYTES}
+ * on a host with too little room (the pool's open then says so).
+ *
+ * @example const sizeBytes = await defaultPoolBytes('/var/lib/space/disks', 2 ** 30);
+ */
+export async function defaultPoolBytes(dir: string, reserveBytes: number): Promise<number> {
+  const st = await fs.statfs(dir);
+  const room = st.bavail * st.bsize - reserveBytes;
+  const mib = (n: number) => Math.max(0, Math.floor(n / 2 ** 20) * 2 ** 20);
+  const half = mib(Math.min(32 * GiB, room / 2));
+  return half + workRoom(half) <= room ? half : mib(room - workRoom(0));
+}
+
+/** The smallest pool (a pool of the default's size needs this plus 2 GiB for work files, beside the host's reserve). */
+export const MIN_POOL_BYTES = 256 * 2 ** 20;
+
+/** Room for work files a vault keeps beside its pool (checkpoint images being packed): a quarter of the pool, 2 GiB at least. */
+const workRoom = (poolBytes: number) => Math.max(2 * GiB, Math.floor(poolBytes / 4 / 2 ** 20) * 2 ** 20);
+
 /** Scratch directories of receives under way, in `copies/`. */
 const RECEIVING = '.recv-';
 
@@ -83,6 +117,8 @@ export class DiskPool {
     private readonly image: string,
     private readonly timeoutMs: number,
     private readonly vault?: EncryptedImage,
+    /** The file the host holds: the vault's image, or the pool's own. */
+    private readonly hostImage: string = image,
   ) {}
 
   /** Whether the pool's bytes are encrypted at rest (it is kept in a vault). */
@@ -119,23 +155,31 @@ export class DiskPool {
     const vault = opts.key && !plain ? new EncryptedImage({ image: path.join(opts.dir, 'vault.img'), mnt: path.join(opts.dir, 'vault'), confPath: path.join(opts.dir, 'fscrypt.conf'), timeoutMs }) : undefined;
     const image = plain ?? (vault ? path.join(vault.files, 'pool.img') : path.join(opts.dir, 'pool.img'));
     const mnt = path.join(opts.dir, 'mnt');
-    const pool = new DiskPool(mnt, image, timeoutMs, vault);
+    const pool = new DiskPool(mnt, image, timeoutMs, vault, vault ? path.join(opts.dir, 'vault.img') : image);
     await fs.mkdir(mnt, { recursive: true });
     try {
-      // As large as the pool again, for the work files (sparse: the host holds what is written).
-      if (vault) await vault.open(opts.key!, 2 * opts.sizeBytes);
+      const outerMade = existsSync(pool.hostImage);
+      if (!outerMade) {
+        // Taken on the host now: it must fit, beside what is kept free.
+        const host = await fs.statfs(opts.dir);
+        const need = opts.sizeBytes + (vault ? workRoom(opts.sizeBytes) : 0);
+        if (opts.sizeBytes < MIN_POOL_BYTES || need > host.bavail * host.bsize) {
+          throw new SpaceError('CONFIG_INVALID', `A disk pool of ${Math.round(opts.sizeBytes / 2 ** 20)} MiB (${Math.round(need / 2 ** 20)} MiB with its room for work files) does not fit: ${Math.round((host.bavail * host.bsize) / 2 ** 20)} MiB are free under ${opts.dir}, and a pool needs 256 MiB at least. Free some space, give a smaller --disk-pool-size, or start with --disks off`);
+        }
+      }
+      if (vault) await vault.open(opts.key!, opts.sizeBytes + workRoom(opts.sizeBytes), { allocate: true });
       if (!existsSync(image)) {
         // Made under another name and renamed: a crash never leaves a half-made image behind.
         const part = `${image}.part`;
         await fs.rm(part, { force: true });
-        const h = await fs.open(part, 'w');
-        await h.truncate(opts.sizeBytes);
-        await h.close();
+        await (await fs.open(part, 'w', 0o600)).close();
+        await pool.cmd('fallocate', ['--length', String(opts.sizeBytes), part]);
         await pool.cmd('mkfs.btrfs', ['-q', '-L', 'space-disks', part]);
         await fs.rename(part, image);
       }
       // commit=5: quota counts (what a disk holds) are settled at each commit, at most 5 s old.
-      if (!isMountPoint(mnt)) await pool.cmd('mount', ['-o', 'loop,noatime,commit=5', image, mnt]);
+      // nodiscard: what the pool frees stays reserved in its image (a discard punches holes).
+      if (!isMountPoint(mnt)) await pool.cmd('mount', ['-o', 'loop,noatime,nodiscard,commit=5', image, mnt]);
       await pool.cmd('btrfs', ['quota', 'enable', mnt]);
       const uuid = /uuid:\s*([0-9a-f-]{36})/.exec(await pool.cmd('btrfs', ['filesystem', 'show', mnt]))?.[1];
       pool.qgroupsDir = uuid ? `/sys/fs/btrfs/${uuid}/qgroups` : undefined;
@@ -448,22 +492,36 @@ export class DiskPool {
     await this.vault?.close();
   }
 
-  /** The pool's image file (sparse: it takes only what its file system uses). */
+  /** The pool's image file. */
   get imagePath(): string {
     return this.image;
   }
 
   /**
-   * Throws CAPACITY_EXHAUSTED when the host file system under the pool's image has less than
-   * `reserveBytes` free: new disks are refused there, running sandboxes go on.
+   * What the pool takes on the host's disk, bytes: its vault's image (the pool and its room for
+   * work files) or its own, as allocated (a pool made before 2026-12-07 is sparse: what it holds).
+   *
+   * @example const gib = (await pool.hostBytes()) / 2 ** 30;
+   */
+  async hostBytes(): Promise<number> {
+    const st = await fs.stat(this.hostImage);
+    return Math.min(st.size, st.blocks * 512);
+  }
+
+  /**
+   * Throws CAPACITY_EXHAUSTED when the host file system under the pool (its vault's image) has
+   * less than `reserveBytes` free, or the pool itself less than 1/64 of its size (at least 64
+   * MiB): new disks are refused there, running sandboxes go on.
    *
    * @example await pool.checkHostRoom(2 ** 30); // before a new disk
    */
   async checkHostRoom(reserveBytes: number): Promise<void> {
-    const under = path.dirname(this.image);
-    const st = await fs.statfs(under);
-    const free = st.bavail * st.bsize;
-    if (free < reserveBytes) throw new SpaceError('CAPACITY_EXHAUSTED', `The node's disk is nearly full (${Math.round(free / 1048576)} MiB free under ${under}, ${Math.round(reserveBytes / 1048576)} MiB kept in reserve): no new sandbox disks until space is freed`, { details: { retryAfterS: 60, resource: 'disk' } });
+    const refuse = (what: string) => new SpaceError('CAPACITY_EXHAUSTED', `The node's disk is nearly full (${what}): no new sandbox disks until space is freed`, { details: { retryAfterS: 60, resource: 'disk' } });
+    const under = path.dirname(this.hostImage);
+    const host = await fs.statfs(under);
+    if (host.bavail * host.bsize < reserveBytes) throw refuse(`${Math.round((host.bavail * host.bsize) / 1048576)} MiB free under ${under}, ${Math.round(reserveBytes / 1048576)} MiB kept in reserve`);
+    const pool = await fs.statfs(this.mountPoint);
+    if (pool.bavail * pool.bsize < Math.max(64 * 2 ** 20, (pool.blocks * pool.bsize) / 64)) throw refuse(`the disk pool has ${Math.round((pool.bavail * pool.bsize) / 1048576)} MiB of its ${Math.round((pool.blocks * pool.bsize) / 1048576)} MiB free`);
   }
 }
 

@@ -17,7 +17,7 @@ import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 
 import { AGENT_ARGV, RUNTIME, ensureRuntime } from '@space/core';
 import { StatefileCodec } from './statefile-codec.js';
-import { DISK_MARK, DiskCodec, DiskPool, DiskStream, IMAGE_ID, imageId, parseDiskMark, templateOf, type DiskMark, type DiskUsage } from '@space/disk-pool';
+import { DISK_MARK, DiskCodec, DiskPool, DiskStream, IMAGE_ID, defaultPoolBytes, imageId, parseDiskMark, templateOf, type DiskMark, type DiskUsage } from '@space/disk-pool';
 
 /** Options of {@link GvisorDriver}. */
 export interface GvisorDriverOptions {
@@ -50,7 +50,7 @@ export interface GvisorDriverOptions {
 export interface GvisorDiskOptions {
   /** Directory of the disk pool. @default "<dataDir>/disks" */
   dir?: string;
-  /** Size of the pool's sparse image, bytes. @default the size of the file system holding it */
+  /** Size of a new pool, bytes, taken on the host when it is made ({@link DiskPool}). @default {@link defaultPoolBytes}: 32 GiB, or half of the host's free space if less */
   poolBytes?: number;
   /**
    * 256-bit key that keeps the pool encrypted at rest (its image in a vault, see
@@ -162,8 +162,9 @@ export class GvisorDriver implements SandboxDriver {
     if (this.opts.disks) {
       const dir = this.opts.disks.dir ?? path.join(this.opts.dataDir, 'disks');
       await fs.mkdir(dir, { recursive: true, mode: 0o700 });
-      const fsStat = await fs.statfs(dir);
-      this.pool = await DiskPool.open({ dir, sizeBytes: this.opts.disks.poolBytes ?? fsStat.blocks * fsStat.bsize, ...(this.opts.disks.key ? { key: this.opts.disks.key } : {}) });
+      const sizeBytes = this.opts.disks.poolBytes ?? (await defaultPoolBytes(dir, this.opts.disks.reserveBytes ?? 2 ** 30));
+      this.pool = await DiskPool.open({ dir, sizeBytes, ...(this.opts.disks.key ? { key: this.opts.disks.key } : {}) });
+      if (this.disks) this.disks.poolBytes = await this.pool.hostBytes();
     }
     this.runtimeDir = await ensureRuntime(path.join(this.opts.dataDir, 'runtime'), AGENT_BUNDLE, [AGENT_HELPER, AGENT_COMPAT_LIB]);
   }

@@ -17,7 +17,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { CHECKPOINT_COMPLETE, SpaceError, createNetns, randomString, readKernelFile, run, tryRun, ensureRuntime, type DriverCreateSpec, type DriverDisks, type DriverEvents, type DriverReport, type ImageAttachment, type RuntimeStatus, type SandboxDriver, type SandboxNetwork, type SandboxUsage } from '@space/core';
-import { DISK_MARK, DiskPool, DiskStream, IMAGE_ID, imageId, parseDiskMark, type DiskMark } from '@space/disk-pool';
+import { DISK_MARK, DiskPool, DiskStream, IMAGE_ID, defaultPoolBytes, imageId, parseDiskMark, type DiskMark } from '@space/disk-pool';
 import { SERIAL_OPEN_MAGIC, type SerialOpen } from '@space/protocol';
 import { AGENT_BUNDLE, AGENT_COMPAT_LIB, AGENT_HELPER } from '@space/agent';
 import { GuestBuilder } from './guest.js';
@@ -80,7 +80,7 @@ export interface MicrovmDiskOptions {
   defaultMb?: number;
   /** Largest disk, MiB. @default 65536 */
   maxMb?: number;
-  /** Size of the pool's sparse image. @default the size of the host file system under it */
+  /** Size of a new pool, bytes, taken on the host when it is made ({@link DiskPool}). @default {@link defaultPoolBytes}: 32 GiB, or half of the host's free space if less */
   poolBytes?: number;
   /** Creates are refused (CAPACITY_EXHAUSTED) while the host file system has less free. @default 1 GiB */
   reserveBytes?: number;
@@ -246,8 +246,9 @@ export class MicrovmDriver implements SandboxDriver {
     // (Not `<dir>/disks`: the guest builder's cache of template disks.)
     const dir = o.dir ?? path.join(this.dir, 'pool');
     await fs.mkdir(dir, { recursive: true, mode: 0o700 });
-    const st = await fs.statfs(dir);
-    this.pool = await DiskPool.open({ dir, sizeBytes: o.poolBytes ?? st.blocks * st.bsize, ...(o.key ? { key: o.key } : {}) });
+    const sizeBytes = o.poolBytes ?? (await defaultPoolBytes(dir, o.reserveBytes ?? 2 ** 30));
+    this.pool = await DiskPool.open({ dir, sizeBytes, ...(o.key ? { key: o.key } : {}) });
+    if (this.disks) this.disks.poolBytes = await this.pool.hostBytes();
     if (!this.pool.templatePath(DISK_TEMPLATE)) {
       const empty = await fs.mkdtemp(path.join(this.dir, 'empty-'));
       try {

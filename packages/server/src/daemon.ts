@@ -11,7 +11,7 @@ import pino from 'pino';
 import { Ext4Volumes } from '@space/volume-ext4';
 import { ApiKeys, Volumes, type Logger, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
 import { parseSizeMb, type DrainEvent, type DrainResult } from '@space/api';
-import { DiskPool, GvisorDriver } from '@space/driver-gvisor';
+import { DiskPool, GvisorDriver, MIN_POOL_BYTES } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
@@ -187,7 +187,7 @@ async function openVolumes(mode: 'auto' | 'on' | 'off', dataDir: string, store: 
   return new Volumes({ store, keys, logger, ...(node ? { node } : {}), ...(report.available ? { host } : { unavailable: report.detail }) });
 }
 
-/** Sandbox disks of the daemon (flags `--disks`, `--disk-pool`, `--disk-default`, `--disk-max`). */
+/** Sandbox disks of the daemon (flags `--disks`, `--disk-pool`, `--disk-default`, `--disk-max`, `--disk-pool-size`). */
 export interface DiskOptions {
   /**
    * `on`: every sandbox gets a disk in a btrfs pool (a second driver's pool in `<dir>/<driver>`); `off`: files in memory; `auto`: on
@@ -202,6 +202,11 @@ export interface DiskOptions {
   defaultMb?: number;
   /** Largest disk a create may ask for, MiB. @default 65536 (or SPACE_DISK_MAX) */
   maxMb?: number;
+  /**
+   * Size of a new disk pool, MiB, taken on the host when the pool is made (a pool made already
+   * keeps its size; docs/disks.md, "The pool's size"). @default 32 GiB, or half of the host's free space if less (or SPACE_DISK_POOL_SIZE)
+   */
+  poolMb?: number;
 }
 
 /**
@@ -234,12 +239,13 @@ const DISKS_DECIDED = 'disks-auto';
  *   template images were made with or without disks, and restore only so);
  * - **off** for a data directory made before disks were the default (it holds live sandboxes
  *   or template images, all without a disk);
- * - else **on** when the host has what a disk pool needs (btrfs-progs, loop devices), **off**
- *   (saying what is missing) when not.
+ * - else **on** when the host has what a disk pool needs (btrfs-progs, loop devices, and room
+ *   under `hostDir` for the smallest pool beside its work files and the 1 GiB kept free: the
+ *   pool takes its size on the host when made), **off** (saying what is missing) when not.
  *
  * @example const { mode, why } = await resolveDisksMode('auto', { shared: false, store, imagesDir });
  */
-export async function resolveDisksMode(mode: 'auto' | 'on' | 'off', ctx: { shared: boolean; store: MetadataStore; imagesDir: string }): Promise<{ mode: 'on' | 'off'; why: string }> {
+export async function resolveDisksMode(mode: 'auto' | 'on' | 'off', ctx: { shared: boolean; store: MetadataStore; imagesDir: string; hostDir?: string }): Promise<{ mode: 'on' | 'off'; why: string }> {
   if (mode !== 'auto') return { mode, why: `--disks ${mode}` };
   if (ctx.shared) return { mode: 'off', why: 'nodes sharing a database: sandbox disks move with their sessions, but a tenant\'s first snapshot of a template\'s sandbox on a node stores the template\'s files (~40 s for base), and restoring a lost node\'s running sandboxes on disks is not tested yet: start with --disks on for them (docs/disks.md, "In a cluster")' };
   const decided = await ctx.store.getMeta(DISKS_DECIDED);
@@ -249,7 +255,9 @@ export async function resolveDisksMode(mode: 'auto' | 'on' | 'off', ctx: { share
   const images = existsSync(ctx.imagesDir) && (await fs.readdir(ctx.imagesDir)).length > 0;
   if (live.length || images) decision = { mode: 'off', why: `this data directory holds ${live.length ? `${live.length} sandbox(es)` : 'template images'} made without disks: start with --disks on to change that (they would not restore)` };
   else {
-    const missing = [...(onPath('mkfs.btrfs') && onPath('btrfs') ? [] : ['btrfs-progs (apt-get install btrfs-progs)']), ...(existsSync('/dev/loop-control') ? [] : ['loop devices (/dev/loop-control)'])];
+    const needs = MIN_POOL_BYTES + 3 * 2 ** 30;
+    const free = ctx.hostDir ? await fs.statfs(ctx.hostDir).then((s) => s.bavail * s.bsize, () => Infinity) : Infinity;
+    const missing = [...(onPath('mkfs.btrfs') && onPath('btrfs') ? [] : ['btrfs-progs (apt-get install btrfs-progs)']), ...(existsSync('/dev/loop-control') ? [] : ['loop devices (/dev/loop-control)']), ...(free >= needs ? [] : [`room for a disk pool (${Math.round(free / 2 ** 20)} MiB free under ${ctx.hostDir}; a pool takes ${Math.round(needs / 2 ** 20)} MiB at least)`])];
     decision = missing.length ? { mode: 'off', why: `this host lacks ${missing.join(' and ')}` } : { mode: 'on', why: 'a new data directory on a host with btrfs and loop devices' };
   }
   const kept = await ctx.store.putMetaIfAbsent(DISKS_DECIDED, decision.mode);
@@ -262,7 +270,7 @@ function onPath(cmd: string): boolean {
 }
 
 /** The disks settings: options first, then SPACE_DISK* variables; `settings` undefined when off. */
-async function diskSettings(opts: DiskOptions | undefined, ctx: { shared: boolean; store: MetadataStore; imagesDir: string; logger: Logger }): Promise<{ mode: 'on' | 'off'; why: string; settings?: { dir?: string; defaultMb?: number; maxMb?: number; key?: Buffer } }> {
+async function diskSettings(opts: DiskOptions | undefined, ctx: { shared: boolean; store: MetadataStore; imagesDir: string; hostDir: string; logger: Logger }): Promise<{ mode: 'on' | 'off'; why: string; settings?: { dir?: string; defaultMb?: number; maxMb?: number; poolBytes?: number; key?: Buffer } }> {
   const env = process.env;
   const { mode, why } = await resolveDisksMode(opts?.mode ?? parseDisksMode(env.SPACE_DISKS ?? 'auto'), ctx);
   ctx.logger.info({ disks: mode }, `sandbox disks ${mode}: ${why}`);
@@ -270,7 +278,8 @@ async function diskSettings(opts: DiskOptions | undefined, ctx: { shared: boolea
   const dir = opts?.dir ?? env.SPACE_DISK_POOL;
   const defaultMb = opts?.defaultMb ?? (env.SPACE_DISK_DEFAULT ? parseSizeMb(env.SPACE_DISK_DEFAULT, 'SPACE_DISK_DEFAULT') : undefined);
   const maxMb = opts?.maxMb ?? (env.SPACE_DISK_MAX ? parseSizeMb(env.SPACE_DISK_MAX, 'SPACE_DISK_MAX') : undefined);
-  return { mode, why, settings: { ...(dir ? { dir } : {}), ...(defaultMb !== undefined ? { defaultMb } : {}), ...(maxMb !== undefined ? { maxMb } : {}) } };
+  const poolMb = opts?.poolMb ?? (env.SPACE_DISK_POOL_SIZE ? parseSizeMb(env.SPACE_DISK_POOL_SIZE, 'SPACE_DISK_POOL_SIZE') : undefined);
+  return { mode, why, settings: { ...(dir ? { dir } : {}), ...(defaultMb !== undefined ? { defaultMb } : {}), ...(maxMb !== undefined ? { maxMb } : {}), ...(poolMb !== undefined ? { poolBytes: poolMb * 2 ** 20 } : {}) } };
 }
 
 /** Checks a driver name (flag `--driver`, `SPACE_DRIVER`). */
@@ -478,7 +487,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const kernelDeb = opts.microvm?.kernelDeb ?? process.env.SPACE_MICROVM_KERNEL_DEB;
   const cacheDir = opts.microvm?.cacheDir ?? process.env.SPACE_MICROVM_CACHE_DIR;
   const network = egress ? { network: egress.network } : {};
-  const disksMode = await diskSettings(opts.disks, { shared, store, imagesDir: templateImagesDir(dataDir), logger });
+  const disksMode = await diskSettings(opts.disks, { shared, store, imagesDir: templateImagesDir(dataDir), hostDir: opts.disks?.dir ?? process.env.SPACE_DISK_POOL ?? dataDir, logger });
   const disks = disksMode.settings;
   if (disks) {
     // The driver opens the pool there; the work directory is chosen from it below.
@@ -700,7 +709,7 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const actualPort = typeof addr === 'object' && addr ? addr.port : port;
   daemonPorts.add(actualPort);
   const url = hostUrl(host, actualPort);
-  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingressUrl: ingress.url, ingressDomain: ingress.domain } : {}), disks: { mode: disksMode.mode, why: disksMode.why } };
+  const state: DaemonState = { pid: process.pid, url, dataDir, keyFile, startedAt: new Date().toISOString(), instance, ...(e2bUrl ? { e2bUrl } : {}), ...(ingress ? { ingressUrl: ingress.url, ingressDomain: ingress.domain } : {}), disks: { mode: disksMode.mode, why: disksMode.why, ...(driver.disks?.poolBytes ? { poolBytes: driver.disks.poolBytes } : {}) } };
   const stateFile = path.join(dataDir, 'spaced.json');
   await fs.writeFile(`${stateFile}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 }).catch(abort);
   await fs.rename(`${stateFile}.tmp`, stateFile).catch(abort);

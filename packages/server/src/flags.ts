@@ -40,6 +40,7 @@ export const DAEMON_OPTIONS = {
   'disk-pool': { type: 'string' },
   'disk-default': { type: 'string' },
   'disk-max': { type: 'string' },
+  'disk-pool-size': { type: 'string' },
   volumes: { type: 'string' },
   database: { type: 'string' },
   'blob-store': { type: 'string' },

@@ -9,7 +9,7 @@
  *        [--ingress-listen HOST:PORT|off] [--ingress-domain DOMAIN] [--ingress-cert PEM --ingress-key PEM]
  *        [--ingress-max-connections N]
  *        [--driver gvisor|microvm] [--drivers gvisor,microvm] [--microvm-accel auto|kvm|tcg] [--microvm-kernel-deb FILE]
- *        [--disks auto|on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--volumes auto|on|off]
+ *        [--disks auto|on|off] [--disk-pool DIR] [--disk-default 5G] [--disk-max 64G] [--disk-pool-size 32G] [--volumes auto|on|off]
  *        [--database postgres://USER@HOST:PORT/DB] [--blob-store file:///PATH|s3://BUCKET?endpoint=URL] [--work-dir DIR]
  *        [--node-name NAME] [--node-lost-after SECONDS] [--advertise-url http://HOST:PORT]
  */
@@ -53,6 +53,7 @@ try {
     ...(values['disk-pool'] ? { dir: values['disk-pool'] } : {}),
     ...(values['disk-default'] ? { defaultMb: parseSizeMb(values['disk-default'], '--disk-default') } : {}),
     ...(values['disk-max'] ? { maxMb: parseSizeMb(values['disk-max'], '--disk-max') } : {}),
+    ...(values['disk-pool-size'] ? { poolMb: parseSizeMb(values['disk-pool-size'], '--disk-pool-size') } : {}),
   };
   const d = await startDaemon({
     egress,

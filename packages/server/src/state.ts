@@ -19,7 +19,8 @@ export interface DaemonState {
   ingressUrl?: string;
   ingressDomain?: string;
   /** Whether sandboxes get disks (`--disks`), and why (what `auto` came to). */
-  disks?: { mode: 'on' | 'off'; why: string };
+  /** Sandbox disks: on or off and why; with them, what the default driver's pool takes on the host's disk, bytes. */
+  disks?: { mode: 'on' | 'off'; why: string; poolBytes?: number };
   /**
    * A random id of this daemon's run, also answered by `GET /v1/health`: a client tells the
    * daemon that wrote this file from whatever else may listen at its address now.

@@ -71,7 +71,7 @@ export async function unmountSettled(mnt: string, timeoutMs: number): Promise<vo
 
 /** Options of {@link EncryptedImage}. */
 export interface EncryptedImageOptions {
-  /** The image file (sparse: it takes on the host what its file system holds). */
+  /** The image file (sparse unless made with `allocate`: {@link EncryptedImage.open}). */
   image: string;
   /** Where it is mounted; the encrypted directory is `<mnt>/files`. */
   mnt: string;
@@ -82,7 +82,7 @@ export interface EncryptedImageOptions {
 }
 
 /**
- * A sparse ext4 image, loop-mounted, whose `files` directory is encrypted with fscrypt under a
+ * An ext4 image, loop-mounted, whose `files` directory is encrypted with fscrypt under a
  * 256-bit key: what is written there reaches the host's disk as ciphertext (names included),
  * and reads back only while the key is in the kernel (from {@link open} until {@link close}).
  * The disk pool keeps its btrfs image and its work files in one (the "vault").
@@ -109,15 +109,17 @@ export class EncryptedImage {
   }
 
   /**
-   * Makes the image the first time (`sizeBytes`, sparse; made under another name and renamed, so
-   * a crash leaves none half-made), mounts it and unlocks `files` with `key`. Idempotent: an
-   * image mounted and unlocked already (a daemon started again) is used as it is. A key that is
-   * not the image's: `KEY_INVALID`.
+   * Makes the image the first time (`sizeBytes`; made under another name and renamed, so a crash
+   * leaves none half-made), mounts it and unlocks `files` with `key`. Idempotent: an image
+   * mounted and unlocked already (a daemon started again) is used as it is. A key that is not
+   * the image's: `KEY_INVALID`. With `allocate`, a new image takes its whole size on the host
+   * (`fallocate`: nothing written), so that the host's disk filling up cannot fail its writes (a
+   * loop device over a full file system answers I/O errors); without, it is sparse.
    */
-  async open(key: Buffer, sizeBytes: number): Promise<string> {
+  async open(key: Buffer, sizeBytes: number, opts: { allocate?: boolean } = {}): Promise<string> {
     await ensureFscryptConf(this.opts.confPath);
     await fs.mkdir(this.opts.mnt, { recursive: true, mode: 0o700 });
-    if (!existsSync(this.opts.image)) await this.make(key, sizeBytes);
+    if (!existsSync(this.opts.image)) await this.make(key, sizeBytes, opts.allocate ?? false);
     const wasMounted = this.mounted;
     if (!wasMounted) await this.mount(this.opts.image);
     try {
@@ -131,12 +133,12 @@ export class EncryptedImage {
     return this.files;
   }
 
-  private async make(key: Buffer, sizeBytes: number): Promise<void> {
+  private async make(key: Buffer, sizeBytes: number, allocate: boolean): Promise<void> {
     const part = `${this.opts.image}.part`;
     await fs.rm(part, { force: true });
-    const h = await fs.open(part, 'w', 0o600);
-    await h.truncate(sizeBytes);
-    await h.close();
+    await (await fs.open(part, 'w', 0o600)).close();
+    if (allocate) await run('fallocate', ['--length', String(sizeBytes), part], this.timeoutMs);
+    else await fs.truncate(part, sizeBytes);
     await run('mkfs.ext4', mkfsEncryptableArgs(part, 'space-vault'), this.timeoutMs);
     await this.mount(part);
     try {

@@ -93,6 +93,8 @@ export interface DriverDisks {
    * grew from by an identity every node shares ({@link ImageAttachment.base}).
    */
   movable?: boolean;
+  /** What the node's disk pool takes on the host's disk, bytes (set once the driver's {@link SandboxDriver.init} opened it). */
+  poolBytes?: number;
 }
 
 /** What `space doctor` reports for a driver. */
