@@ -452,13 +452,20 @@ export async function startSpaced(dataDir, env = {}) {
   makeNodeKey(dataDir);
   const child = spawn(process.execPath, [SPACED, '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--templates-dir', TEMPLATES_DIR, '--log-level', 'warn'], { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, SPACE_SANDBOX_NET: egressRange(dataDir), ...env } });
   const exited = new Promise((r) => child.on('exit', (code, sig) => r({ code, sig })));
+  // Until it says it is up, or ends: bounded by 2 minutes, not by how busy the host is (a start
+  // recovers sandboxes and opens the disk pool; 20 s was once not enough on a loaded CI host).
+  // A daemon that never comes up is killed: left running, it would hold the test file open.
   const state = await eventually(() => {
+    if (child.exitCode !== null || child.signalCode !== null) throw new Error(`spaced ended before it was up (${child.exitCode ?? child.signalCode}); its log is on stderr above`);
     try {
       const st = JSON.parse(readFileSync(path.join(dataDir, 'spaced.json'), 'utf8'));
       return st.pid === child.pid ? st : undefined;
     } catch {
       return undefined;
     }
+  }, { tries: 1200 }).catch((err) => {
+    child.kill('SIGKILL');
+    throw err;
   });
   const conn = { apiUrl: state.url, apiKey: readFileSync(state.keyFile, 'utf8').trim() };
   return { child, exited, conn };
