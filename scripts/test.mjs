@@ -1,9 +1,10 @@
 #!/usr/bin/env node
 // Runs the whole suite with node's test runner: the fast lane first (seconds, no runtime), then
 // the real-runtime files in two lanes side by side, each lane one file at a time (sandboxes are
-// heavy on 2 cores): lane 1 the microVM files (QEMU, emulated where there is no KVM) and the
-// crash loop, lane 2 the other gVisor files — about 20 minutes each here (the table at the end
-// of a run gives each file's time, to rebalance by).
+// heavy on 2 cores): lane 1 the microVM files (QEMU, emulated where there is no KVM), the
+// crash loop, the workload battery, the cluster and E2B files, lane 2 the other gVisor files —
+// about 36 minutes each here (the table at the end of a run gives each file's time, to
+// rebalance by).
 // Pass test files to run only those, one at a time: ./space test test/api.test.mjs; --fast runs
 // the fast lane alone (~30 s): ./space test --fast; SPACE_TEST_LANES=1 runs the real-runtime
 // files one at a time in a single lane.
@@ -19,11 +20,13 @@ import { createInterface } from 'node:readline';
 export const FAST = ['import-cycles', 'cli-launcher', 'lifecycle-fake', 'crash-fake', 'cluster-fake', 'lease-keeper', 'e2b-access', 'console-session', 'disks-mode', 'deploy', 'volumes-fake', 'ingress', 'protocol', 'store', 'store-postgres', 'blob-store', 'nodes', 'snapshot-store', 'sandbox-net', 'usage-history'].map((n) => `test/${n}.test.mjs`);
 /**
  * Lane 1: the files that boot microVMs — the only users of the microVM guest cache
- * (/var/cache/space/microvm), which therefore never sees two builders — and the gVisor crash
- * loop (~9 min), which evens the lanes out (measured on a clean clone: lane 1 11 min with the
- * microVM files alone, lane 2 27 min).
+ * (/var/cache/space/microvm), which therefore never sees two builders — and gVisor files that
+ * even the lanes out. Measured in a CI run on a clean clone (2026-12-07): lane 1 29 min
+ * (workloads 11.6, crash-lifecycle 8.6, microvm 3.3, ingress-sandbox 2.9, conformance-microvm 1.5,
+ * console 1.3), lane 2 ~43 min, the run 45 min; so the cluster (4.1 min) and E2B (3.1 min) files
+ * moved here, for ~36 min each.
  */
-export const LANE_ONE = ['workloads', 'conformance-microvm', 'microvm', 'ingress-sandbox', 'crash-lifecycle', 'console'].map((n) => `test/${n}.test.mjs`);
+export const LANE_ONE = ['workloads', 'conformance-microvm', 'microvm', 'ingress-sandbox', 'crash-lifecycle', 'console', 'cluster', 'e2b'].map((n) => `test/${n}.test.mjs`);
 const all = readdirSync(new URL('../test/', import.meta.url)).filter((f) => f.endsWith('.test.mjs')).sort().map((f) => `test/${f}`);
 const fastOnly = process.argv[2] === '--fast';
 const only = fastOnly ? FAST : process.argv.slice(2);
