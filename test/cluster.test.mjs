@@ -425,6 +425,11 @@ describe('a cluster of two nodes on one database', () => {
     }
     // Node b back: the sandbox stays a's (b's recovery leaves it alone), and b forwards to a.
     assert.deepEqual(await answeredBy(b.conn, `/v1/sandboxes/${onB.id}/usage`), { node: 'a', status: 200 });
+    // … and runs on: b's clean-up of what it held of the sandbox left a's copy alone, though
+    // both nodes share this host's network namespaces and cgroups (named by incarnation).
+    const still = await Sandbox.connect(onB.id, b.conn);
+    assert.deepEqual([still.info.node, still.info.state], ['a', 'running']);
+    assert.equal((await still.commands.run('cat /tmp/kept')).stdout, 'across nodes');
   });
 
   it('a full node places a create on another node with room; CAPACITY_EXHAUSTED only when none has', STEP, async () => {

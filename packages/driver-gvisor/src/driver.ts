@@ -684,16 +684,35 @@ export class GvisorDriver implements SandboxDriver {
   /** Runtime ids of everything the host holds of `id`: containers, and the netns or cgroups an interrupted release may have left without one. */
   private async incarnations(id: string): Promise<Set<string>> {
     const rids = new Set((await this.runtimeIds()).filter((r) => r === id || r.startsWith(`${id}-`)));
+    // Network namespaces and cgroups are the host's, named by incarnation: those of another
+    // runtime's running container (a node of the same cluster on this host, which took the
+    // sandbox over) are not this driver's to remove.
+    const found = new Set<string>();
     const netns = (await tryRun('ip', ['netns', 'list'], 10_000))?.stdout ?? '';
     for (const line of netns.split('\n')) {
       const name = line.split(' ')[0] ?? '';
-      if (name === `${NETNS_PREFIX}${id}` || name.startsWith(`${NETNS_PREFIX}${id}-`)) rids.add(name.slice(NETNS_PREFIX.length));
+      if (name === `${NETNS_PREFIX}${id}` || name.startsWith(`${NETNS_PREFIX}${id}-`)) found.add(name.slice(NETNS_PREFIX.length));
     }
     for (const ctl of ['memory', 'cpu']) {
-      for (const d of await fs.readdir(path.join(CGROUP_ROOT, ctl, CGROUP_PARENT)).catch(() => [] as string[])) if (d === id || d.startsWith(`${id}-`)) rids.add(d);
+      for (const d of await fs.readdir(path.join(CGROUP_ROOT, ctl, CGROUP_PARENT)).catch(() => [] as string[])) if (d === id || d.startsWith(`${id}-`)) found.add(d);
     }
+    for (const rid of found) if (!rids.has(rid) && !(await this.anotherRuntimeHolds(rid))) rids.add(rid);
     for (const d of (await this.pool?.list())?.disks ?? []) if (d.startsWith(`${id}-`)) rids.add(d);
     return rids;
+  }
+
+  /** Whether a process of another runsc root (`--root=` not this driver's) is in incarnation `rid`'s cgroup or network namespace. */
+  private async anotherRuntimeHolds(rid: string): Promise<boolean> {
+    const pids = new Set<string>();
+    for (const ctl of ['memory', 'cpu']) {
+      for (const p of (await fs.readFile(path.join(CGROUP_ROOT, ctl, CGROUP_PARENT, rid, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n')) if (p.trim()) pids.add(p.trim());
+    }
+    for (const p of ((await tryRun('ip', ['netns', 'pids', `${NETNS_PREFIX}${rid}`], 10_000))?.stdout ?? '').split('\n')) if (p.trim()) pids.add(p.trim());
+    for (const pid of pids) {
+      const root = /--root=([^\0]+)/.exec(await fs.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => ''))?.[1];
+      if (root && path.resolve(root) !== path.resolve(this.stateDir)) return true;
+    }
+    return false;
   }
 
   /** Removes one container incarnation, its netns and cgroups. Idempotent. */
