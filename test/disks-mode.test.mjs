@@ -72,7 +72,7 @@ describe('--disks auto', () => {
     try {
       const r = await resolveDisksMode('auto', { shared: false, store, imagesDir: images('no-room'), hostDir: small });
       assert.equal(r.mode, 'off');
-      assert.match(r.why, /lacks room for a disk pool \(\d+ MiB free under .*small; a pool takes 3328 MiB at least\)/);
+      assert.match(r.why, /lacks room for a disk pool \(\d+ MiB free under .*small; a pool takes 5376 MiB at least\)/);
     } finally {
       execFileSync('umount', [small]);
       store.close();

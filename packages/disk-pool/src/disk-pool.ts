@@ -39,7 +39,7 @@ export interface DiskPoolOptions {
   dir: string;
   /**
    * Size of the pool, bytes, taken on the host when it is made (only then; see
-   * {@link defaultPoolBytes}). Its vault adds room for work files: a quarter of it, 2 GiB at least.
+   * {@link defaultPoolBytes}). Its vault adds room for work files: a quarter of it, {@link MIN_WORK_ROOM_BYTES} at least.
    */
   sizeBytes: number;
   /** Each btrfs command must finish within this. @default 60000 */
@@ -93,11 +93,19 @@ export async function defaultPoolBytes(dir: string, reserveBytes: number): Promi
   return half + workRoom(half) <= room ? half : mib(room - workRoom(0));
 }
 
-/** The smallest pool (a pool of the default's size needs this plus 2 GiB for work files, beside the host's reserve). */
+/** The smallest pool (a pool of the default's size needs this plus {@link MIN_WORK_ROOM_BYTES} for work files, beside the host's reserve). */
 export const MIN_POOL_BYTES = 256 * 2 ** 20;
 
-/** Room for work files a vault keeps beside its pool (checkpoint images being packed): a quarter of the pool, 2 GiB at least. */
-const workRoom = (poolBytes: number) => Math.max(2 * GiB, Math.floor(poolBytes / 4 / 2 ** 20) * 2 ** 20);
+/**
+ * The least room for work files a vault keeps beside its pool. They are checkpoint images being
+ * packed, and on the microVM driver also the RAM image each restored VM maps for as long as it
+ * runs (up to its memory): a snapshot of a restored 1 GiB microVM needs ~2.1 GiB at once (its
+ * mapped image and the new one), which 2 GiB could not give (docs/disks.md, "The pool's size").
+ */
+export const MIN_WORK_ROOM_BYTES = 4 * GiB;
+
+/** Room for work files a vault keeps beside its pool: a quarter of the pool, {@link MIN_WORK_ROOM_BYTES} at least. */
+const workRoom = (poolBytes: number) => Math.max(MIN_WORK_ROOM_BYTES, Math.floor(poolBytes / 4 / 2 ** 20) * 2 ** 20);
 
 /** Scratch directories of receives under way, in `copies/`. */
 const RECEIVING = '.recv-';

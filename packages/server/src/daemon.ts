@@ -11,7 +11,7 @@ import pino from 'pino';
 import { Ext4Volumes } from '@space/volume-ext4';
 import { ApiKeys, Volumes, type Logger, DedupBlobStore, EncryptedBlobStore, KeyService, LocalKeyProvider, SandboxService, SpaceError, templateImageBlobKey, type MetadataStore, type SandboxDriver } from '@space/core';
 import { parseSizeMb, type DrainEvent, type DrainResult } from '@space/api';
-import { DiskPool, GvisorDriver, MIN_POOL_BYTES } from '@space/driver-gvisor';
+import { DiskPool, GvisorDriver, MIN_POOL_BYTES, MIN_WORK_ROOM_BYTES } from '@space/driver-gvisor';
 import { MicrovmDriver } from '@space/driver-microvm';
 import { SqliteStore } from '@space/store-sqlite';
 import { PostgresStore } from '@space/store-postgres';
@@ -255,7 +255,8 @@ export async function resolveDisksMode(mode: 'auto' | 'on' | 'off', ctx: { share
   const images = existsSync(ctx.imagesDir) && (await fs.readdir(ctx.imagesDir)).length > 0;
   if (live.length || images) decision = { mode: 'off', why: `this data directory holds ${live.length ? `${live.length} sandbox(es)` : 'template images'} made without disks: start with --disks on to change that (they would not restore)` };
   else {
-    const needs = MIN_POOL_BYTES + 3 * 2 ** 30;
+    // The smallest pool, its room for work files, and the 1 GiB kept free on the host.
+    const needs = MIN_POOL_BYTES + MIN_WORK_ROOM_BYTES + 2 ** 30;
     const free = ctx.hostDir ? await fs.statfs(ctx.hostDir).then((s) => s.bavail * s.bsize, () => Infinity) : Infinity;
     const missing = [...(onPath('mkfs.btrfs') && onPath('btrfs') ? [] : ['btrfs-progs (apt-get install btrfs-progs)']), ...(existsSync('/dev/loop-control') ? [] : ['loop devices (/dev/loop-control)']), ...(free >= needs ? [] : [`room for a disk pool (${Math.round(free / 2 ** 20)} MiB free under ${ctx.hostDir}; a pool takes ${Math.round(needs / 2 ** 20)} MiB at least)`])];
     decision = missing.length ? { mode: 'off', why: `this host lacks ${missing.join(' and ')}` } : { mode: 'on', why: 'a new data directory on a host with btrfs and loop devices' };
