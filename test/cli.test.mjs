@@ -17,7 +17,7 @@ describe('space CLI', () => {
     assert.equal(up.code, 0, up.stderr);
     assert.match(up.stdout, /url:\s+http:\/\/127\.0\.0\.1:\d+/);
     assert.match(up.stdout, new RegExp(`API key:\\s+${dataDir}/admin.key`));
-    assert.match(up.stdout, /^  disks:\s+on \(a new data directory on a host with btrfs and loop devices\); the pool takes 10\.0 GiB of the host's disk: --disk-pool-size$/m, 'a new data directory gets disks, says why, and what its pool takes (8 GiB for the tests, and 2 GiB of room for work files)');
+    assert.match(up.stdout, /^  disks:\s+on \(a new data directory on a host with btrfs and loop devices\); the pool takes 12\.0 GiB of the host's disk: --disk-pool-size$/m, 'a new data directory gets disks, says why, and what its pool takes (8 GiB for the tests, and 4 GiB of room for work files)');
   });
   after(async () => {
     for (const id of ids) await space('kill', id);
