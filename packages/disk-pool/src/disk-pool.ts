@@ -101,6 +101,10 @@ export const MIN_POOL_BYTES = 256 * 2 ** 20;
  * packed, and on the microVM driver also the RAM image each restored VM maps for as long as it
  * runs (up to its memory): a snapshot of a restored 1 GiB microVM needs ~2.1 GiB at once (its
  * mapped image and the new one), which 2 GiB could not give (docs/disks.md, "The pool's size").
+ *
+ * @example
+ * // What a new pool of `poolBytes` takes on the host, with its vault:
+ * const hostBytes = poolBytes + Math.max(MIN_WORK_ROOM_BYTES, poolBytes / 4);
  */
 export const MIN_WORK_ROOM_BYTES = 4 * GiB;
 
