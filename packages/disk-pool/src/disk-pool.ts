@@ -176,7 +176,7 @@ export class DiskPool {
         const host = await fs.statfs(opts.dir);
         const need = opts.sizeBytes + (vault ? workRoom(opts.sizeBytes) : 0);
         if (opts.sizeBytes < MIN_POOL_BYTES || need > host.bavail * host.bsize) {
-          throw new SpaceError('CONFIG_INVALID', `A disk pool of ${Math.round(opts.sizeBytes / 2 ** 20)} MiB (${Math.round(need / 2 ** 20)} MiB with its room for work files) does not fit: ${Math.round((host.bavail * host.bsize) / 2 ** 20)} MiB are free under ${opts.dir}, and a pool needs 256 MiB at least. Free some space, give a smaller --disk-pool-size, or start with --disks off`);
+          throw new SpaceError('CONFIG_INVALID', `A disk pool of ${Math.round(opts.sizeBytes / 2 ** 20)} MiB (${Math.round(need / 2 ** 20)} MiB with its room for work files) does not fit: ${Math.round((host.bavail * host.bsize) / 2 ** 20)} MiB are free under ${opts.dir}, and a pool needs ${MIN_POOL_BYTES / 2 ** 20} MiB at least. Free some space, give a smaller --disk-pool-size, or start with --disks off`);
         }
       }
       if (vault) await vault.open(opts.key!, opts.sizeBytes + workRoom(opts.sizeBytes), { allocate: true });

@@ -18,8 +18,7 @@ export interface DaemonState {
   /** The ingress listener and its domain, when it runs. */
   ingressUrl?: string;
   ingressDomain?: string;
-  /** Whether sandboxes get disks (`--disks`), and why (what `auto` came to). */
-  /** Sandbox disks: on or off and why; with them, what the default driver's pool takes on the host's disk, bytes. */
+  /** Sandbox disks (`--disks`): on or off and why (what `auto` came to); with them, what the default driver's pool takes on the host's disk, bytes. */
   disks?: { mode: 'on' | 'off'; why: string; poolBytes?: number };
   /**
    * A random id of this daemon's run, also answered by `GET /v1/health`: a client tells the
