@@ -137,6 +137,12 @@ describe('space CLI', () => {
     assert.equal((await space('cp', `${id}:/tmp/in.txt`, `${home}/out.txt`)).code, 0);
     assert.equal(readFileSync(`${home}/out.txt`, 'utf8'), 'payload\n');
 
+    // A terminal that reports no size (`script` with none above it) gets 80x24, as ssh gives it
+    // (the API refuses 0), and the shell's exit code passes through.
+    const term = await space.inTerminal('echo size=$(stty size)\nexit 7\n', 'shell', id);
+    assert.equal(term.code, 7, term.output);
+    assert.match(term.output, /size=24 80/);
+
     const ls = await space('ls');
     assert.match(ls.stdout, new RegExp(`${id}\\s+running\\s+minimal`));
     const lsj = JSON.parse((await space('ls', '--json', '--label', 'who=cli')).stdout);

@@ -436,10 +436,27 @@ export function cliRunner(home, extraEnv = {}) {
   delete env.SPACE_CONTEXT;
   if (!('SPACE_URL' in extraEnv)) delete env.SPACE_URL;
   if (!('SPACE_API_KEY' in extraEnv)) delete env.SPACE_API_KEY;
-  return (...args) =>
+  const run = (...args) =>
     new Promise((resolve) => {
       execFile(CLI, args, { env, timeout: 900_000 }, (err, stdout, stderr) => resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr }));
     });
+  /**
+   * Runs the CLI in a terminal of its own (util-linux `script`; one that reports no size), typing
+   * `input` into it; resolves with the exit code and what the terminal showed (CRs removed).
+   * @example await space.inTerminal('echo hi\nexit 7\n', 'shell', id) // { code: 7, output: '…hi…' }
+   */
+  run.inTerminal = (input, ...args) =>
+    new Promise((resolve, reject) => {
+      const cmd = [CLI, ...args].map((a) => `'${a.replace(/'/g, `'\\''`)}'`).join(' ');
+      const p = spawn('script', ['-qefc', cmd, '/dev/null'], { env, stdio: ['pipe', 'pipe', 'pipe'], timeout: 120_000 });
+      let output = '';
+      p.stdout.on('data', (d) => (output += d));
+      p.stderr.on('data', (d) => (output += d));
+      p.on('error', reject);
+      p.on('close', (code) => resolve({ code, output: output.replace(/\r/g, '') }));
+      p.stdin.end(input);
+    });
+  return run;
 }
 
 const SPACED = new URL('../packages/server/dist/main.js', import.meta.url).pathname;

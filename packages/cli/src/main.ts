@@ -540,10 +540,13 @@ program
   .action(async (id: string, o: { user?: string; cmd?: string }) => {
     const sb = await Sandbox.connect(id, connection());
     const stdin = process.stdin;
-    const t = await sb.pty.create({ cols: process.stdout.columns ?? 80, rows: process.stdout.rows ?? 24, ...(o.cmd ? { cmd: [o.cmd, '-l'] } : {}), ...(o.user ? { user: o.user } : {}), onData: (d) => process.stdout.write(d) });
+    // A terminal that reports no size (0x0: `script` under a program without one, some serial
+    // consoles) gets 80x24, as ssh gives it; the API refuses 0.
+    const size = () => ({ cols: process.stdout.columns || 80, rows: process.stdout.rows || 24 });
+    const t = await sb.pty.create({ ...size(), ...(o.cmd ? { cmd: [o.cmd, '-l'] } : {}), ...(o.user ? { user: o.user } : {}), onData: (d) => process.stdout.write(d) });
     if (stdin.isTTY) stdin.setRawMode(true);
     stdin.on('data', (d: Buffer) => void t.sendInput(d).catch(() => {}));
-    process.stdout.on('resize', () => void t.resize(process.stdout.columns, process.stdout.rows).catch(() => {}));
+    process.stdout.on('resize', () => void t.resize(size().cols, size().rows).catch(() => {}));
     const r = await t.wait();
     if (stdin.isTTY) stdin.setRawMode(false);
     stdin.pause();
